@@ -1,0 +1,62 @@
+"""What every launcher takes (DaemonSpec) and offers (Launcher): start daemons, report exits, stop.
+
+It knows the `hfrt daemon` command line, not how any particular launcher runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: Called with (daemon identity, reason) when a launched daemon's process ends on its own.
+OnExit = Callable[[str, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSpec:
+    """One daemon to start: its role, rank, implementation and options.
+
+    impl: implementation name (default: the role name). dp_size: data-parallel size (-1: world).
+    options: implementation settings, passed as JSON. env: extra environment for the process.
+    """
+
+    role: str
+    rank: int = 0
+    world_size: int = 1
+    impl: str = ""
+    dp_size: int = -1
+    options: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> str:
+        return f"{self.role}:{self.rank}"
+
+    def daemon_args(self, controller: str, *, heartbeat_s: float, orphan_timeout_s: float, log_level: str) -> list[str]:
+        """Arguments after `hfrt daemon`. The cluster key travels in the environment, never here."""
+        args = [
+            "--role", self.role, "--rank", str(self.rank), "--world-size", str(self.world_size),
+            "--impl", self.impl or self.role, "--controller", controller,
+            "--heartbeat", str(heartbeat_s), "--orphan-timeout", str(orphan_timeout_s),
+            "--log-level", log_level,
+        ]
+        if self.dp_size != -1:
+            args += ["--dp-size", str(self.dp_size)]
+        if self.options:
+            args += ["--options", json.dumps(self.options)]
+        return args
+
+
+def expand(role: str, world_size: int, impl: str = "", **kwargs: Any) -> list[DaemonSpec]:
+    """One DaemonSpec per rank of a role group."""
+    return [DaemonSpec(role, rank, world_size, impl, **kwargs) for rank in range(world_size)]
+
+
+class Launcher(Protocol):
+    async def start(self, specs: list[DaemonSpec], *, controller: str, key: bytes, on_exit: OnExit) -> None:
+        """Start every daemon; on failure, stop what was started and raise naming the daemon."""
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Make sure every daemon this launcher started has exited (terminate, then kill)."""

@@ -1,0 +1,167 @@
+"""The `hfrt` command line: `controller`, `daemon`, `stop` and `bench` subcommands (argparse).
+
+It parses flags and hands off; it holds no runtime logic of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCHES = {"latency": "hfrt.bench.latency"}
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"hfrt: --set expects key=value, got {item!r}")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def _parse_roles(items: list[str]) -> dict[str, dict[str, Any]] | None:
+    if not items:
+        return None
+    roles: dict[str, dict[str, Any]] = {}
+    for item in items:
+        name, sep, rest = item.partition("=")
+        impl, _, count = rest.partition(":")
+        if not sep or not name or not impl:
+            raise SystemExit(f"hfrt: --role expects NAME=IMPL[:RANKS], got {item!r}")
+        roles[name] = {"impl": impl, "world_size": int(count or 1)}
+    return roles
+
+
+def _controller(args: argparse.Namespace) -> int:
+    from hfrt import log
+    from hfrt.flows import load_flow
+    from hfrt.loop import run
+    from hfrt.run import Attach, run_flow
+
+    log.configure(args.log_level, args.log_format)
+    try:
+        flow = load_flow(args.flow)
+        attach = Attach.read(args.attach) if args.attach else None
+    except ValueError as exc:
+        print(f"hfrt controller: {exc}", file=sys.stderr)
+        return 2
+    run_dir = Path(args.run_dir or Path("runs") / time.strftime(f"{Path(args.flow).stem}-%Y%m%d-%H%M%S"))
+    summary = run(
+        run_flow(
+            flow, run_dir=run_dir, config=_parse_set(args.set), roles=_parse_roles(args.role),
+            attach=attach, keep_daemons=args.keep_daemons, heartbeat_s=args.heartbeat,
+        )
+    )
+    print(json.dumps(summary, indent=2, default=str))
+    if "attach" in summary:
+        print(f"daemons are still running; re-run with: hfrt controller --flow {args.flow} --attach {summary['attach']}\n"
+              f"stop them with: hfrt stop {summary['attach']}", file=sys.stderr)
+    return 0
+
+
+def _daemon(args: argparse.Namespace) -> int:
+    from hfrt import log
+    from hfrt.daemon import DaemonContext
+    from hfrt.loop import run
+    from hfrt.protocols import KeyFileError, Limits, load_key
+    from hfrt.roles import resolve_impl
+    from hfrt.serve import DaemonServer, ServeConfig
+
+    log.configure(args.log_level, args.log_format)
+    try:
+        key = load_key(args.key_file)
+        cls = resolve_impl(args.impl or args.role)
+        options = json.loads(args.options) if args.options else {}
+        context = DaemonContext(
+            args.role, args.rank, args.world_size, dp_size=args.dp_size, impl=args.impl or args.role, options=options
+        )
+    except (KeyFileError, ValueError, ImportError) as exc:
+        print(f"hfrt daemon {args.role}:{args.rank}: {exc}", file=sys.stderr)
+        return 2
+    config = ServeConfig(
+        args.controller, heartbeat_s=args.heartbeat, orphan_timeout_s=args.orphan_timeout,
+        limits=Limits(max_frame_bytes=args.max_frame_mb * 2**20, max_message_bytes=max(args.max_frame_mb, 256) * 2**20),
+    )
+    return run(DaemonServer(cls, context, config, key).run())
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from hfrt import log
+    from hfrt.loop import run
+    from hfrt.run import Attach, stop_daemons
+
+    log.configure(args.log_level, "console")
+    stopped = run(stop_daemons(Attach.read(args.attach_file), wait_s=args.wait))
+    print("stopped: " + ", ".join(stopped))
+    return 0
+
+
+def _bench(args: argparse.Namespace, rest: list[str]) -> int:
+    import importlib
+
+    module = importlib.import_module(BENCHES[args.which])
+    return int(module.main(rest) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hfrt", description="HybridFlow-style RL runtime on asyncio + ZeroMQ")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("controller", help="run an algorithm script (flow) against role daemons")
+    c.add_argument("--flow", required=True, help="built-in flow name (ping) or path to a .py file defining `async def flow(ctl, config)`")
+    c.add_argument("--role", action="append", default=[], metavar="NAME=IMPL[:RANKS]", help="override the flow's roles, e.g. echo=echo:4 (repeatable)")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="flow config override; VALUE parsed as JSON when it can be (repeatable)")
+    c.add_argument("--attach", metavar="FILE", help="run against daemons already up, described by an attach.json")
+    c.add_argument("--keep-daemons", action="store_true", help="leave the launched daemons running and write RUN_DIR/attach.json")
+    c.add_argument("--run-dir", help="where the run writes (default: runs/FLOW-TIMESTAMP)")
+    c.add_argument("--heartbeat", type=float, default=1.0, help="daemon heartbeat interval in seconds")
+    c.add_argument("--log-level", default="warning", help="debug, info, warning or error")
+    c.add_argument("--log-format", default="console", choices=["console", "json"], help="log line format")
+
+    d = sub.add_parser("daemon", help="serve one role rank (the cluster key comes from $HFRT_KEY or --key-file)")
+    d.add_argument("--role", required=True, help="role name, e.g. actor, critic, cost")
+    d.add_argument("--rank", type=int, default=0, help="rank within the role group")
+    d.add_argument("--world-size", type=int, default=1, help="number of ranks in the role group")
+    d.add_argument("--dp-size", type=int, default=-1, help="data-parallel size (default: world size)")
+    d.add_argument("--impl", default="", help="implementation: built-in name or module:Class (default: the role name)")
+    d.add_argument("--controller", required=True, help="controller address, e.g. tcp://10.0.0.1:5555")
+    d.add_argument("--key-file", help="file holding the hex cluster key (default: $HFRT_KEY, then $HFRT_KEY_FILE)")
+    d.add_argument("--heartbeat", type=float, default=1.0, help="heartbeat interval until the controller sets one")
+    d.add_argument("--orphan-timeout", type=float, default=60.0, help="exit after this many seconds without a controller (0: never)")
+    d.add_argument("--max-frame-mb", type=int, default=64, help="largest frame accepted, in MiB")
+    d.add_argument("--options", help="implementation options as a JSON object")
+    d.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    d.add_argument("--log-format", default="console", choices=["console", "json"], help="log line format")
+
+    s = sub.add_parser("stop", help="shut down daemons described by an attach.json")
+    s.add_argument("attach_file", help="the attach.json written by --keep-daemons")
+    s.add_argument("--wait", type=float, default=10.0, help="seconds to wait for daemons to check in and exit")
+    s.add_argument("--log-level", default="warning", help="debug, info, warning or error")
+
+    b = sub.add_parser("bench", help="run a benchmark (extra flags go to the benchmark; see --help there)")
+    b.add_argument("which", choices=sorted(BENCHES), help="which benchmark")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        return _bench(args, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    handlers = {"controller": _controller, "daemon": _daemon, "stop": _stop}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,433 @@
+"""The controller: one ROUTER socket, a call-id → future table, the daemon registry and liveness.
+
+Every call returns an asyncio future as soon as its message is sent, so independent calls overlap
+by construction (start early, await late). A daemon that exits, is killed or stops beating fails
+every call pending on it within 2× the heartbeat interval, naming it. The controller never imports
+torch and knows nothing of any algorithm or of how daemons were started (launchers tell it when a
+process they own exits, through `mark_gone`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from hfrt.protocols import (
+    PROTOCOL_VERSION,
+    Bye,
+    Call,
+    Cancel,
+    Error,
+    Heartbeat,
+    Hello,
+    Limits,
+    Message,
+    Reply,
+    Shutdown,
+    Welcome,
+    Wire,
+    WireError,
+)
+
+from .channel import Channel
+from .errors import CallTimeout, DaemonGone, ProtocolMismatch, RemoteError
+from .log import get_logger
+
+#: A daemon silent for this many heartbeat intervals is declared dead; checks run 8 times per
+#: interval, so a death is noticed within (DEAD_AFTER + 1/8) intervals < 2 intervals.
+DEAD_AFTER = 1.75
+CHECKS_PER_INTERVAL = 8
+
+
+@dataclass(slots=True)
+class DaemonInfo:
+    """What the controller knows of one connected daemon (from its Hello, plus liveness)."""
+
+    identity: str
+    role: str
+    rank: int
+    world_size: int
+    dp_rank: int
+    dp_size: int
+    pid: int
+    host: str
+    impl: str
+    endpoints: dict[str, dict[str, Any]]
+    last_seen: float
+    alive: bool = True
+    gone_reason: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"{self.role}[{self.rank}] ({self.host} pid {self.pid})"
+
+
+class _Pending:
+    __slots__ = ("future", "daemon", "endpoint", "timer")
+
+    def __init__(self, future: asyncio.Future[Any], daemon: DaemonInfo, endpoint: str) -> None:
+        self.future = future
+        self.daemon = daemon
+        self.endpoint = endpoint
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class Controller:
+    """Binds `address`, welcomes daemons, and turns endpoint calls into futures.
+
+    Use as `async with Controller(address, key) as ctl: actor = await ctl.role("actor")`.
+    heartbeat_s: the interval daemons must beat at (told to them in Welcome).
+    default_timeout_s: per-call timeout when the call gives none (None: wait forever, but a dead
+        daemon still fails the call).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        key: bytes,
+        *,
+        heartbeat_s: float = 1.0,
+        limits: Limits | None = None,
+        default_timeout_s: float | None = None,
+    ) -> None:
+        self.requested_address = address
+        self.address = address
+        self.heartbeat_s = heartbeat_s
+        self.default_timeout_s = default_timeout_s
+        self.session = secrets.token_hex(8)
+        self._wire = Wire(key, limits)
+        self._limits = self._wire.limits
+        self._daemons: dict[str, DaemonInfo] = {}
+        self._hb_owner: dict[bytes, str] = {}
+        self._calls: dict[int, _Pending] = {}
+        self._next_id = 1
+        self._gone_before_hello: dict[str, str] = {}
+        self._rejected: dict[str, str] = {}
+        self._changed: asyncio.Event | None = None
+        self._channel: Channel | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._zmq: zmq.Context[Any] | None = None
+        self._log = get_logger(part="controller", session=self.session)
+        self._stats: dict[str, int] = {
+            "calls_sent": 0,
+            "replies": 0,
+            "errors": 0,
+            "dropped_frames": 0,
+            "controller_bulk_bytes": 0,
+        }
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Controller:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> Controller:
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        self._zmq = zmq.Context()
+        sock = self._zmq.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished daemon raises, never drops
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted daemon takes its identity back
+        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_frame_bytes + 1024)  # strangers cannot balloon us
+        sock.bind(self.requested_address)
+        self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._channel = Channel(sock, self._on_frames, self._loop)
+        self._watcher = self._loop.create_task(self._watch_liveness(), name="hfrt-liveness")
+        self._log.info("controller_listening", address=self.address)
+        return self
+
+    async def close(self) -> None:
+        """Fail whatever is pending and close the socket (daemons are not told: see shutdown_daemons)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+            self._watcher = None
+        for call_id in list(self._calls):
+            pending = self._calls.pop(call_id)
+            _settle(pending.future, exc=DaemonGone(f"controller closed before {pending.endpoint} finished"))
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self._zmq is not None:
+            self._zmq.term()
+            self._zmq = None
+
+    async def shutdown_daemons(self, reason: str = "controller finished", *, grace_s: float = 5.0, wait_s: float = 10.0) -> None:
+        """Tell every live daemon to exit and wait (up to wait_s) until each has said bye."""
+        for info in self._daemons.values():
+            if info.alive:
+                self._send_to(info, Shutdown(reason, grace_s))
+        deadline = time.monotonic() + wait_s
+        while any(d.alive for d in self._daemons.values()) and time.monotonic() < deadline:
+            await self._wait_change(max(0.0, deadline - time.monotonic()))
+
+    # -- registry -----------------------------------------------------------------------------
+
+    def daemons(self, role: str | None = None) -> list[DaemonInfo]:
+        infos = [d for d in self._daemons.values() if role is None or d.role == role]
+        return sorted(infos, key=lambda d: (d.role, d.rank))
+
+    async def role(self, name: str, *, timeout_s: float = 120.0) -> Any:
+        """Wait until every rank of role `name` has said hello and return its RoleGroup."""
+        from .group import RoleGroup
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._raise_if_failed(name)
+            ranks = [d for d in self.daemons(name) if d.alive]
+            if ranks and len(ranks) == ranks[0].world_size:
+                return RoleGroup(self, name, ranks)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                have = [d.rank for d in ranks]
+                want = ranks[0].world_size if ranks else "?"
+                raise TimeoutError(
+                    f"role {name!r}: {len(have)} of {want} ranks said hello within {timeout_s:.0f}s "
+                    f"(have ranks {have}) at {self.address}"
+                )
+            await self._wait_change(left)
+
+    def _raise_if_failed(self, role: str) -> None:
+        for identity, reason in self._rejected.items():
+            if identity.startswith(role + ":"):
+                raise ProtocolMismatch(f"daemon {identity} was refused: {reason}")
+        for identity, reason in self._gone_before_hello.items():
+            if identity.startswith(role + ":"):
+                raise DaemonGone(f"daemon {identity} exited before saying hello: {reason}")
+
+    async def _wait_change(self, timeout: float) -> None:
+        assert self._changed is not None
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    def _notify_change(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    def mark_gone(self, identity: str, reason: str) -> None:
+        """Declare a daemon dead and fail every call pending on it (launchers call this on exit)."""
+        info = self._daemons.get(identity)
+        if info is None:
+            self._gone_before_hello[identity] = reason
+            self._notify_change()
+            return
+        if not info.alive:
+            return
+        info.alive = False
+        info.gone_reason = reason
+        self._log.warning("daemon_gone", daemon=info.describe(), reason=reason)
+        for call_id, pending in list(self._calls.items()):
+            if pending.daemon is info:
+                del self._calls[call_id]
+                if pending.timer is not None:
+                    pending.timer.cancel()
+                _settle(
+                    pending.future,
+                    exc=DaemonGone(f"{info.describe()} is gone ({reason}); {pending.endpoint} did not finish"),
+                )
+        self._notify_change()
+
+    # -- calls --------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        info: DaemonInfo,
+        endpoint: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        *,
+        timeout_s: float | None = None,
+        reply: bool = True,
+    ) -> asyncio.Future[Any]:
+        """Send one Call to one daemon now; the future resolves with its Reply value."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+        if not info.alive:
+            future.set_exception(DaemonGone(f"{info.describe()} is gone ({info.gone_reason}); cannot call {endpoint}"))
+            return future
+        call_id = self._next_id
+        self._next_id = call_id + 1
+        try:
+            frames = self._wire.pack(Call(call_id, endpoint, args, kwargs, reply))
+        except (WireError, TypeError, ValueError, OverflowError) as exc:
+            future.set_exception(type(exc)(f"{info.role}[{info.rank}].{endpoint}: cannot send arguments: {exc}"))
+            return future
+        if reply:
+            pending = _Pending(future, info, endpoint)
+            self._calls[call_id] = pending
+            timeout = self.default_timeout_s if timeout_s is None else timeout_s
+            if timeout is not None:
+                pending.timer = self._loop.call_later(timeout, self._expire, call_id, timeout)
+            future.add_done_callback(functools.partial(self._on_future_done, call_id))
+        else:
+            future.set_result(None)
+        self._stats["calls_sent"] += 1
+        self._send_frames(info, frames)
+        return future
+
+    def _expire(self, call_id: int, timeout: float) -> None:
+        pending = self._calls.pop(call_id, None)
+        if pending is None:
+            return
+        info = pending.daemon
+        self._send_to(info, Cancel(call_id))
+        _settle(
+            pending.future,
+            exc=CallTimeout(f"{info.role}[{info.rank}].{pending.endpoint} did not finish within {timeout}s; cancelled"),
+        )
+
+    def _on_future_done(self, call_id: int, future: asyncio.Future[Any]) -> None:
+        if not future.cancelled():
+            return
+        pending = self._calls.pop(call_id, None)
+        if pending is not None:
+            if pending.timer is not None:
+                pending.timer.cancel()
+            self._send_to(pending.daemon, Cancel(call_id))
+
+    # -- incoming -----------------------------------------------------------------------------
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        ident = frames[0]
+        try:
+            msg = self._wire.unpack(frames[1:])
+        except WireError as exc:
+            self._stats["dropped_frames"] += 1
+            self._log.warning("dropped_frame", peer=ident.decode("utf-8", "replace"), reason=str(exc), error=type(exc).__name__)
+            return
+        kind = type(msg)
+        if kind is Reply:
+            self._on_reply(msg)  # type: ignore[arg-type]
+        elif kind is Error:
+            self._on_error(ident, msg)  # type: ignore[arg-type]
+        elif kind is Heartbeat:
+            self._on_heartbeat(ident, msg)  # type: ignore[arg-type]
+        elif kind is Hello:
+            self._on_hello(ident, msg)  # type: ignore[arg-type]
+        elif kind is Bye:
+            self._on_bye(ident, msg)  # type: ignore[arg-type]
+        else:
+            self._log.warning("unexpected_message", peer=ident.decode("utf-8", "replace"), kind=msg.NAME)
+
+    def _on_reply(self, msg: Reply) -> None:
+        pending = self._calls.pop(msg.call_id, None)
+        if pending is None:
+            return  # cancelled, timed out, or from an earlier session
+        pending.daemon.last_seen = self._loop.time()
+        if pending.timer is not None:
+            pending.timer.cancel()
+        self._stats["replies"] += 1
+        if not pending.future.done():
+            pending.future.set_result(msg.value)
+
+    def _on_error(self, ident: bytes, msg: Error) -> None:
+        self._stats["errors"] += 1
+        pending = self._calls.pop(msg.call_id, None) if msg.call_id else None
+        if pending is None:
+            self._log.warning("daemon_error", peer=ident.decode("utf-8", "replace"), type=msg.type, message=msg.message)
+            return
+        if pending.timer is not None:
+            pending.timer.cancel()
+        info = pending.daemon
+        where = f"{info.role}[{info.rank}].{pending.endpoint}"
+        _settle(pending.future, exc=RemoteError(where, msg.type, msg.message, msg.traceback))
+
+    def _on_heartbeat(self, ident: bytes, msg: Heartbeat) -> None:
+        owner = self._daemons.get(self._hb_owner.get(ident, ""))
+        if owner is not None:
+            owner.last_seen = self._loop.time()
+        self._send_raw(ident, Heartbeat(self.session, msg.seq, time.time()))
+
+    def _on_hello(self, ident: bytes, msg: Hello) -> None:
+        identity = ident.decode("utf-8", "replace")
+        if msg.version != PROTOCOL_VERSION:
+            reason = f"daemon speaks protocol {msg.version}, controller speaks {PROTOCOL_VERSION}"
+            self._rejected[identity] = reason
+            self._log.error("protocol_mismatch", daemon=identity, reason=reason)
+            self._send_raw(ident, Error(0, "ProtocolMismatch", reason))
+            self._notify_change()
+            return
+        if identity != f"{msg.role}:{msg.rank}":
+            self._send_raw(ident, Error(0, "BadHello", f"identity {identity!r} does not match {msg.role}:{msg.rank}"))
+            return
+        old = self._daemons.get(identity)
+        if old is not None and old.alive and old.pid != msg.pid:
+            self.mark_gone(identity, f"replaced by a new process (pid {msg.pid})")
+        if old is None or old.pid != msg.pid or not old.alive:
+            self._daemons[identity] = DaemonInfo(
+                identity, msg.role, msg.rank, msg.world_size, msg.dp_rank, msg.dp_size, msg.pid,
+                msg.host, msg.impl, msg.endpoints, self._loop.time(), meta=msg.meta,
+            )
+            self._hb_owner[f"{identity}/hb".encode()] = identity
+            self._gone_before_hello.pop(identity, None)
+            self._log.info("daemon_hello", daemon=identity, host=msg.host, pid=msg.pid, impl=msg.impl)
+        self._send_raw(ident, Welcome(PROTOCOL_VERSION, self.session, self.heartbeat_s))
+        self._notify_change()
+
+    def _on_bye(self, ident: bytes, msg: Bye) -> None:
+        self.mark_gone(ident.decode("utf-8", "replace"), f"exited: {msg.reason} (code {msg.exit_code})")
+
+    # -- liveness -----------------------------------------------------------------------------
+
+    async def _watch_liveness(self) -> None:
+        """Declare daemons dead after DEAD_AFTER silent heartbeat intervals (runs until close)."""
+        while True:
+            await asyncio.sleep(self.heartbeat_s / CHECKS_PER_INTERVAL)
+            now = self._loop.time()
+            limit = DEAD_AFTER * self.heartbeat_s
+            for info in list(self._daemons.values()):
+                if info.alive and now - info.last_seen > limit:
+                    self.mark_gone(info.identity, f"no heartbeat for {now - info.last_seen:.2f}s")
+
+    # -- outgoing -----------------------------------------------------------------------------
+
+    def _send_to(self, info: DaemonInfo, msg: Message) -> None:
+        if info.alive:
+            self._send_frames(info, self._wire.pack(msg))
+
+    def _send_frames(self, info: DaemonInfo, frames: list[Any]) -> None:
+        try:
+            self._send_raw_frames(info.identity.encode(), frames)
+        except zmq.ZMQError as exc:
+            self.mark_gone(info.identity, f"unreachable: {exc.strerror}")
+
+    def _send_raw(self, ident: bytes, msg: Message) -> None:
+        try:
+            self._send_raw_frames(ident, self._wire.pack(msg))
+        except zmq.ZMQError as exc:
+            self._log.warning("send_failed", peer=ident.decode("utf-8", "replace"), reason=exc.strerror)
+
+    def _send_raw_frames(self, ident: bytes, frames: list[Any]) -> None:
+        assert self._channel is not None, "controller not started"
+        self._channel.send([ident, *frames])
+
+    # -- metrics ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start; controller_bulk_bytes counts tensor payload that passed through here."""
+        out: dict[str, Any] = dict(self._stats)
+        out["pending_calls"] = len(self._calls)
+        out["daemons_alive"] = sum(d.alive for d in self._daemons.values())
+        return out
+
+    def count_bulk_bytes(self, nbytes: int) -> None:
+        """Record tensor payload bytes that were materialised in the controller on purpose."""
+        self._stats["controller_bulk_bytes"] += nbytes
+
+
+def _settle(future: asyncio.Future[Any], *, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+

@@ -1,0 +1,88 @@
+"""Spreading one group call over ranks and collecting the replies, by declared dispatch mode.
+
+Pure functions over plain values: it knows the Dispatch modes and each rank's data-parallel
+coordinate, and nothing of sockets, futures or tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .endpoints import Dispatch
+
+
+@dataclass(frozen=True, slots=True)
+class RankSlot:
+    """One rank of a role group as dispatch sees it."""
+
+    rank: int
+    dp_rank: int
+    dp_size: int
+
+
+def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """Split range(n) into `parts` contiguous [start, stop) ranges, the first n % parts one longer."""
+    base, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def _split_length(endpoint: str, args: Sequence[Any], kwargs: dict[str, Any]) -> int | None:
+    lengths = {f"arg{i}": len(a) for i, a in enumerate(args) if isinstance(a, list)}
+    lengths.update({k: len(v) for k, v in kwargs.items() if isinstance(v, list)})
+    if not lengths:
+        return None
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{k}={v}" for k, v in lengths.items())
+        raise ValueError(f"split dispatch of {endpoint!r}: list arguments differ in length ({shown})")
+    return next(iter(lengths.values()))
+
+
+def dispatch(
+    mode: Dispatch,
+    endpoint: str,
+    ranks: Sequence[RankSlot],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+) -> list[tuple[RankSlot, list[Any], dict[str, Any]]]:
+    """The (rank, args, kwargs) each targeted rank receives."""
+    if mode is Dispatch.RANK0:
+        return [(ranks[0], list(args), dict(kwargs))]
+    if mode is Dispatch.REPLICATE:
+        return [(slot, list(args), dict(kwargs)) for slot in ranks]
+    n = _split_length(endpoint, args, kwargs)
+    if n is None:
+        return [(slot, list(args), dict(kwargs)) for slot in ranks]
+    bounds = chunk_bounds(n, ranks[0].dp_size)
+    out = []
+    for slot in ranks:
+        lo, hi = bounds[slot.dp_rank]
+        out.append(
+            (
+                slot,
+                [a[lo:hi] if isinstance(a, list) else a for a in args],
+                {k: v[lo:hi] if isinstance(v, list) else v for k, v in kwargs.items()},
+            )
+        )
+    return out
+
+
+def collect(mode: Dispatch, slots: Sequence[RankSlot], results: Sequence[Any]) -> Any:
+    """Combine per-rank results (in the order of `slots`) into what the caller awaits."""
+    if mode is Dispatch.RANK0:
+        return results[0]
+    if mode is Dispatch.REPLICATE:
+        return list(results)
+    seen: dict[int, Any] = {}
+    for slot, result in zip(slots, results):
+        seen.setdefault(slot.dp_rank, result)  # tensor/pipeline replicas answer the same rows
+    ordered = [seen[d] for d in sorted(seen)]
+    if all(isinstance(r, list) for r in ordered):
+        return [item for r in ordered for item in r]
+    return ordered

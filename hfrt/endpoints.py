@@ -1,0 +1,89 @@
+"""Declaring endpoints: the `@endpoint` decorator, dispatch modes, and a class's endpoint table.
+
+An endpoint is a method of a Daemon subclass. Its dispatch mode and whether it may run
+concurrently are declared next to it, so a reader and a type checker both see them. This module
+knows nothing of sockets, serving or the controller.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_ATTR = "__hfrt_endpoint__"
+
+
+class Dispatch(str, enum.Enum):
+    """How a call on a role group is spread over the group's ranks, and how replies come back."""
+
+    #: every rank gets the same arguments; the result is the list of per-rank results.
+    REPLICATE = "replicate"
+    #: list arguments are split into contiguous chunks by data-parallel rank (ranks sharing a
+    #: dp_rank get the same chunk); list results from distinct dp ranks are concatenated in order.
+    SPLIT = "split"
+    #: only rank 0 runs; the result is its result.
+    RANK0 = "rank0"
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """What the daemon and the controller know about one endpoint."""
+
+    name: str
+    dispatch: Dispatch
+    concurrent: bool
+    is_async: bool
+    signature: inspect.Signature
+
+    def describe(self) -> dict[str, Any]:
+        """The endpoint-table entry sent in Hello."""
+        return {"dispatch": self.dispatch.value, "concurrent": self.concurrent}
+
+
+def endpoint(
+    fn: F | None = None,
+    *,
+    dispatch: Dispatch | str = Dispatch.REPLICATE,
+    concurrent: bool = False,
+    name: str | None = None,
+) -> Any:
+    """Mark a Daemon method as an endpoint.
+
+    dispatch: how a group call spreads over ranks (see Dispatch).
+    concurrent: False (default) runs calls to this daemon one at a time in arrival order; True
+        lets this endpoint start as soon as it arrives (async endpoints as tasks, plain functions
+        in a thread pool). Arrival order then only fixes the order calls *start* in.
+    name: the wire name, defaulting to the method name.
+    """
+
+    def wrap(f: F) -> F:
+        setattr(
+            f,
+            _ATTR,
+            EndpointSpec(
+                name=name or f.__name__,
+                dispatch=Dispatch(dispatch),
+                concurrent=concurrent,
+                is_async=inspect.iscoroutinefunction(f),
+                signature=inspect.signature(f),
+            ),
+        )
+        return f
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def endpoint_table(cls: type) -> dict[str, tuple[EndpointSpec, Callable[..., Any]]]:
+    """The endpoints a class declares, own and inherited: wire name → (spec, function)."""
+    table: dict[str, tuple[EndpointSpec, Callable[..., Any]]] = {}
+    for klass in reversed(cls.__mro__):
+        for value in vars(klass).values():
+            spec = getattr(value, _ATTR, None)
+            if isinstance(spec, EndpointSpec):
+                table[spec.name] = (spec, value)
+    return table

@@ -1,0 +1,40 @@
+"""Exceptions the controller raises to flow code; each names the role, rank and endpoint involved.
+
+This module knows nothing of sockets or messages beyond the fields an error carries.
+"""
+
+from __future__ import annotations
+
+
+class HfrtError(Exception):
+    """Base of every hfrt runtime error."""
+
+
+class RemoteError(HfrtError):
+    """An endpoint raised on a daemon; carries the remote type name, message and traceback."""
+
+    def __init__(self, where: str, type_name: str, message: str, traceback: str = "") -> None:
+        self.where = where
+        self.type_name = type_name
+        self.message = message
+        self.remote_traceback = traceback
+        text = f"{where} raised {type_name}: {message}"
+        if traceback:
+            text += "\n--- remote traceback ---\n" + traceback.rstrip()
+        super().__init__(text)
+
+
+class DaemonGone(HfrtError):
+    """The daemon a call was waiting on exited, was killed, or stopped sending heartbeats."""
+
+
+class CallTimeout(HfrtError, TimeoutError):
+    """A call did not finish within its timeout; the daemon was told to cancel it."""
+
+
+class UnknownEndpoint(HfrtError, AttributeError):
+    """The role has no endpoint of that name (checked against the table the daemons sent)."""
+
+
+class ProtocolMismatch(HfrtError):
+    """A daemon speaks a different protocol version than this controller."""

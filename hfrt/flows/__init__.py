@@ -1,0 +1,54 @@
+"""Built-in algorithm scripts and the loader for user flows given as a Python file.
+
+A flow module defines `async def flow(ctl, config) -> dict | None` and may define
+`ROLES = {"role": {"impl": "...", "world_size": N, "options": {...}}}`, the daemons it needs when
+the controller launches them itself. The loader knows module conventions, not algorithms.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+BUILTIN: dict[str, str] = {
+    "ping": "hfrt.flows.ping",
+}
+
+FlowFn = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+
+@dataclass(frozen=True)
+class Flow:
+    name: str
+    run: FlowFn
+    roles: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def load_flow(name_or_path: str) -> Flow:
+    """A built-in flow by name, or the flow defined in a .py file."""
+    module: ModuleType
+    if name_or_path in BUILTIN:
+        module = importlib.import_module(BUILTIN[name_or_path])
+    elif name_or_path.endswith(".py"):
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ValueError(f"flow file {path} does not exist")
+        spec = importlib.util.spec_from_file_location(f"hfrt_user_flow_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        known = ", ".join(sorted(BUILTIN))
+        raise ValueError(f"unknown flow {name_or_path!r}: use one of {known}, or a path to a .py file")
+    run = getattr(module, "flow", None)
+    if run is None or not callable(run):
+        raise ValueError(f"flow {name_or_path!r} defines no `async def flow(ctl, config)`")
+    roles = getattr(module, "ROLES", {})
+    if not isinstance(roles, dict):
+        raise ValueError(f"flow {name_or_path!r}: ROLES must be a dict of role → settings")
+    return Flow(name_or_path, run, roles)

@@ -1,0 +1,47 @@
+"""The `ping` flow: proves the runtime end to end on real daemons, with no model.
+
+It checks hello/endpoint tables, round trips, split dispatch, overlap of calls to two ranks and
+remote errors, and returns a summary. It knows the echo role's endpoints and nothing of RL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from typing import Any
+
+from hfrt.errors import RemoteError
+
+ROLES: dict[str, dict[str, Any]] = {"echo": {"impl": "echo", "world_size": 2}}
+
+
+async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+    echo = await ctl.role("echo")
+    rounds = int(config.get("rounds", 200))
+    rtts = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        await echo.ping.call_one(0)
+        rtts.append(time.perf_counter() - start)
+
+    rows = await echo.tag_rows(list(range(8)))  # split across ranks, concatenated in order
+
+    start = time.perf_counter()
+    await asyncio.gather(*(echo.sleep.call_one(r, 0.2) for r in range(echo.world_size)))
+    overlap_s = time.perf_counter() - start
+
+    try:
+        await echo.fail.call_one(0, "expected")
+        error = "no error raised"
+    except RemoteError as exc:
+        error = f"{exc.where}: {exc.type_name}"
+
+    return {
+        "daemons": [d["role"] + f"[{d['rank']}] pid {d['pid']}" for d in await echo.describe.call()],
+        "ping_p50_us": round(statistics.median(rtts) * 1e6, 1),
+        "split_rows": rows,
+        "overlap_two_0.2s_sleeps_s": round(overlap_s, 3),
+        "remote_error": error,
+        "stats": ctl.stats(),
+    }

@@ -1,0 +1,62 @@
+"""hfrt's wire contract: message records, the msgpack codec, HMAC signing and limits.
+
+This package knows bytes, msgpack and hashing; it knows nothing of sockets, asyncio or torch.
+The written spec is protocols/README.md.
+"""
+
+from __future__ import annotations
+
+from .codec import Codec, Limits, OutOfBand, register_record
+from .handles import TensorHandle
+from .messages import (
+    PROTOCOL_VERSION,
+    Bye,
+    Call,
+    Cancel,
+    Error,
+    Heartbeat,
+    Hello,
+    Message,
+    Reply,
+    Shutdown,
+    Welcome,
+)
+from .signing import KeyFileError, Signer, load_key, new_key, write_key_file
+from .wire import (
+    BadSignature,
+    FrameTooLarge,
+    Undecodable,
+    UnknownKind,
+    Wire,
+    WireError,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "BadSignature",
+    "Bye",
+    "Call",
+    "Cancel",
+    "Codec",
+    "Error",
+    "FrameTooLarge",
+    "Heartbeat",
+    "Hello",
+    "KeyFileError",
+    "Limits",
+    "Message",
+    "OutOfBand",
+    "Reply",
+    "Shutdown",
+    "Signer",
+    "TensorHandle",
+    "Undecodable",
+    "UnknownKind",
+    "Welcome",
+    "Wire",
+    "WireError",
+    "load_key",
+    "new_key",
+    "register_record",
+    "write_key_file",
+]

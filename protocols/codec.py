@@ -1,0 +1,156 @@
+"""msgpack codec for hfrt values: strict types, registered records as ext types, big buffers out of band.
+
+It encodes None, bool, int, float, str, bytes, list/tuple (decoded as list), dict, registered record
+types, and OutOfBand buffers (sent as separate frames, never copied into the body). Anything else is
+refused with a TypeError naming the type; nothing is ever unpickled. It knows nothing of signing
+or message kinds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgpack
+
+#: Ext code of an out-of-band buffer reference; its payload is the buffer's frame index.
+EXT_OOB = 0
+
+
+class Record(Protocol):
+    """A small typed record that can travel inside values (e.g. TensorHandle)."""
+
+    def to_wire(self) -> list[Any]: ...
+
+    @classmethod
+    def from_wire(cls, values: list[Any]) -> Record: ...
+
+
+_RECORDS_BY_CODE: dict[int, type[Any]] = {}
+_CODES_BY_TYPE: dict[type[Any], int] = {}
+
+
+def register_record(code: int, cls: type[Any]) -> type[Any]:
+    """Let `cls` travel in values as msgpack ext type `code` (1..127, each code once)."""
+    if not 1 <= code <= 127:
+        raise ValueError(f"record ext code must be 1..127, got {code}")
+    known = _RECORDS_BY_CODE.get(code)
+    if known is not None and known is not cls:
+        raise ValueError(f"ext code {code} already belongs to {known.__name__}")
+    _RECORDS_BY_CODE[code] = cls
+    _CODES_BY_TYPE[cls] = code
+    return cls
+
+
+class OutOfBand:
+    """A large buffer sent as its own ZeroMQ frame rather than inside the msgpack body."""
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, buffer: bytes | bytearray | memoryview) -> None:
+        self.buffer = buffer
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OutOfBand) and bytes(self.buffer) == bytes(other.buffer)
+
+    def __repr__(self) -> str:
+        return f"OutOfBand({len(memoryview(self.buffer).cast('B'))} bytes)"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size limits a receiver enforces before trusting anything (and a sender checks first).
+
+    max_frame_bytes: largest single frame. max_message_bytes: largest sum over a message's frames.
+    max_frames: most frames in one message (signature + body + out-of-band buffers).
+    """
+
+    max_frame_bytes: int = 64 * 1024 * 1024
+    max_message_bytes: int = 256 * 1024 * 1024
+    max_frames: int = 64
+
+    def __post_init__(self) -> None:
+        if min(self.max_frame_bytes, self.max_message_bytes, self.max_frames) < 1:
+            raise ValueError(f"limits must be positive: {self}")
+        if self.max_message_bytes < self.max_frame_bytes:
+            raise ValueError(
+                f"max_message_bytes ({self.max_message_bytes}) < max_frame_bytes ({self.max_frame_bytes})"
+            )
+
+    def check(self, sizes: list[int]) -> str | None:
+        """Return why a message with these frame sizes breaks the limits, or None."""
+        total = sum(sizes)
+        if total <= self.max_frame_bytes and len(sizes) <= self.max_frames:
+            return None  # the common case: every frame, and the whole, are within bounds
+        if len(sizes) > self.max_frames:
+            return f"{len(sizes)} frames > max_frames {self.max_frames}"
+        big = max(sizes, default=0)
+        if big > self.max_frame_bytes:
+            return f"frame of {big} bytes > max_frame_bytes {self.max_frame_bytes}"
+        if total > self.max_message_bytes:
+            return f"message of {total} bytes > max_message_bytes {self.max_message_bytes}"
+        return None
+
+
+class Codec:
+    """Encodes one value tree to (body, buffers) and back. One instance per thread."""
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self._buffers: list[Any] = []
+        self._packer = msgpack.Packer(default=self._default, use_bin_type=True)
+
+    def encode(self, value: Any) -> tuple[bytes, list[Any]]:
+        """Return the msgpack body and the out-of-band buffers it refers to by index."""
+        self._buffers = []
+        try:
+            body = self._packer.pack(value)
+        except Exception:
+            self._packer.reset()
+            raise
+        buffers, self._buffers = self._buffers, []
+        return body, buffers
+
+    def decode(self, body: bytes, buffers: list[bytes] | None = None) -> Any:
+        """Decode a body, resolving out-of-band references against `buffers`."""
+        bufs = buffers or []
+
+        def ext_hook(code: int, data: bytes) -> Any:
+            if code == EXT_OOB:
+                index = msgpack.unpackb(data)
+                if not isinstance(index, int) or not 0 <= index < len(bufs):
+                    raise ValueError(f"out-of-band reference {index!r} has no frame")
+                return OutOfBand(bufs[index])
+            cls = _RECORDS_BY_CODE.get(code)
+            if cls is None:
+                raise ValueError(f"unknown ext type {code}")
+            values = msgpack.unpackb(data, use_list=True, raw=False, strict_map_key=True)
+            if not isinstance(values, list):
+                raise ValueError(f"ext type {code} ({cls.__name__}) payload is not a list")
+            return cls.from_wire(values)
+
+        limit = self.limits.max_frame_bytes
+        return msgpack.unpackb(
+            body,
+            ext_hook=ext_hook,
+            raw=False,
+            strict_map_key=False,  # symmetric with the packer, which accepts int keys
+            use_list=True,
+            max_bin_len=limit,
+            max_str_len=limit,
+            max_array_len=limit,
+            max_map_len=limit,
+            max_ext_len=limit,
+        )
+
+    def _default(self, obj: Any) -> Any:
+        code = _CODES_BY_TYPE.get(type(obj))
+        if code is not None:
+            return msgpack.ExtType(code, msgpack.packb(obj.to_wire(), use_bin_type=True))
+        if isinstance(obj, OutOfBand):
+            self._buffers.append(obj.buffer)
+            return msgpack.ExtType(EXT_OOB, msgpack.packb(len(self._buffers) - 1))
+        raise TypeError(
+            f"hfrt cannot send a value of type {type(obj).__module__}.{type(obj).__qualname__}: "
+            "send msgpack types, registered records, or tensors by handle"
+        )
