@@ -59,6 +59,7 @@ def _controller(args: argparse.Namespace) -> int:
         run_flow(
             flow, run_dir=run_dir, config=_parse_set(args.set), roles=_parse_roles(args.role),
             attach=attach, keep_daemons=args.keep_daemons, heartbeat_s=args.heartbeat,
+            orphan_timeout_s=args.orphan_timeout,
         )
     )
     print(json.dumps(summary, indent=2, default=str))
@@ -124,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--keep-daemons", action="store_true", help="leave the launched daemons running and write RUN_DIR/attach.json")
     c.add_argument("--run-dir", help="where the run writes (default: runs/FLOW-TIMESTAMP)")
     c.add_argument("--heartbeat", type=float, default=1.0, help="daemon heartbeat interval in seconds")
+    c.add_argument("--orphan-timeout", type=float, default=30.0, help="launched daemons exit after this many seconds without a controller")
     c.add_argument("--log-level", default="warning", help="debug, info, warning or error")
     c.add_argument("--log-format", default="console", choices=["console", "json"], help="log line format")
 

@@ -63,9 +63,14 @@ class DaemonInfo:
     alive: bool = True
     gone_reason: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    #: the ZeroMQ routing id of the daemon's command socket (identity, encoded once)
+    route: bytes = field(default=b"", init=False)
 
     def describe(self) -> str:
         return f"{self.role}[{self.rank}] ({self.host} pid {self.pid})"
+
+    def __post_init__(self) -> None:
+        self.route = self.identity.encode()
 
 
 class _Pending:
@@ -141,7 +146,8 @@ class Controller:
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_frame_bytes + 1024)  # strangers cannot balloon us
         sock.bind(self.requested_address)
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._channel = Channel(sock, self._on_frames, self._loop)
+        self._channel = Channel(sock, self._on_frames, self._loop, routed=True)
+        self._channel.on_unroutable = self._on_unroutable
         self._watcher = self._loop.create_task(self._watch_liveness(), name="hfrt-liveness")
         self._log.info("controller_listening", address=self.address)
         return self
@@ -398,20 +404,19 @@ class Controller:
             self._send_frames(info, self._wire.pack(msg))
 
     def _send_frames(self, info: DaemonInfo, frames: list[Any]) -> None:
-        try:
-            self._send_raw_frames(info.identity.encode(), frames)
-        except zmq.ZMQError as exc:
-            self.mark_gone(info.identity, f"unreachable: {exc.strerror}")
+        assert self._channel is not None, "controller not started"
+        self._channel.send(frames, info.route)
 
     def _send_raw(self, ident: bytes, msg: Message) -> None:
-        try:
-            self._send_raw_frames(ident, self._wire.pack(msg))
-        except zmq.ZMQError as exc:
-            self._log.warning("send_failed", peer=ident.decode("utf-8", "replace"), reason=exc.strerror)
-
-    def _send_raw_frames(self, ident: bytes, frames: list[Any]) -> None:
         assert self._channel is not None, "controller not started"
-        self._channel.send([ident, *frames])
+        self._channel.send(self._wire.pack(msg), ident)
+
+    def _on_unroutable(self, peer: bytes, exc: zmq.ZMQError) -> None:
+        identity = peer.decode("utf-8", "replace")
+        if identity in self._daemons:
+            self.mark_gone(identity, f"unreachable: {exc.strerror}")
+        else:
+            self._log.warning("send_failed", peer=identity, reason=exc.strerror)
 
     # -- metrics ------------------------------------------------------------------------------
 

@@ -39,6 +39,17 @@ class EndpointSpec:
     concurrent: bool
     is_async: bool
     signature: inspect.Signature
+    #: (min, max) positional argument counts when every parameter after `self` is a plain
+    #: positional-or-keyword one; then a call with only positional arguments in range is valid
+    #: without the slower Signature.bind. None when the signature is anything fancier.
+    positional_range: tuple[int, int] | None = None
+
+    def accepts(self, args: list[Any], kwargs: dict[str, Any]) -> None:
+        """Raise TypeError (as a call would) unless args/kwargs fit the endpoint's signature."""
+        rng = self.positional_range
+        if rng is not None and not kwargs and rng[0] <= len(args) <= rng[1]:
+            return
+        self.signature.bind(None, *args, **kwargs)
 
     def describe(self) -> dict[str, Any]:
         """The endpoint-table entry sent in Hello."""
@@ -62,6 +73,7 @@ def endpoint(
     """
 
     def wrap(f: F) -> F:
+        signature = inspect.signature(f)
         setattr(
             f,
             _ATTR,
@@ -70,12 +82,21 @@ def endpoint(
                 dispatch=Dispatch(dispatch),
                 concurrent=concurrent,
                 is_async=inspect.iscoroutinefunction(f),
-                signature=inspect.signature(f),
+                signature=signature,
+                positional_range=_positional_range(signature),
             ),
         )
         return f
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _positional_range(signature: inspect.Signature) -> tuple[int, int] | None:
+    params = list(signature.parameters.values())[1:]  # after self
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    required = sum(p.default is inspect.Parameter.empty for p in params)
+    return required, len(params)
 
 
 def endpoint_table(cls: type) -> dict[str, tuple[EndpointSpec, Callable[..., Any]]]:

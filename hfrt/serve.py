@@ -175,8 +175,14 @@ class DaemonServer:
                 self._log.error("teardown_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _say_bye(self, sock: zmq.Socket[Any], reason: str, code: int) -> None:
+        """Send Bye after anything still queued, so no reply trails it."""
+        frames = self._wire.pack(Bye(reason, code))
         try:
-            sock.send_multipart(self._wire.pack(Bye(reason, code)), zmq.NOBLOCK)
+            if self._channel is not None:
+                self._channel.send(frames)
+                self._channel.flush()
+            else:
+                sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
 
@@ -257,12 +263,23 @@ class DaemonServer:
             return
         spec, fn = entry
         try:
-            spec.signature.bind(None, *call.args, **call.kwargs)
+            spec.accepts(call.args, call.kwargs)
         except TypeError as exc:
             self._reply_error(call, "BadArguments", f"{call.endpoint}{_public_signature(spec)}: {exc}")
             return
         if spec.concurrent:
             self._start_concurrent(call, spec, fn)
+        elif (
+            not spec.is_async
+            and not self._queue
+            and not self._ordered_busy
+            and not self._pump_scheduled
+            and self._channel is not None
+            and not self._channel.has_input()
+        ):
+            # Fast path: nothing queued, running or waiting to be read, so nothing could
+            # cancel this call before it starts; run it now rather than one loop turn later.
+            self._run_sync(call, fn)
         else:
             self._queue.append(_Queued(call, spec, fn))
             self._schedule_pump()
@@ -285,23 +302,29 @@ class DaemonServer:
 
     def _schedule_pump(self) -> None:
         # Via call_soon, so every message already waiting (a Cancel among them) is read first.
-        if not self._pump_scheduled and not self._ordered_busy:
+        if not self._pump_scheduled and not self._ordered_busy and self._queue:
             self._pump_scheduled = True
             self._loop.call_soon(self._pump)
 
     def _pump(self) -> None:
+        """Run queued ordered calls until one is async, the queue empties, or input arrives.
+
+        Stopping at new input lets the reader see a Cancel before the next queued call starts.
+        """
         self._pump_scheduled = False
-        if self._ordered_busy or not self._queue or self._stopped.done():
-            return
-        item = self._queue.popleft()
-        if item.spec.is_async:
-            self._ordered_busy = True
-            task = self._loop.create_task(self._run_async(item.call, item.fn))
-            self._running[item.call.call_id] = task
-            task.add_done_callback(self._ordered_done)
-        else:
+        assert self._channel is not None
+        while self._queue and not self._ordered_busy and not self._stopped.done():
+            item = self._queue.popleft()
+            if item.spec.is_async:
+                self._ordered_busy = True
+                task = self._loop.create_task(self._run_async(item.call, item.fn))
+                self._running[item.call.call_id] = task
+                task.add_done_callback(self._ordered_done)
+                return
             self._run_sync(item.call, item.fn)
-            self._schedule_pump()
+            if self._channel.has_input():
+                break
+        self._schedule_pump()
 
     def _ordered_done(self, task: asyncio.Task[Any]) -> None:
         self._ordered_busy = False

@@ -8,6 +8,7 @@ or message kinds.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -98,41 +99,12 @@ class Codec:
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
         self._buffers: list[Any] = []
+        self._frames: list[bytes] = []
         self._packer = msgpack.Packer(default=self._default, use_bin_type=True)
-
-    def encode(self, value: Any) -> tuple[bytes, list[Any]]:
-        """Return the msgpack body and the out-of-band buffers it refers to by index."""
-        self._buffers = []
-        try:
-            body = self._packer.pack(value)
-        except Exception:
-            self._packer.reset()
-            raise
-        buffers, self._buffers = self._buffers, []
-        return body, buffers
-
-    def decode(self, body: bytes, buffers: list[bytes] | None = None) -> Any:
-        """Decode a body, resolving out-of-band references against `buffers`."""
-        bufs = buffers or []
-
-        def ext_hook(code: int, data: bytes) -> Any:
-            if code == EXT_OOB:
-                index = msgpack.unpackb(data)
-                if not isinstance(index, int) or not 0 <= index < len(bufs):
-                    raise ValueError(f"out-of-band reference {index!r} has no frame")
-                return OutOfBand(bufs[index])
-            cls = _RECORDS_BY_CODE.get(code)
-            if cls is None:
-                raise ValueError(f"unknown ext type {code}")
-            values = msgpack.unpackb(data, use_list=True, raw=False, strict_map_key=True)
-            if not isinstance(values, list):
-                raise ValueError(f"ext type {code} ({cls.__name__}) payload is not a list")
-            return cls.from_wire(values)
-
         limit = self.limits.max_frame_bytes
-        return msgpack.unpackb(
-            body,
-            ext_hook=ext_hook,
+        self._unpack = functools.partial(
+            msgpack.unpackb,
+            ext_hook=self._ext_hook,
             raw=False,
             strict_map_key=False,  # symmetric with the packer, which accepts int keys
             use_list=True,
@@ -142,6 +114,38 @@ class Codec:
             max_map_len=limit,
             max_ext_len=limit,
         )
+
+    def encode(self, value: Any) -> tuple[bytes, list[Any]]:
+        """Return the msgpack body and the out-of-band buffers it refers to by index."""
+        try:
+            body = self._packer.pack(value)
+        except Exception:
+            self._packer.reset()
+            self._buffers = []
+            raise
+        if not self._buffers:
+            return body, []
+        buffers, self._buffers = self._buffers, []
+        return body, buffers
+
+    def decode(self, body: bytes, buffers: list[bytes] | None = None) -> Any:
+        """Decode a body, resolving out-of-band references against `buffers`."""
+        self._frames = buffers or []
+        return self._unpack(body)
+
+    def _ext_hook(self, code: int, data: bytes) -> Any:
+        if code == EXT_OOB:
+            index = msgpack.unpackb(data)
+            if not isinstance(index, int) or not 0 <= index < len(self._frames):
+                raise ValueError(f"out-of-band reference {index!r} has no frame")
+            return OutOfBand(self._frames[index])
+        cls = _RECORDS_BY_CODE.get(code)
+        if cls is None:
+            raise ValueError(f"unknown ext type {code}")
+        values = msgpack.unpackb(data, use_list=True, raw=False)
+        if not isinstance(values, list):
+            raise ValueError(f"ext type {code} ({cls.__name__}) payload is not a list")
+        return cls.from_wire(values)
 
     def _default(self, obj: Any) -> Any:
         code = _CODES_BY_TYPE.get(type(obj))

@@ -84,6 +84,12 @@ class Signer:
 
     def sign(self, frames: Sequence[Any]) -> bytes:
         inner = self._inner.copy()
+        if len(frames) == 1 and type(frames[0]) is bytes:  # the common case: one small body
+            body = frames[0]
+            inner.update(len(body).to_bytes(8, "little") + body)
+            outer = self._outer.copy()
+            outer.update(inner.digest())
+            return outer.digest()
         for frame in frames:
             size = len(frame) if type(frame) is bytes else memoryview(frame).nbytes
             inner.update(size.to_bytes(8, "little"))

@@ -1,4 +1,7 @@
-"""Message ⇄ frames: `[signature, body, *out-of-band buffers]`, checked in a fixed order.
+"""Message ⇄ frames: `[signature ‖ body, *out-of-band buffers]`, checked in a fixed order.
+
+Frame 0 is the 32-byte HMAC-SHA256 signature followed by the msgpack body (one frame rather than
+two: each ZeroMQ frame costs a send call, and this is the hot path).
 
 A receiver checks sizes first, then the signature, and only then decodes; a frame that fails
 any step raises a WireError saying which step and why. This module knows the codec, signing and
@@ -41,27 +44,33 @@ class Wire:
         self.limits = limits or Limits()
         self.codec = Codec(self.limits)
         self.signer = Signer(key)
+        # A body this small makes a one-frame message that needs no further size checks.
+        self._single_frame_max = self.limits.max_frame_bytes - SIGNATURE_BYTES
 
     def pack(self, message: Message) -> list[Any]:
         body, buffers = self.codec.encode(message.to_wire())
-        frames: list[Any] = [body, *buffers]
-        problem = self.limits.check(
-            [SIGNATURE_BYTES] + [memoryview(f).nbytes for f in frames]
-        )
+        if not buffers:
+            if len(body) > self._single_frame_max:
+                raise FrameTooLarge(f"cannot send {message.NAME}: {self.limits.check([SIGNATURE_BYTES + len(body)])}")
+            return [self.signer.sign((body,)) + body]
+        problem = self.limits.check([SIGNATURE_BYTES + len(body)] + [memoryview(f).nbytes for f in buffers])
         if problem:
             raise FrameTooLarge(f"cannot send {message.NAME}: {problem}")
-        return [self.signer.sign(frames), *frames]
+        return [self.signer.sign([body, *buffers]) + body, *buffers]
 
     def unpack(self, frames: list[bytes]) -> Message:
-        problem = self.limits.check([len(f) for f in frames])
-        if problem:
-            raise FrameTooLarge(problem)
-        if len(frames) < 2 or len(frames[0]) != SIGNATURE_BYTES:
-            raise BadSignature(f"expected [signature, body, ...], got {len(frames)} frame(s)")
-        if not self.signer.verify(frames[0], frames[1:]):
+        if len(frames) != 1 or len(frames[0]) > self.limits.max_frame_bytes:
+            problem = self.limits.check([len(f) for f in frames])
+            if problem:
+                raise FrameTooLarge(problem)
+        if not frames or len(frames[0]) <= SIGNATURE_BYTES:
+            raise BadSignature(f"expected [signature ‖ body, ...], got {len(frames)} frame(s) too short to hold one")
+        head = frames[0]
+        body = head[SIGNATURE_BYTES:]
+        if not self.signer.verify(head[:SIGNATURE_BYTES], [body, *frames[1:]]):
             raise BadSignature("HMAC signature does not match (wrong cluster key or forged frame)")
         try:
-            decoded = self.codec.decode(frames[1], frames[2:])
+            decoded = self.codec.decode(body, frames[1:])
         except Exception as exc:
             raise Undecodable(f"body is not a valid hfrt msgpack value: {exc}") from None
         if not isinstance(decoded, list) or not decoded or not isinstance(decoded[0], int):
