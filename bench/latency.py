@@ -19,11 +19,13 @@ import time
 from collections import deque
 from typing import Any
 
-from hfrt.controller import Controller
 from hfrt.deploy.base import expand
 from hfrt.deploy.local import LocalLauncher
-from hfrt.loop import loop_factory, run
 from hfrt.protocols import Call, Wire, new_key
+
+from hfrt.controller import Controller
+from hfrt.log import configure as configure_logging
+from hfrt.loop import loop_factory, run
 
 RAW_SERVER = """
 import sys, zmq
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
     p.add_argument("--out", help="also write the JSON result to this file")
     args = p.parse_args(argv)
+    configure_logging("warning")
 
     figures = run(hfrt_figures(args.calls, args.fanout, args.inflight, args.duration))
     size = payload_bytes()

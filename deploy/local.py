@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-from hfrt.log import get_logger
 from hfrt.protocols.signing import ENV_KEY
+
+from hfrt.log import get_logger
 
 from .base import DaemonSpec, OnExit
 

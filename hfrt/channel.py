@@ -27,6 +27,9 @@ SEND_BATCH = 256
 #: First frame of a coalesced batch.
 BATCH_MARK = b""
 
+_send: Any
+_recv: Any
+_get: Any
 try:  # pyzmq's compiled socket methods, without the Python sugar layer around them
     _send = zmq.backend.Socket.send
     _recv = zmq.backend.Socket.recv
@@ -84,7 +87,7 @@ class Channel:
         self._on_message = on_message
         self._loop = loop or asyncio.get_running_loop()
         self._routed = routed
-        self._fd = socket.getsockopt(zmq.FD)
+        self._fd = int(socket.getsockopt(zmq.FD))
         self._outbox: dict[bytes, list[list[Any]]] = {}
         self._backlog: deque[list[Any]] = deque()
         self._flush_scheduled = False

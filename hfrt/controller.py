@@ -74,7 +74,7 @@ class DaemonInfo:
 
 
 class _Pending:
-    __slots__ = ("future", "daemon", "endpoint", "timer")
+    __slots__ = ("daemon", "endpoint", "future", "timer")
 
     def __init__(self, future: asyncio.Future[Any], daemon: DaemonInfo, endpoint: str) -> None:
         self.future = future
@@ -223,8 +223,11 @@ class Controller:
         if self._changed is not None:
             self._changed.set()
 
-    def mark_gone(self, identity: str, reason: str) -> None:
-        """Declare a daemon dead and fail every call pending on it (launchers call this on exit)."""
+    def mark_gone(self, identity: str, reason: str, *, expected: bool = False) -> None:
+        """Declare a daemon dead and fail every call pending on it (launchers call this on exit).
+
+        expected: a clean exit (a Bye with code 0), logged at info rather than warning.
+        """
         info = self._daemons.get(identity)
         if info is None:
             self._gone_before_hello[identity] = reason
@@ -234,7 +237,7 @@ class Controller:
             return
         info.alive = False
         info.gone_reason = reason
-        self._log.warning("daemon_gone", daemon=info.describe(), reason=reason)
+        (self._log.info if expected else self._log.warning)("daemon_gone", daemon=info.describe(), reason=reason)
         for call_id, pending in list(self._calls.items()):
             if pending.daemon is info:
                 del self._calls[call_id]
@@ -383,7 +386,8 @@ class Controller:
         self._notify_change()
 
     def _on_bye(self, ident: bytes, msg: Bye) -> None:
-        self.mark_gone(ident.decode("utf-8", "replace"), f"exited: {msg.reason} (code {msg.exit_code})")
+        identity = ident.decode("utf-8", "replace")
+        self.mark_gone(identity, f"exited: {msg.reason} (code {msg.exit_code})", expected=msg.exit_code == 0)
 
     # -- liveness -----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import inspect
 import os
 import signal
 import socket
@@ -69,7 +70,7 @@ class ServeConfig:
 
 
 class _Queued:
-    __slots__ = ("call", "spec", "fn")
+    __slots__ = ("call", "fn", "spec")
 
     def __init__(self, call: Call, spec: EndpointSpec, fn: Any) -> None:
         self.call, self.spec, self.fn = call, spec, fn
@@ -114,7 +115,7 @@ class DaemonServer:
             self._key,
             interval_s=self.config.heartbeat_s,
             orphan_timeout_s=self.config.orphan_timeout_s,
-            notify=lambda event, detail: loop.call_soon_threadsafe(self._on_heartbeat_event, event, detail),
+            notify=self._notify_from_heartbeat_thread,
             limits=self.config.limits,
         )
         self._hb = hb
@@ -138,6 +139,9 @@ class DaemonServer:
                 loop.remove_signal_handler(sig)
         self._log.info("daemon_exit", reason=reason, exit_code=code)
         return code
+
+    def _notify_from_heartbeat_thread(self, event: str, detail: str) -> None:
+        self._loop.call_soon_threadsafe(self._on_heartbeat_event, event, detail)
 
     async def _serve(self, sock: zmq.Socket[Any]) -> tuple[str, int]:
         try:
@@ -411,5 +415,8 @@ class DaemonServer:
 
 
 def _public_signature(spec: EndpointSpec) -> str:
-    params = list(spec.signature.parameters.values())[1:]  # drop self
-    return str(spec.signature.replace(parameters=params))
+    """`(a, b=1, *rest)`: the endpoint's parameters after self, without annotations."""
+    params = [
+        p.replace(annotation=inspect.Parameter.empty) for p in list(spec.signature.parameters.values())[1:]
+    ]
+    return str(spec.signature.replace(parameters=params, return_annotation=inspect.Signature.empty))

@@ -1,0 +1,110 @@
+"""Signing, key handling and size limits."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from hfrt.protocols import (
+    BadSignature,
+    Call,
+    FrameTooLarge,
+    KeyFileError,
+    Limits,
+    OutOfBand,
+    Reply,
+    Signer,
+    Wire,
+    load_key,
+    new_key,
+    write_key_file,
+)
+
+
+def test_signature_is_standard_hmac_sha256_over_length_prefixed_frames() -> None:
+    key = new_key()
+    frames = [b"body", b"buffer-one", bytearray(b"two")]
+    expected = hmac.new(key, digestmod=hashlib.sha256)
+    for f in frames:
+        expected.update(len(f).to_bytes(8, "little") + bytes(f))
+    assert Signer(key).sign(frames) == expected.digest()
+    assert Signer(key).sign([b"x"]) == hmac.new(key, (1).to_bytes(8, "little") + b"x", hashlib.sha256).digest()
+
+
+def test_long_keys_are_hashed_as_rfc2104_says() -> None:
+    key = b"k" * 100
+    assert Signer(key).sign([b"m"]) == hmac.new(key, (1).to_bytes(8, "little") + b"m", hashlib.sha256).digest()
+
+
+def test_tampering_with_any_frame_breaks_the_signature() -> None:
+    wire = Wire(new_key())
+    frames = wire.pack(Call(1, "x", [OutOfBand(b"payload")], {}, True))
+    tampered_body = [frames[0][:-1] + b"\x00", frames[1]]
+    tampered_buffer = [frames[0], b"PAYLOAD"]
+    other_key = Wire(new_key()).pack(Call(1, "x", [], {}, True))
+    for bad in (tampered_body, tampered_buffer, other_key, [b"short"], []):
+        with pytest.raises(BadSignature):
+            wire.unpack(bad)
+
+
+def test_key_file_is_private_and_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HFRT_KEY", raising=False)
+    key = new_key()
+    path = write_key_file(tmp_path / "k" / "cluster.key", key)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert load_key(path) == key
+    monkeypatch.setenv("HFRT_KEY_FILE", str(path))
+    assert load_key() == key
+
+
+def test_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = new_key()
+    monkeypatch.setenv("HFRT_KEY", key.hex())
+    assert load_key() == key
+
+
+@pytest.mark.parametrize(
+    "content, problem", [("zz", "must be hex"), ("abcd", "has 2 bytes, need >= 16")]
+)
+def test_bad_keys_are_refused_naming_the_source(tmp_path: Path, content: str, problem: str) -> None:
+    path = tmp_path / "bad.key"
+    path.write_text(content)
+    with pytest.raises(KeyFileError, match=problem) as info:
+        load_key(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_key_says_how_to_provide_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HFRT_KEY", raising=False)
+    monkeypatch.delenv("HFRT_KEY_FILE", raising=False)
+    with pytest.raises(KeyFileError, match="HFRT_KEY"):
+        load_key()
+    with pytest.raises(KeyFileError, match="cannot read key file"):
+        load_key(tmp_path / "absent.key")
+
+
+def test_limits_are_checked_when_sending_and_receiving() -> None:
+    limits = Limits(max_frame_bytes=1024, max_message_bytes=2048, max_frames=3)
+    small = Wire(b"k" * 32, limits)
+    with pytest.raises(FrameTooLarge, match="cannot send reply: frame of"):
+        small.pack(Reply(1, b"x" * 2000, 0.0))
+    with pytest.raises(FrameTooLarge, match="max_frames 3"):
+        small.pack(Call(1, "x", [OutOfBand(b"a"), OutOfBand(b"b"), OutOfBand(b"c")], {}, True))
+    with pytest.raises(FrameTooLarge, match="max_message_bytes 2048"):
+        small.pack(Call(1, "x", [OutOfBand(b"a" * 1020), OutOfBand(b"b" * 1020)], {}, True))
+    big = Wire(b"k" * 32).pack(Reply(1, b"x" * 2000, 0.0))
+    with pytest.raises(FrameTooLarge, match="max_frame_bytes 1024"):
+        small.unpack(big)
+    with pytest.raises(FrameTooLarge, match="max_message_bytes 2048"):
+        small.unpack([b"s" * 1000, b"a" * 1000, b"b" * 1000])
+    with pytest.raises(FrameTooLarge, match="max_frames 3"):
+        small.unpack([b"s" * 40] * 4)
+
+
+def test_limits_must_be_consistent() -> None:
+    with pytest.raises(ValueError, match="max_message_bytes"):
+        Limits(max_frame_bytes=100, max_message_bytes=10)
