@@ -1,6 +1,8 @@
 """Latency benchmark: hfrt call round trip, pipelined throughput and fan-out, against raw pyzmq
-REQ/REP and (when installed) a Ray actor call, all measured in one run on this machine.
+REQ/REP, a bare asyncio+ZeroMQ echo (the event-loop floor) and, when installed, a Ray actor call.
 
+The three round-trip measurements are interleaved in blocks within one run, so a machine whose
+load drifts (as shared 2-core machines do) moves all of them alike and the ratios stay fair.
 Run: `hfrt bench latency [--json] [--out FILE]`. It starts its own daemons and reference servers
 and knows nothing of RL.
 """
@@ -19,23 +21,40 @@ import time
 from collections import deque
 from typing import Any
 
-from hfrt.deploy.base import expand
-from hfrt.deploy.local import LocalLauncher
-from hfrt.protocols import Call, Wire, new_key
+import zmq
 
 from hfrt.controller import Controller
+from hfrt.deploy.base import expand
+from hfrt.deploy.local import LocalLauncher
 from hfrt.log import configure as configure_logging
 from hfrt.loop import loop_factory, run
+from hfrt.protocols import Call, Wire, new_key
 
+#: Sync REQ/REP echo: the physical reference.
 RAW_SERVER = """
 import sys, zmq
 ctx = zmq.Context(); s = ctx.socket(zmq.REP); port = s.bind_to_random_port("tcp://127.0.0.1")
 print(port, flush=True)
 while True:
-    m = s.recv()
-    if m == b"stop":
-        s.send(b""); break
-    s.send(m)
+    s.send(s.recv())
+"""
+
+#: The same echo with the socket driven by an asyncio (uvloop) reader callback, as hfrt drives it.
+FLOOR_SERVER = """
+import asyncio, sys, zmq
+async def main():
+    ctx = zmq.Context(); s = ctx.socket(zmq.DEALER); s.connect(sys.argv[1])
+    loop = asyncio.get_running_loop()
+    def drain():
+        while s.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            s.send_multipart(s.recv_multipart(zmq.NOBLOCK), zmq.NOBLOCK)
+    loop.add_reader(s.getsockopt(zmq.FD), drain)
+    s.send(b"hi"); drain()
+    await asyncio.Event().wait()
+try:
+    import uvloop; uvloop.run(main())
+except ImportError:
+    asyncio.run(main())
 """
 
 
@@ -44,39 +63,141 @@ def pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def payload_bytes() -> int:
-    """Bytes of a signed no-op Call as hfrt sends it, so the raw reference moves the same size."""
-    frames = Wire(new_key()).pack(Call(123456, "ping", [], {}, True))
-    return sum(len(f) for f in frames)
+def payload() -> bytes:
+    """A signed no-op Call as hfrt sends it, so the references move the same bytes."""
+    return b"".join(Wire(new_key()).pack(Call(123456, "ping", [], {}, True)))
 
 
-def raw_zmq_p50_us(n: int, size: int) -> float:
-    import zmq
+class RawReference:
+    """Sync REQ client in this process against the sync REP server subprocess."""
 
-    server = subprocess.Popen([sys.executable, "-c", RAW_SERVER], stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None
-        port = int(server.stdout.readline())
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.REQ)
-        sock.connect(f"tcp://127.0.0.1:{port}")
-        msg = b"x" * size
-        for _ in range(500):
-            sock.send(msg)
-            sock.recv()
-        samples = []
+    def __init__(self, ctx: zmq.Context[Any], message: bytes) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", RAW_SERVER], stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.sock = ctx.socket(zmq.REQ)
+        self.sock.connect(f"tcp://127.0.0.1:{int(self.proc.stdout.readline())}")
+        self.message = message
+
+    def block(self, n: int) -> list[float]:
+        out = []
         for _ in range(n):
             t = time.perf_counter()
-            sock.send(msg)
-            sock.recv()
-            samples.append(time.perf_counter() - t)
-        sock.send(b"stop")
-        sock.recv()
-        sock.close(0)
-        ctx.term()
-        return statistics.median(samples) * 1e6
-    finally:
-        server.wait(timeout=10)
+            self.sock.send(self.message)
+            self.sock.recv()
+            out.append(time.perf_counter() - t)
+        return out
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.proc.kill()
+        self.proc.wait()
+
+
+class FloorReference:
+    """asyncio reader-callback ROUTER in this process against the asyncio DEALER echo subprocess."""
+
+    def __init__(self, ctx: zmq.Context[Any], message: bytes) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.bind("tcp://127.0.0.1:0")
+        address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.proc = subprocess.Popen([sys.executable, "-c", FLOOR_SERVER, address])
+        self.peer = self.sock.recv_multipart()[0]
+        self.message = message
+        self.loop = asyncio.get_running_loop()
+        self.waiter: asyncio.Future[None] | None = None
+        self.loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
+
+    def _drain(self) -> None:
+        while self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.sock.recv_multipart(zmq.NOBLOCK)
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result(None)
+
+    async def block(self, n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            self.waiter = self.loop.create_future()
+            self.sock.send_multipart([self.peer, self.message], zmq.NOBLOCK)
+            if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self.loop.call_soon(self._drain)
+            await self.waiter
+            out.append(time.perf_counter() - t)
+        return out
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
+        self.sock.close(0)
+        self.proc.kill()
+        self.proc.wait()
+
+
+async def timed_calls(ping: Any, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await ping()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+async def pipelined(ping: Any, inflight: int, duration_s: float) -> float:
+    window: deque[asyncio.Future[Any]] = deque()
+    done = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < duration_s:
+        for _ in range(256):
+            if len(window) >= inflight:
+                await window.popleft()
+                done += 1
+            window.append(ping())
+    while window:
+        await window.popleft()
+        done += 1
+    return done / (time.perf_counter() - start)
+
+
+async def measure(args: argparse.Namespace) -> dict[str, float]:
+    key = new_key()
+    message = payload()
+    zctx: zmq.Context[Any] = zmq.Context()
+    raw, floor = RawReference(zctx, message), FloorReference(zctx, message)
+    async with Controller("tcp://127.0.0.1:0", key) as ctl:
+        launcher = LocalLauncher(log_level="warning")
+        await launcher.start(expand("echo", args.fanout, "echo"), controller=ctl.address, key=key, on_exit=ctl.mark_gone)
+        try:
+            echo = await ctl.role("echo", timeout_s=60)
+            def one() -> Any:
+                return echo.ping.call_one(0)
+
+            await timed_calls(one, 1000)
+            raw.block(500)
+            await floor.block(500)
+            samples: dict[str, list[float]] = {"hfrt": [], "raw": [], "floor": []}
+            rounds = 10
+            for _ in range(rounds):
+                samples["hfrt"] += await timed_calls(one, args.calls // rounds)
+                samples["raw"] += raw.block(args.calls // rounds)
+                samples["floor"] += await floor.block(args.calls // rounds)
+            calls_per_s = await pipelined(one, args.inflight, args.duration)
+            fan = await timed_calls(echo.ping.call, max(500, args.calls // 5))
+            bulk = ctl.stats()["controller_bulk_bytes"]
+        finally:
+            await ctl.shutdown_daemons()
+            await launcher.stop()
+            raw.close()
+            floor.close()
+            zctx.term()
+    p50 = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    return {
+        "hfrt_p50_us": p50["hfrt"],
+        "hfrt_p99_us": pct(samples["hfrt"], 0.99) * 1e6,
+        "hfrt_calls_per_s": calls_per_s,
+        f"fanout{args.fanout}_p50_us": statistics.median(fan) * 1e6,
+        "raw_zmq_p50_us": p50["raw"],
+        "asyncio_zmq_floor_p50_us": p50["floor"],
+        "controller_bulk_bytes": bulk,
+    }
 
 
 def ray_p50_us(n: int) -> float | None:
@@ -104,59 +225,9 @@ def ray_p50_us(n: int) -> float | None:
         ray.shutdown()
 
 
-async def hfrt_figures(n: int, fanout: int, inflight: int, duration_s: float) -> dict[str, float]:
-    key = new_key()
-    async with Controller("tcp://127.0.0.1:0", key) as ctl:
-        launcher = LocalLauncher(log_level="warning")
-        await launcher.start(expand("echo", fanout, "echo"), controller=ctl.address, key=key, on_exit=ctl.mark_gone)
-        try:
-            echo = await ctl.role("echo", timeout_s=60)
-            ping = echo.ping
-            for _ in range(1000):
-                await ping.call_one(0)
-            samples = []
-            for _ in range(n):
-                t = time.perf_counter()
-                await ping.call_one(0)
-                samples.append(time.perf_counter() - t)
-
-            window: deque[asyncio.Future[Any]] = deque()
-            done = 0
-            start = time.perf_counter()
-            while time.perf_counter() - start < duration_s:
-                for _ in range(256):
-                    if len(window) >= inflight:
-                        await window.popleft()
-                        done += 1
-                    window.append(ping.call_one(0))
-            while window:
-                await window.popleft()
-                done += 1
-            calls_per_s = done / (time.perf_counter() - start)
-
-            fan = []
-            for _ in range(200):
-                await ping.call()
-            for _ in range(max(500, n // 5)):
-                t = time.perf_counter()
-                await ping.call()
-                fan.append(time.perf_counter() - t)
-            bulk = ctl.stats()["controller_bulk_bytes"]
-        finally:
-            await ctl.shutdown_daemons()
-            await launcher.stop()
-    return {
-        "hfrt_p50_us": statistics.median(samples) * 1e6,
-        "hfrt_p99_us": pct(samples, 0.99) * 1e6,
-        "hfrt_calls_per_s": calls_per_s,
-        f"fanout{fanout}_p50_us": statistics.median(fan) * 1e6,
-        "controller_bulk_bytes": bulk,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hfrt bench latency", description=__doc__)
-    p.add_argument("--calls", type=int, default=5000, help="sequential round trips per measurement")
+    p.add_argument("--calls", type=int, default=5000, help="round trips per measurement (split into 10 interleaved blocks)")
     p.add_argument("--fanout", type=int, default=4, help="daemons for the fan-out measurement")
     p.add_argument("--inflight", type=int, default=64, help="calls in flight for the throughput measurement")
     p.add_argument("--duration", type=float, default=3.0, help="seconds of pipelined calls")
@@ -166,17 +237,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     configure_logging("warning")
 
-    figures = run(hfrt_figures(args.calls, args.fanout, args.inflight, args.duration))
-    size = payload_bytes()
-    raw = raw_zmq_p50_us(args.calls, size)
+    figures = run(measure(args))
     ray = None if args.no_ray else ray_p50_us(max(1000, args.calls // 2))
+    hfrt, raw, floor = figures["hfrt_p50_us"], figures["raw_zmq_p50_us"], figures["asyncio_zmq_floor_p50_us"]
     result: dict[str, Any] = {
         **{k: round(v, 1) for k, v in figures.items()},
-        "raw_zmq_p50_us": round(raw, 1),
         "ray_p50_us": None if ray is None else round(ray, 1),
-        "hfrt_vs_raw_p50": round(figures["hfrt_p50_us"] / raw, 2),
-        "hfrt_vs_ray_p50": None if ray is None else round(figures["hfrt_p50_us"] / ray, 3),
-        "payload_bytes": size,
+        "hfrt_vs_raw_p50": round(hfrt / raw, 2),
+        "hfrt_vs_ray_p50": None if ray is None else round(hfrt / ray, 3),
+        "floor_vs_raw_p50": round(floor / raw, 2),
+        "hfrt_own_us": round(hfrt - floor, 1),
+        "payload_bytes": len(payload()),
         "transport": "tcp loopback",
         "event_loop": "uvloop" if loop_factory() else "asyncio",
         "cpus": os.cpu_count(),
@@ -186,11 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         ("hfrt no-op round trip p50", result["hfrt_p50_us"], "µs"),
         ("hfrt no-op round trip p99", result["hfrt_p99_us"], "µs"),
-        (f"hfrt pipelined ({args.inflight} in flight)", result["hfrt_calls_per_s"], "calls/s"),
+        (f"hfrt pipelined ({args.inflight} in flight)", result["hfrt_calls_per_s"], "calls/s  (target ≥ 20000)"),
         (f"hfrt fan-out to {args.fanout} daemons p50", result[f"fanout{args.fanout}_p50_us"], "µs"),
         ("raw sync pyzmq REQ/REP p50", result["raw_zmq_p50_us"], "µs"),
+        ("asyncio+zmq echo floor p50", result["asyncio_zmq_floor_p50_us"], "µs  (event loop on both ends, no hfrt)"),
         ("Ray actor call p50", result["ray_p50_us"] if ray is not None else "n/a (not installed)", "µs"),
         ("hfrt / raw pyzmq (p50)", result["hfrt_vs_raw_p50"], "×  (target ≤ 2.5, stretch ≤ 1.5)"),
+        ("floor / raw pyzmq (p50)", result["floor_vs_raw_p50"], "×  (the event loop's share)"),
+        ("hfrt - floor (p50)", result["hfrt_own_us"], "µs  (hfrt's own work per round trip)"),
         ("hfrt / Ray (p50)", result["hfrt_vs_ray_p50"] if ray is not None else "n/a", "×  (target ≤ 0.25)"),
     ]
     for name, value, unit in rows:

@@ -93,6 +93,7 @@ class Channel:
         self._flush_scheduled = False
         self._writing = False
         self._drain_scheduled = False
+        self._draining = False
         self._closed = False
         self._loop.add_reader(self._fd, self._drain)
         self._schedule_drain()
@@ -109,13 +110,14 @@ class Channel:
         """
         if self._closed:
             raise RuntimeError("channel is closed")
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self._draining:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
             self._emit([peer, *frames] if self._routed else frames)
             if readable(self.socket):
                 self._schedule_drain()
             return
+        # Inside the reader callback the drain's end is the turn's end: queue, flush there.
         queued = self._outbox.get(peer)
         if queued is None:
             self._outbox[peer] = [frames]
@@ -184,12 +186,18 @@ class Channel:
         # than the whole receive, and the check also re-arms the edge-triggered FD.
         self._drain_scheduled = False
         socket = self.socket
-        for _ in range(DRAIN_BATCH):
-            if self._closed or not readable(socket):
-                break
-            self._deliver(recv_frames(socket))
-        else:
-            self._schedule_drain()  # more may be waiting; let other callbacks run first
+        self._draining = True
+        try:
+            for _ in range(DRAIN_BATCH):
+                if self._closed or not readable(socket):
+                    break
+                self._deliver(recv_frames(socket))
+            else:
+                self._schedule_drain()  # more may be waiting; let other callbacks run first
+        finally:
+            self._draining = False
+        if self._outbox and not self._flush_scheduled:
+            self.flush()
         if self._backlog and not self._closed:
             self._flush_backlog()
 

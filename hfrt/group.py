@@ -28,6 +28,7 @@ class RoleGroup:
         self.name = name
         self.daemons = list(daemons)
         self.slots = [RankSlot(d.rank, d.dp_rank, d.dp_size) for d in self.daemons]
+        self._refs: dict[str, EndpointRef] = {}
 
     @property
     def world_size(self) -> int:
@@ -38,11 +39,14 @@ class RoleGroup:
         return self.daemons[0].endpoints
 
     def endpoint(self, name: str) -> EndpointRef:
-        spec = self.endpoints.get(name)
-        if spec is None:
-            known = ", ".join(sorted(self.endpoints))
-            raise UnknownEndpoint(f"role {self.name!r} has no endpoint {name!r}; it has: {known}")
-        return EndpointRef(self, name, Dispatch(spec["dispatch"]))
+        ref = self._refs.get(name)
+        if ref is None:
+            spec = self.endpoints.get(name)
+            if spec is None:
+                known = ", ".join(sorted(self.endpoints))
+                raise UnknownEndpoint(f"role {self.name!r} has no endpoint {name!r}; it has: {known}")
+            ref = self._refs[name] = EndpointRef(self, name, Dispatch(spec["dispatch"]))
+        return ref
 
     def __getattr__(self, name: str) -> EndpointRef:
         if name.startswith("_"):
