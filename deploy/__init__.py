@@ -1,11 +1,25 @@
-"""Starting role daemons: the launcher interface and its implementations (local processes now;
-SSH and Slurm slot in behind the same interface). Knows hfrt's daemon command line; knows nothing
-of algorithms.
+"""Starting role daemons: the launcher interface, the local, SSH and Slurm launchers, and the
+cluster + placement spec they read. Knows hfrt's daemon command line and where daemons go; knows
+nothing of algorithms.
 """
 
 from __future__ import annotations
 
-from .base import DaemonSpec, Launcher, OnExit
+from .base import DaemonSpec, LaunchError, Launcher, OnExit
 from .local import LocalLauncher
+from .placement import Placed, place
+from .spec import ClusterSpec, SpecError, load_spec, parse_spec
 
-__all__ = ["DaemonSpec", "Launcher", "LocalLauncher", "OnExit"]
+__all__ = [
+    "ClusterSpec",
+    "DaemonSpec",
+    "LaunchError",
+    "Launcher",
+    "LocalLauncher",
+    "OnExit",
+    "Placed",
+    "SpecError",
+    "load_spec",
+    "parse_spec",
+    "place",
+]

@@ -54,9 +54,20 @@ def expand(role: str, world_size: int, impl: str = "", **kwargs: Any) -> list[Da
     return [DaemonSpec(role, rank, world_size, impl, **kwargs) for rank in range(world_size)]
 
 
+class LaunchError(RuntimeError):
+    """Starting daemons failed; the message names the node and role, and nothing was left running."""
+
+
 class Launcher(Protocol):
     async def start(self, specs: list[DaemonSpec], *, controller: str, key: bytes, on_exit: OnExit) -> None:
         """Start every daemon; on failure, stop what was started and raise naming the daemon."""
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Make sure every daemon this launcher started has exited (terminate, then kill)."""
+
+    async def detach(self) -> list[list[str]]:
+        """Leave the daemons running on their own (for `hfrt launch`) and let go of them.
+
+        Returns commands `hfrt stop` should run once the daemons have exited (e.g. scancel of an
+        allocation this launcher made); usually none.
+        """

@@ -88,6 +88,19 @@ class LocalLauncher:
                 reason = f"process {proc.pid} killed by {signal.Signals(-code).name}"
             on_exit(identity, reason)
 
+    async def detach(self) -> list[list[str]]:
+        """Stop watching the children and leave them running; they exit on Shutdown or orphaning."""
+        self._stopping = True
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        self._watchers.clear()
+        for f in self._logs:
+            f.close()
+        self._logs.clear()
+        self.processes.clear()
+        return []
+
     async def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping = True
         live = [p for p in self.processes.values() if p.returncode is None]

@@ -1,4 +1,4 @@
-"""The `hfrt` command line: `controller`, `daemon`, `stop` and `bench` subcommands (argparse).
+"""The `hfrt` command line: `controller`, `daemon`, `launch`, `stop` and `bench` subcommands (argparse).
 
 It parses flags and hands off; it holds no runtime logic of its own.
 """
@@ -55,6 +55,8 @@ def _controller(args: argparse.Namespace) -> int:
         print(f"hfrt controller: {exc}", file=sys.stderr)
         return 2
     run_dir = Path(args.run_dir or Path("runs") / time.strftime(f"{Path(args.flow).stem}-%Y%m%d-%H%M%S"))
+    if args.cluster:
+        return _controller_on_cluster(args, flow, run_dir)
     summary = run(
         run_flow(
             flow, run_dir=run_dir, config=_parse_set(args.set), roles=_parse_roles(args.role),
@@ -67,6 +69,62 @@ def _controller(args: argparse.Namespace) -> int:
         print(f"daemons are still running; re-run with: hfrt controller --flow {args.flow} --attach {summary['attach']}\n"
               f"stop them with: hfrt stop {summary['attach']}", file=sys.stderr)
     return 0
+
+
+def _controller_on_cluster(args: argparse.Namespace, flow: Any, run_dir: Path) -> int:
+    from hfrt.deploy import LaunchError, SpecError, load_spec
+    from hfrt.loop import run
+    from hfrt.run import run_on_cluster
+
+    if args.attach or args.role:
+        print("hfrt controller: --cluster places the roles itself; drop --attach and --role", file=sys.stderr)
+        return 2
+    try:
+        cluster = load_spec(args.cluster)
+        summary = run(run_on_cluster(flow, cluster, run_dir=run_dir, config=_parse_set(args.set), keep_daemons=args.keep_daemons))
+    except SpecError as exc:
+        print(f"hfrt controller: {exc}", file=sys.stderr)
+        return 2
+    except LaunchError as exc:
+        print(f"hfrt controller: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("hfrt controller: interrupted; the daemons it launched were stopped", file=sys.stderr)
+        return 130
+    print(json.dumps(summary, indent=2, default=str))
+    if "attach" in summary:
+        _print_attach(args.flow, summary["attach"])
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from hfrt import log
+    from hfrt.deploy import LaunchError, SpecError, load_spec
+    from hfrt.loop import run
+    from hfrt.run import launch_cluster
+
+    log.configure(args.log_level, "console")
+    try:
+        cluster = load_spec(args.spec)
+        run_dir = Path(args.run_dir or Path("runs") / time.strftime(f"launch-{cluster.name}-%Y%m%d-%H%M%S"))
+        attach = run(launch_cluster(cluster, run_dir=run_dir, orphan_timeout_s=args.orphan_timeout))
+    except SpecError as exc:
+        print(f"hfrt launch: {exc}", file=sys.stderr)
+        return 2
+    except LaunchError as exc:
+        print(f"hfrt launch: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("hfrt launch: interrupted; the daemons it started were stopped", file=sys.stderr)
+        return 130
+    print(attach)
+    _print_attach("FLOW", str(attach))
+    return 0
+
+
+def _print_attach(flow: str, attach: str) -> None:
+    print(f"daemons are running; run a flow with: hfrt controller --flow {flow} --attach {attach}\n"
+          f"stop them with: hfrt stop {attach}", file=sys.stderr)
 
 
 def _daemon(args: argparse.Namespace) -> int:
@@ -122,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--role", action="append", default=[], metavar="NAME=IMPL[:RANKS]", help="override the flow's roles, e.g. echo=echo:4 (repeatable)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="flow config override; VALUE parsed as JSON when it can be (repeatable)")
     c.add_argument("--attach", metavar="FILE", help="run against daemons already up, described by an attach.json")
+    c.add_argument("--cluster", metavar="SPEC", help="launch the daemons a cluster spec (TOML) places, run the flow, stop them")
     c.add_argument("--keep-daemons", action="store_true", help="leave the launched daemons running and write RUN_DIR/attach.json")
     c.add_argument("--run-dir", help="where the run writes (default: runs/FLOW-TIMESTAMP)")
     c.add_argument("--heartbeat", type=float, default=1.0, help="daemon heartbeat interval in seconds")
@@ -144,8 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--log-level", default="info", help="debug, info, warning or error")
     d.add_argument("--log-format", default="console", choices=["console", "json"], help="log line format")
 
+    la = sub.add_parser("launch", help="start the daemons a cluster spec places, wait for them, write attach.json")
+    la.add_argument("spec", help="cluster + placement spec (TOML); see README 'Deploying on clusters'")
+    la.add_argument("--run-dir", help="where the key, logs and attach.json go (default: runs/launch-NAME-TIMESTAMP)")
+    la.add_argument("--orphan-timeout", type=float, default=600.0, help="daemons exit after this many seconds without a controller")
+    la.add_argument("--log-level", default="warning", help="debug, info, warning or error")
+
     s = sub.add_parser("stop", help="shut down daemons described by an attach.json")
-    s.add_argument("attach_file", help="the attach.json written by --keep-daemons")
+    s.add_argument("attach_file", help="the attach.json written by --keep-daemons or hfrt launch")
     s.add_argument("--wait", type=float, default=10.0, help="seconds to wait for daemons to check in and exit")
     s.add_argument("--log-level", default="warning", help="debug, info, warning or error")
 
@@ -161,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    handlers = {"controller": _controller, "daemon": _daemon, "stop": _stop}
+    handlers = {"controller": _controller, "daemon": _daemon, "launch": _launch, "stop": _stop}
     return handlers[args.command](args)
 
 

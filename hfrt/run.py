@@ -2,16 +2,19 @@
 
 This is the composition root of `hfrt controller`: it wires a Controller, a launcher and a flow.
 It knows nothing of what the flow computes. The attach file it writes/reads is JSON:
-{"address": "tcp://host:port", "key_file": "...", "roles": {"role": world_size}, "heartbeat_s": s}.
+{"address": "tcp://host:port", "key_file": "...", "roles": {"role": world_size}, "heartbeat_s": s,
+ "bind": "tcp://0.0.0.0:port", "cleanup": [["scancel", "123"]]} — bind (what a controller listens
+on, default: address) and cleanup (commands `hfrt stop` runs after the daemons exit) are optional.
+Cluster runs (`--cluster SPEC`, `hfrt launch`) go through hfrt.deploy.cluster.ClusterSession.
 """
 
 from __future__ import annotations
 
 import json
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hfrt.deploy.base import DaemonSpec, expand
 from hfrt.deploy.local import LocalLauncher
@@ -20,6 +23,10 @@ from hfrt.protocols import load_key, new_key, write_key_file
 from .controller import Controller
 from .flows import Flow
 from .log import get_logger
+
+if TYPE_CHECKING:
+    from hfrt.deploy.cluster import ClusterSession
+    from hfrt.deploy.spec import ClusterSpec
 
 
 @dataclass(frozen=True)
@@ -30,15 +37,25 @@ class Attach:
     key_file: str
     roles: dict[str, int]
     heartbeat_s: float = 1.0
+    bind: str = ""
+    cleanup: list[list[str]] = field(default_factory=list)
 
     @classmethod
     def read(cls, path: str | Path) -> Attach:
         p = Path(path)
         try:
             data = json.loads(p.read_text())
-            return cls(str(data["address"]), str(data["key_file"]), dict(data["roles"]), float(data.get("heartbeat_s", 1.0)))
+            return cls(
+                str(data["address"]), str(data["key_file"]), dict(data["roles"]), float(data.get("heartbeat_s", 1.0)),
+                str(data.get("bind", "")), [[str(a) for a in c] for c in data.get("cleanup", [])],
+            )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"attach file {p}: {exc}") from None
+
+    @property
+    def bind_address(self) -> str:
+        """What a controller attaching to these daemons listens on."""
+        return self.bind or self.address
 
     def write(self, path: str | Path) -> Path:
         p = Path(path)
@@ -77,7 +94,7 @@ async def run_flow(
     log = get_logger(part="run", flow=flow.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     if attach is not None:
-        key, address, heartbeat_s = load_key(attach.key_file), attach.address, attach.heartbeat_s
+        key, address, heartbeat_s = load_key(attach.key_file), attach.bind_address, attach.heartbeat_s
     else:
         key = new_key()
         key_file = write_key_file(run_dir / "cluster.key", key)
@@ -108,10 +125,64 @@ async def run_flow(
 
 async def stop_daemons(attach: Attach, wait_s: float = 10.0) -> list[str]:
     """Bind the attach address, wait for the daemons to check in, and shut them down."""
-    async with Controller(attach.address, load_key(attach.key_file), heartbeat_s=attach.heartbeat_s) as ctl:
+    async with Controller(attach.bind_address, load_key(attach.key_file), heartbeat_s=attach.heartbeat_s) as ctl:
         stopped = []
         for role in attach.roles:
             group = await ctl.role(role, timeout_s=wait_s)
             stopped += [d.identity for d in group.daemons]
         await ctl.shutdown_daemons("hfrt stop", wait_s=wait_s)
-        return stopped
+    await run_cleanup(attach.cleanup)
+    return stopped
+
+
+async def run_cleanup(commands: list[list[str]]) -> None:
+    """Run an attach file's cleanup commands (e.g. scancel of an allocation the launcher made)."""
+    from hfrt.deploy.proc import run_command
+
+    log = get_logger(part="stop")
+    for argv in commands:
+        code, _, err = await run_command(argv)
+        if code != 0:
+            log.warning("cleanup_failed", command=argv, error=err.strip())
+
+
+# -- clusters (spec files) --------------------------------------------------------------------
+
+
+async def run_on_cluster(
+    flow: Flow, cluster: ClusterSpec, *, run_dir: Path, config: dict[str, Any], keep_daemons: bool = False
+) -> dict[str, Any]:
+    """Launch the spec's daemons, run `flow` once, then stop them (or keep them: see launch_cluster)."""
+    from hfrt.deploy.cluster import ClusterSession
+
+    if flow.roles:
+        cluster.check_roles(flow.roles, f"flow {flow.name!r}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    key = new_key()
+    key_file = write_key_file(run_dir / "cluster.key", key)
+    orphan = max(cluster.daemons.orphan_timeout_s, 600.0) if keep_daemons else None
+    async with ClusterSession(cluster, run_dir=run_dir, key=key, key_file=key_file, orphan_timeout_s=orphan) as session:
+        summary = dict(await flow.run(session.controller, config) or {})
+        if keep_daemons:
+            summary["attach"] = str(await _detach(session))
+    return summary
+
+
+async def launch_cluster(cluster: ClusterSpec, *, run_dir: Path, orphan_timeout_s: float = 600.0) -> Path:
+    """Start the spec's daemons, wait until all said hello, leave them running; returns attach.json."""
+    from hfrt.deploy.cluster import ClusterSession
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    key = new_key()
+    key_file = write_key_file(run_dir / "cluster.key", key)
+    async with ClusterSession(cluster, run_dir=run_dir, key=key, key_file=key_file, orphan_timeout_s=orphan_timeout_s) as session:
+        return await _detach(session)
+
+
+async def _detach(session: ClusterSession) -> Path:
+    cleanup = await session.detach()
+    roles = {name: role.world_size for name, role in session.cluster.roles.items()}
+    attach = Attach(session.address, str(session.key_file), roles, session.cluster.daemons.heartbeat_s, session.bind, cleanup)
+    path = attach.write(session.run_dir / "attach.json")
+    get_logger(part="run").info("daemons_detached", attach=str(path), launch_id=session.launch_id)
+    return path

@@ -1,0 +1,84 @@
+"""Placement: turn a validated ClusterSpec into one DaemonSpec per rank, each with its node and
+device. It knows pools, ranks and the rendezvous environment; it does not start anything.
+
+Rank r of a role takes slot r of its pool (slots run node by node, device by device), so
+colocated roles share devices rank for rank, and tensor-parallel groups stay inside a node when
+tp_size divides the devices per node. Each daemon's environment carries the torch.distributed
+rendezvous of its role group (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), HFRT_NODE and HFRT_DEVICE, and CUDA_VISIBLE_DEVICES on cuda nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import DaemonSpec
+from .spec import ClusterSpec, Node, RolePlacement
+
+#: Environment set by placement; never secret, so launchers may put it on a command line.
+RENDEZVOUS_VARS = (
+    "HFRT_NODE", "HFRT_DEVICE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One daemon to start, the node it runs on, its device, and its role group's rank-0 node."""
+
+    spec: DaemonSpec
+    node: Node
+    device: int
+    master: Node
+
+    @property
+    def identity(self) -> str:
+        return self.spec.identity
+
+    def where(self) -> str:
+        """How error messages name this daemon: role, rank, node and device."""
+        host = f" ({self.node.host})" if self.node.host != self.node.name else ""
+        return f"{self.spec.role}[{self.spec.rank}] on node {self.node.name}{host} device {self.device}"
+
+    def rendezvous_env(self) -> dict[str, str]:
+        return {k: v for k, v in self.spec.env.items() if k in RENDEZVOUS_VARS}
+
+    def user_env(self) -> dict[str, str]:
+        """Environment from the spec's env tables (may hold secrets: keep it off command lines)."""
+        return {k: v for k, v in self.spec.env.items() if k not in RENDEZVOUS_VARS}
+
+
+def place(cluster: ClusterSpec) -> list[Placed]:
+    """Every daemon of every role, roles in spec order, ranks in order."""
+    out: list[Placed] = []
+    for index, role in enumerate(cluster.roles.values()):
+        out += _place_role(cluster, role, cluster.daemons.master_port + index)
+    return out
+
+
+def _place_role(cluster: ClusterSpec, role: RolePlacement, port: int) -> list[Placed]:
+    slots = cluster.pools[role.pool].slots[: role.world_size]
+    master = cluster.node(slots[0][0])
+    per_node: dict[str, int] = {}
+    for node_name, _ in slots:
+        per_node[node_name] = per_node.get(node_name, 0) + 1
+    seen: dict[str, int] = {}
+    placed = []
+    for rank, (node_name, device) in enumerate(slots):
+        node = cluster.node(node_name)
+        local_rank = seen.get(node_name, 0)
+        seen[node_name] = local_rank + 1
+        env = {"OMP_NUM_THREADS": str(role.cpus), "MKL_NUM_THREADS": str(role.cpus), **cluster.env, **role.env}
+        env.update({
+            "HFRT_NODE": node.name, "HFRT_DEVICE": str(device),
+            "RANK": str(rank), "WORLD_SIZE": str(role.world_size),
+            "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(per_node[node_name]),
+            "MASTER_ADDR": master.address, "MASTER_PORT": str(port),
+        })
+        if node.device_type == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = str(device)
+        spec = DaemonSpec(
+            role.name, rank, role.world_size, role.impl, dp_size=role.dp_size, options=dict(role.options), env=env
+        )
+        placed.append(Placed(spec, node, device, master))
+    return placed
