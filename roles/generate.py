@@ -48,7 +48,8 @@ class GenerationEngine(Protocol):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> dict[str, torch.Tensor]: ...
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy these parameters in (HF names, full shapes); called once per bucket."""
+        """Copy parameters in (HF names, full shapes). The hybrid engine passes one stream per
+        push that gathers a block at a time; a tensor may be invalid once the next is drawn."""
 
     def wake(self) -> None:
         """Allocate what generation needs (weights storage, caches) before load_weights."""

@@ -120,17 +120,34 @@ def smollm2_gguf_path() -> Path:
     )
 
 
+def unique_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """state_dict with tied tensors stored once, under their first name (e.g. the input embedding
+    rather than lm_head, which is what loaders of tied checkpoints such as vLLM's look for)."""
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        out[name] = tensor.detach().contiguous()
+    return out
+
+
 def write_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
     """Config, safetensors weights and tokenizer into `target`, from any rank.
 
     (transformers' own save_pretrained writes weights only on distributed rank 0.)
     """
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
-    model.config.save_pretrained(target)
+    config = model.config
+    config.architectures = [type(model).__name__]
+    if hasattr(config, "quantization_config"):  # weights are dequantized: loaders must not expect GGUF
+        del config.quantization_config
+    config.save_pretrained(target)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(target)
-    save_model(model, str(target / "model.safetensors"), metadata={"format": "pt"})
+    save_file(unique_state_dict(model), str(target / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(target)
 
 
@@ -239,11 +256,9 @@ def save_value_model(model: ValueModel, folder: Path) -> None:
     """Write a ValueModel as a loadable directory: the backbone as usual plus value_head.safetensors."""
     from safetensors.torch import save_file
 
-    from safetensors.torch import save_model
-
     folder.mkdir(parents=True, exist_ok=True)
     model.backbone.config.save_pretrained(folder)
-    save_model(model.backbone, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(unique_state_dict(model.backbone), str(folder / "model.safetensors"), metadata={"format": "pt"})
     head = {k: v.detach().contiguous() for k, v in model.value_head.state_dict().items()}
     save_file(head, folder / "value_head.safetensors")
 

@@ -1,0 +1,180 @@
+"""Function-based rewards: a registry of rule functions plus user functions named by a string.
+
+A reward function scores one decoded response: `fn(response, ground_truth, **info) -> float`,
+where info holds any of the sample's extra fields the function declares as parameters (e.g.
+`prompt`, `data_source`). `resolve` turns a spec — a registry name, "package.module:function" or
+"path/to/file.py:function" — into a callable; `score_all` runs it over a batch and names the
+function and sample when one raises. `token_level_rewards` places each score at the last
+response token. This module knows nothing of models, engines or the wire.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RewardFn = Callable[..., float]
+
+REGISTRY: dict[str, RewardFn] = {}
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function could not be found, or raised / returned a non-number on a sample."""
+
+
+def register(name: str) -> Callable[[RewardFn], RewardFn]:
+    def wrap(fn: RewardFn) -> RewardFn:
+        REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+# ------------------------------------------------------------------------------- rule functions
+
+_NUMBER = re.compile(r"-?\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?|-?\.\d+")
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def normalize_text(text: str) -> str:
+    return " ".join(text.strip().lower().split()).rstrip(".")
+
+
+def extract_answer(response: str) -> str:
+    """The final answer: the last \\boxed{...}, else what follows the last '####', else the text."""
+    boxed = _BOXED.findall(response)
+    if boxed:
+        return boxed[-1]
+    if "####" in response:
+        return response.rsplit("####", 1)[1]
+    return response
+
+
+def parse_number(text: str) -> float | None:
+    """The last number in `text` (commas as thousands separators), or None."""
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+@register("exact_match")
+def exact_match(response: str, ground_truth: Any) -> float:
+    """1 when the extracted answer equals the ground truth after whitespace/case normalisation."""
+    return float(normalize_text(extract_answer(response)) == normalize_text(str(ground_truth)))
+
+
+@register("numeric_match")
+def numeric_match(response: str, ground_truth: Any, rel_tol: float = 1e-6) -> float:
+    """1 when the last number of the extracted answer equals the ground truth (within rel_tol)."""
+    got = parse_number(extract_answer(response))
+    want = ground_truth if isinstance(ground_truth, (int, float)) else parse_number(str(ground_truth))
+    if got is None or want is None:
+        return 0.0
+    return float(math.isclose(got, float(want), rel_tol=rel_tol, abs_tol=rel_tol))
+
+
+_THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
+
+
+@register("format")
+def format_check(response: str, ground_truth: Any = None) -> float:
+    """1 when the response is `<think>...</think> <answer>...</answer>` and nothing else."""
+    return float(bool(_THINK_ANSWER.match(response)))
+
+
+@register("boxed_format")
+def boxed_format(response: str, ground_truth: Any = None) -> float:
+    """1 when the response puts a final answer in \\boxed{...}."""
+    return float(bool(_BOXED.search(response)))
+
+
+# ------------------------------------------------------------------------------------- lookup
+
+
+def _load_module(spec: str, module_part: str) -> Any:
+    if module_part.endswith(".py"):
+        path = Path(module_part).expanduser()
+        if not path.is_file():
+            raise RewardFunctionError(f"reward function {spec!r}: file {path} does not exist")
+        loader_spec = importlib.util.spec_from_file_location(f"hfrt_user_reward_{path.stem}", path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise RewardFunctionError(f"reward function {spec!r}: cannot load {path}")
+        module = importlib.util.module_from_spec(loader_spec)
+        loader_spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(module_part)
+    except ImportError as exc:
+        raise RewardFunctionError(f"reward function {spec!r}: cannot import {module_part}: {exc}") from exc
+
+
+def resolve(spec: str) -> RewardFn:
+    """A registry name, "module:function" or "file.py:function" → the function (or a clear error)."""
+    if spec in REGISTRY:
+        return REGISTRY[spec]
+    module_part, sep, name = spec.rpartition(":")
+    if not sep or not module_part or not name:
+        known = ", ".join(sorted(REGISTRY))
+        raise RewardFunctionError(f"unknown reward function {spec!r}: use one of {known}, module:function or file.py:function")
+    fn = getattr(_load_module(spec, module_part), name, None)
+    if not callable(fn):
+        raise RewardFunctionError(f"reward function {spec!r}: {module_part} has no function {name!r}")
+    return fn
+
+
+def _accepted(fn: RewardFn, info: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(info)
+    return {k: v for k, v in info.items() if k in params}
+
+
+def score_all(
+    fn: RewardFn,
+    responses: Sequence[str],
+    ground_truths: Sequence[Any],
+    infos: Sequence[Mapping[str, Any]] | None = None,
+    name: str | None = None,
+) -> list[float]:
+    """fn over every sample; an exception or non-finite / non-number result names fn and the sample."""
+    label = name or getattr(fn, "__qualname__", repr(fn))
+    infos = infos if infos is not None else [{}] * len(responses)
+    scores = []
+    for index, (response, truth, info) in enumerate(zip(responses, ground_truths, infos, strict=True)):
+        try:
+            value = fn(response, truth, **_accepted(fn, info))
+        except Exception as exc:
+            raise RewardFunctionError(
+                f"reward function {label} raised on sample {index}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise RewardFunctionError(f"reward function {label} returned {value!r} for sample {index}, not a finite number")
+        scores.append(float(value))
+    return scores
+
+
+def token_level_rewards(scores: Sequence[float] | torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """[N, R] zeros with each row's score at its last response token (rows with no token get none)."""
+    scores_t = torch.as_tensor(scores, dtype=torch.float32)
+    rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
+    lengths = response_mask.long().sum(dim=-1)
+    rows = torch.nonzero(lengths > 0).squeeze(-1)
+    rewards[rows, lengths[rows] - 1] = scores_t[rows]
+    return rewards

@@ -1,0 +1,183 @@
+"""The vLLM generation engine: `vllm.LLM` run in this process, fed weights by an in-process stream.
+
+vLLM's engine core is kept in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, one worker) so that
+weight pushes are plain tensor copies, never serialised. Weights go in through the worker's
+`reload_weights` (layer-wise in-place reload: each vLLM layer is re-processed as soon as all its
+checkpoint tensors arrived), fed by an iterator that pulls one training block at a time. Sleep
+mode frees weights and KV cache between rollouts where the platform supports it (CUDA); on CPU
+vLLM ignores it. It knows nothing of training engines or RL; see roles/generate.py for the
+output layout and the GenerationEngine contract.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .generate import SamplingParams, assemble, left_pad
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """How the in-process vLLM engine is built.
+
+    model_dir: a local Hugging Face directory (see models.resolve_model_dir).
+    dtype: "float32", "bfloat16", or "auto".
+    max_model_len: prompt + response tokens per sequence.
+    gpu_memory_utilization: share of device memory vLLM may take (CPU: of the KV-cache budget).
+    kv_cache_memory_bytes: a fixed KV-cache size instead (on a shared CPU host, keep it small).
+    enable_sleep_mode: free weights + KV cache between rollouts (CUDA only; ignored on CPU).
+    enforce_eager: skip CUDA graphs / torch.compile (faster start, slower decode).
+    """
+
+    model_dir: str
+    dtype: str = "auto"
+    max_model_len: int = 1024
+    gpu_memory_utilization: float = 0.5
+    kv_cache_memory_bytes: int | None = None
+    enable_sleep_mode: bool = True
+    enforce_eager: bool = True
+    seed: int = 0
+
+
+def import_vllm() -> Any:
+    """The vllm module in in-process mode, or ImportError with the reason."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm
+
+    return vllm
+
+
+class VLLMGenerationEngine:
+    """GenerationEngine over `vllm.LLM`. Build it in the daemon process, after torch is set up."""
+
+    def __init__(self, config: VLLMConfig, *, pad_token_id: int) -> None:
+        vllm = import_vllm()
+        self.config = config
+        self.pad_token_id = pad_token_id
+        self._vllm = vllm
+        sleep_ok = config.enable_sleep_mode and torch.cuda.is_available()
+        self.llm = vllm.LLM(
+            model=config.model_dir,
+            dtype=config.dtype,
+            max_model_len=config.max_model_len,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            enable_sleep_mode=sleep_ok,
+            enforce_eager=config.enforce_eager,
+            logprobs_mode="processed_logprobs",
+            seed=config.seed,
+        )
+        self._sleep_mode = sleep_ok
+        self._asleep = False
+        self._kv_asleep = False
+
+    # ---- memory
+    def sleep(self) -> None:
+        """Level 2: drop weights and KV cache (weights are pushed again after wake)."""
+        if self._sleep_mode and not self._asleep:
+            self.llm.sleep(level=2)
+            self._asleep = self._kv_asleep = True
+
+    def wake(self) -> None:
+        """Re-allocate weight memory only; the KV cache comes back just before sampling."""
+        if self._sleep_mode and self._asleep:
+            self.llm.wake_up(tags=["weights"])
+            self._asleep = False
+
+    def _wake_kv(self) -> None:
+        if self._sleep_mode and self._kv_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._kv_asleep = False
+
+    # ---- weights
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream (name, full tensor) pairs into the model in place. Call once per push with the
+        whole stream: vLLM finalises layers that received nothing at the end of the call."""
+        stream = _owned(named)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
+        self.llm.apply_model(_reprocess_tied_layers)
+        self.llm.reset_prefix_cache()
+
+    def model_parameters(self) -> dict[str, torch.Tensor]:
+        """A CPU copy of vLLM's own parameters, by vLLM names (tests, small models only)."""
+
+        def grab(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+            return {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
+
+        return self.llm.apply_model(grab)[0]
+
+    # ---- sampling
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
+        self._wake_kv()
+        sampling = self._vllm.SamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
+            max_tokens=params.max_new_tokens,
+            stop_token_ids=list(params.stop_token_ids),
+            ignore_eos=params.ignore_eos,
+            seed=params.seed,
+            logprobs=0,
+        )
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        rows, logps = [], []
+        for out in outputs:
+            for completion in out.outputs:
+                rows.append(list(completion.token_ids))
+                logps.append([_picked(entry, tok) for entry, tok in zip(completion.logprobs or [], completion.token_ids)])
+        return self._pack(prompts, rows, logps, params.n)
+
+    def _pack(
+        self, prompts: Sequence[Sequence[int]], rows: list[list[int]], logps: list[list[float]], n: int
+    ) -> dict[str, torch.Tensor]:
+        prompt_ids, prompt_mask = left_pad([list(p) for p in prompts for _ in range(n)], self.pad_token_id)
+        width = max(1, max(len(r) for r in rows))
+        responses = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        log_probs = torch.zeros((len(rows), width), dtype=torch.float32)
+        for i, (row, lp) in enumerate(zip(rows, logps)):
+            responses[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+            response_mask[i, : len(row)] = 1
+            log_probs[i, : len(lp)] = torch.as_tensor(lp, dtype=torch.float32)
+        return assemble(prompt_ids, prompt_mask, responses, response_mask, log_probs, n)
+
+
+def _reprocess_tied_layers(model: torch.nn.Module) -> int:
+    """Re-run kernel preparation for layers that share a parameter with an earlier layer.
+
+    A tied lm_head receives no checkpoint tensor of its own (its weight *is* the embedding), so
+    the layer-wise reload never re-processes it; on CPU that layer keeps a stale pre-packed copy
+    of the old embedding. Returns how many layers were re-processed.
+    """
+    owner: dict[int, torch.nn.Module] = {}
+    redone = 0
+    for module in model.modules():
+        params = list(module.parameters(recurse=False))
+        method = getattr(module, "quant_method", None)
+        if params and method is not None and any(id(p) in owner for p in params):
+            method.process_weights_after_loading(module)
+            redone += 1
+        for p in params:
+            owner.setdefault(id(p), module)
+    return redone
+
+
+def _picked(entry: Any, token: int) -> float:
+    """The sampled token's log-prob from one position's {token_id: Logprob} record."""
+    if isinstance(entry, dict):
+        return float(entry[token].logprob)
+    return float(entry)
+
+
+def _owned(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Copy each tensor as it passes: vLLM may hold it until its layer is complete, while the
+    training engine frees its gather buffer as soon as the next block is requested."""
+    for name, tensor in named:
+        yield name, tensor.detach().clone()
