@@ -37,6 +37,7 @@ from hfrt.protocols import (
 
 from .channel import Channel
 from .errors import CallTimeout, DaemonGone, ProtocolMismatch, RemoteError
+from .lifetimes import HandleTracker
 from .log import get_logger
 
 #: A daemon silent for this many heartbeat intervals is declared dead; checks run 8 times per
@@ -114,6 +115,7 @@ class Controller:
         self._next_id = 1
         self._gone_before_hello: dict[str, str] = {}
         self._rejected: dict[str, str] = {}
+        self._plane_ranks: dict[str, int] = {}
         self._changed: asyncio.Event | None = None
         self._channel: Channel | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -125,6 +127,7 @@ class Controller:
             "errors": 0,
             "dropped_frames": 0,
             "controller_bulk_bytes": 0,
+            "keys_freed": 0,
         }
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -146,6 +149,7 @@ class Controller:
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_frame_bytes + 1024)  # strangers cannot balloon us
         sock.bind(self.requested_address)
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._handles = HandleTracker(self._loop, self._free_keys)
         self._channel = Channel(sock, self._on_frames, self._loop, routed=True)
         self._channel.on_unroutable = self._on_unroutable
         self._watcher = self._loop.create_task(self._watch_liveness(), name="hfrt-liveness")
@@ -316,6 +320,13 @@ class Controller:
             self._stats["dropped_frames"] += 1
             self._log.warning("dropped_frame", peer=ident.decode("utf-8", "replace"), reason=str(exc), error=type(exc).__name__)
             return
+        try:
+            self._dispatch_message(ident, msg)
+        except Exception as exc:  # one bad message must not stop the controller's reader
+            self._log.error("message_failed", peer=ident.decode("utf-8", "replace"), kind=msg.NAME,
+                            error=f"{type(exc).__name__}: {exc}")
+
+    def _dispatch_message(self, ident: bytes, msg: Message) -> None:
         kind = type(msg)
         if kind is Reply:
             self._on_reply(msg)  # type: ignore[arg-type]
@@ -338,6 +349,8 @@ class Controller:
         if pending.timer is not None:
             pending.timer.cancel()
         self._stats["replies"] += 1
+        if self._wire.codec.records_seen:
+            self._handles.track(msg.value)
         if not pending.future.done():
             pending.future.set_result(msg.value)
 
@@ -383,11 +396,91 @@ class Controller:
             self._gone_before_hello.pop(identity, None)
             self._log.info("daemon_hello", daemon=identity, host=msg.host, pid=msg.pid, impl=msg.impl)
         self._send_raw(ident, Welcome(PROTOCOL_VERSION, self.session, self.heartbeat_s))
+        self._push_directory()
         self._notify_change()
 
     def _on_bye(self, ident: bytes, msg: Bye) -> None:
         identity = ident.decode("utf-8", "replace")
         self.mark_gone(identity, f"exited: {msg.reason} (code {msg.exit_code})", expected=msg.exit_code == 0)
+
+    # -- tensor plane -------------------------------------------------------------------------
+
+    def _directory(self) -> dict[str, dict[str, Any]]:
+        return {
+            d.identity: {**{k: d.meta.get(k) for k in ("data", "host", "pid")}, "plane_rank": self._plane_ranks.get(d.identity, -1)}
+            for d in self._daemons.values()
+            if d.alive and d.meta.get("data")
+        }
+
+    def _push_directory(self) -> None:
+        """Tell every daemon where every daemon's data plane is (sent before any handle of a
+        newcomer can reach anyone, since it goes out as the newcomer is welcomed)."""
+        directory = self._directory()
+        for info in self._daemons.values():
+            if info.alive:
+                self.submit(info, "_hfrt_peers", [directory], {}, reply=False)
+
+    def _free_keys(self, owner: str, keys: list[str]) -> None:
+        info = self._daemons.get(owner)
+        if info is not None and info.alive:
+            self.submit(info, "_hfrt_free", [keys], {}, reply=False)
+            self._stats["keys_freed"] += len(keys)
+
+    def free_now(self) -> None:
+        """Send the frees of handles dropped so far right away (normally they go on the next loop turn)."""
+        import gc
+
+        gc.collect()
+        self._handles.flush()
+
+    async def fetch(self, value: Any) -> Any:
+        """Materialise a TensorHandle (→ torch.Tensor) or BatchHandle (→ hfrt.batch.Batch) here.
+
+        For debugging and small controller-side math: the bytes come through the controller and
+        are counted in stats()["controller_bulk_bytes"]. Imports torch on first use.
+        """
+        from hfrt.protocols import BatchHandle, TensorHandle
+
+        from .fetch import batch_from, tensor_from
+
+        if isinstance(value, TensorHandle):
+            [buf] = await self._fetch_bytes(value.owner, [value])
+            return tensor_from(buf, value)
+        if isinstance(value, BatchHandle):
+            parts = []
+            for shard in value.shards:
+                bufs = await self._fetch_bytes(shard.owner, list(shard.columns.values()))
+                parts.append((shard, bufs))
+            return batch_from(value, parts)
+        raise TypeError(f"fetch takes a TensorHandle or BatchHandle, not {type(value).__name__}")
+
+    async def _fetch_bytes(self, owner: str, handles: list[Any]) -> list[Any]:
+        info = self._daemons.get(owner)
+        if info is None:
+            raise DaemonGone(f"no daemon {owner!r} holds these tensors")
+        buffers = await self.submit(info, "_hfrt_fetch", [handles], {})
+        self.count_bulk_bytes(sum(len(b.buffer) for b in buffers))
+        return list(buffers)
+
+    async def daemon_stats(self, role: str | None = None) -> dict[str, Any]:
+        """Per-daemon tensor-plane figures: store size, bytes pulled per backend, bytes served."""
+        infos = [d for d in self.daemons(role) if d.alive]
+        results = await asyncio.gather(*(self.submit(d, "_hfrt_stats", [], {}) for d in infos))
+        return {d.identity: r for d, r in zip(infos, results, strict=True)}
+
+    async def form_data_plane(self, backend: str = "gloo", *, timeout_s: float = 120.0) -> dict[str, int]:
+        """Join every live daemon into one torch.distributed group for daemon-to-daemon transfers
+        (gloo on CPU, nccl on GPU); afterwards pulls between hosts use it. Returns the ranks."""
+        infos = sorted((d for d in self._daemons.values() if d.alive), key=lambda d: d.identity)
+        if not infos:
+            raise RuntimeError("no daemons to form a data plane with")
+        world = len(infos)
+        master = await self.submit(infos[0], "_hfrt_plane_open", [world], {}, timeout_s=timeout_s)
+        joins = [self.submit(d, "_hfrt_plane_join", [master, world, r, backend], {}, timeout_s=timeout_s) for r, d in enumerate(infos)]
+        await asyncio.gather(*joins)
+        self._plane_ranks = {d.identity: r for r, d in enumerate(infos)}
+        self._push_directory()
+        return dict(self._plane_ranks)
 
     # -- liveness -----------------------------------------------------------------------------
 
@@ -429,6 +522,7 @@ class Controller:
         out: dict[str, Any] = dict(self._stats)
         out["pending_calls"] = len(self._calls)
         out["daemons_alive"] = sum(d.alive for d in self._daemons.values())
+        out["live_tensor_keys"] = self._handles.live_keys if hasattr(self, "_handles") else 0
         return out
 
     def count_bulk_bytes(self, nbytes: int) -> None:

@@ -10,7 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hfrt.protocols import BatchHandle
+
 from .endpoints import Dispatch
+
+#: Values a split dispatch cuts by rows: lists, and distributed batch handles (cut without moving bytes).
+Splittable = (list, BatchHandle)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +39,8 @@ def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def _split_length(endpoint: str, args: Sequence[Any], kwargs: dict[str, Any]) -> int | None:
-    lengths = {f"arg{i}": len(a) for i, a in enumerate(args) if isinstance(a, list)}
-    lengths.update({k: len(v) for k, v in kwargs.items() if isinstance(v, list)})
+    lengths = {f"arg{i}": len(a) for i, a in enumerate(args) if isinstance(a, Splittable)}
+    lengths.update({k: len(v) for k, v in kwargs.items() if isinstance(v, Splittable)})
     if not lengths:
         return None
     if len(set(lengths.values())) > 1:
@@ -66,11 +71,19 @@ def dispatch(
         out.append(
             (
                 slot,
-                [a[lo:hi] if isinstance(a, list) else a for a in args],
-                {k: v[lo:hi] if isinstance(v, list) else v for k, v in kwargs.items()},
+                [_rows(a, lo, hi) for a in args],
+                {k: _rows(v, lo, hi) for k, v in kwargs.items()},
             )
         )
     return out
+
+
+def _rows(value: Any, lo: int, hi: int) -> Any:
+    if isinstance(value, list):
+        return value[lo:hi]
+    if isinstance(value, BatchHandle):
+        return value.slice(lo, hi)
+    return value
 
 
 def collect(mode: Dispatch, slots: Sequence[RankSlot], results: Sequence[Any]) -> Any:
@@ -85,4 +98,6 @@ def collect(mode: Dispatch, slots: Sequence[RankSlot], results: Sequence[Any]) -
     ordered = [seen[d] for d in sorted(seen)]
     if all(isinstance(r, list) for r in ordered):
         return [item for r in ordered for item in r]
+    if all(isinstance(r, BatchHandle) for r in ordered):
+        return BatchHandle.concat(ordered)  # one distributed batch: a shard per data-parallel rank
     return ordered

@@ -17,6 +17,7 @@ import inspect
 import os
 import signal
 import socket
+import sys
 import time
 import traceback
 from collections import deque
@@ -48,6 +49,7 @@ from .daemon import Daemon, DaemonContext
 from .endpoints import EndpointSpec, endpoint_table
 from .heartbeat import HeartbeatThread
 from .log import get_logger
+from .tensors.plane import DataPlaneServer, advertised_host, host_id
 
 EXIT_OK, EXIT_SETUP_FAILED, EXIT_PROTOCOL, EXIT_ORPHANED = 0, 1, 2, 3
 
@@ -76,6 +78,17 @@ class _Queued:
         self.call, self.spec, self.fn = call, spec, fn
 
 
+#: Calls the controller makes on every daemon for the tensor plane (never in the endpoint table).
+INTERNAL = {
+    "_hfrt_peers": "peers_update",
+    "_hfrt_free": "free",
+    "_hfrt_fetch": "fetch",
+    "_hfrt_stats": "stats",
+    "_hfrt_plane_open": "plane_open",
+    "_hfrt_plane_join": "plane_join",
+}
+
+
 class DaemonServer:
     """Runs `daemon_cls` for one role rank until shutdown, SIGTERM or orphaning; returns an exit code."""
 
@@ -96,6 +109,10 @@ class DaemonServer:
         self.daemon: Daemon | None = None
         self._channel: Channel | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._data: DataPlaneServer | None = None
+        self._tensors: Any = None  # TensorRuntime, created on first use (imports torch)
+        self._directory: dict[str, Any] = {}  # where every daemon's data plane is
+        self._handle_calls: set[int] = set()  # call ids whose arguments hold handles
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -122,6 +139,8 @@ class DaemonServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop, f"signal {signal.Signals(sig).name}", EXIT_OK)
         hb.start()
+        self._data = DataPlaneServer(self.context.identity, self._key, host=advertised_host(self.config.controller))
+        self._data.start()
         reason, code = "", EXIT_OK
         try:
             reason, code = await self._serve(sock)
@@ -130,6 +149,10 @@ class DaemonServer:
             self._say_bye(sock, reason, code)
             hb.stop()
             hb.join(timeout=2.0)
+            if self._tensors is not None:
+                self._tensors.close()
+            self._data.stop()
+            self._data.join(timeout=2.0)
             if self._channel is not None:
                 self._channel.close(linger_ms=1000)
             else:
@@ -203,7 +226,7 @@ class DaemonServer:
             socket.gethostname(),
             ctx.impl,
             {name: spec.describe() for name, (spec, _) in self._table.items()},
-            {},
+            {"data": self._data.address if self._data else "", "host": host_id(), "pid": os.getpid()},
         )
         self._send(hello)
 
@@ -221,8 +244,18 @@ class DaemonServer:
             # Unsigned, forged or oversized: read nothing, answer nothing.
             self._log.warning("dropped_frame", reason=str(exc), error=type(exc).__name__, frames=len(frames))
             return
+        try:
+            self._dispatch_message(msg)
+        except Exception as exc:  # a bug here must cost one message, never the daemon or a hung call
+            self._log.error("message_failed", kind=msg.NAME, error=f"{type(exc).__name__}: {exc}")
+            if isinstance(msg, Call):
+                self._reply_error(msg, "InternalError", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+    def _dispatch_message(self, msg: Message) -> None:
         kind = type(msg)
         if kind is Call:
+            if self._wire.codec.records_seen:
+                self._handle_calls.add(msg.call_id)  # type: ignore[attr-defined]
             self._on_call(msg)  # type: ignore[arg-type]
         elif kind is Cancel:
             self._on_cancel(msg.call_id)  # type: ignore[attr-defined]
@@ -259,6 +292,9 @@ class DaemonServer:
 
     def _on_call(self, call: Call) -> None:
         entry = self._table.get(call.endpoint)
+        if entry is None and call.endpoint in INTERNAL:
+            self._run_internal(call)
+            return
         if entry is None:
             known = ", ".join(sorted(self._table))
             self._reply_error(
@@ -292,6 +328,7 @@ class DaemonServer:
         for item in self._queue:
             if item.call.call_id == call_id:
                 self._queue.remove(item)
+                self._handle_calls.discard(call_id)
                 self._log.debug("cancelled_queued", call_id=call_id)
                 return
         if call_id in self._running:
@@ -343,11 +380,46 @@ class DaemonServer:
             coro = self._run_threaded(call, fn)
         self._running[call.call_id] = self._loop.create_task(coro)
 
+    # -- tensor plane -------------------------------------------------------------------------
+
+    def tensors(self) -> Any:
+        """This daemon's TensorRuntime (store, peers), created on first use."""
+        if self._tensors is None:
+            from .tensors.runtime import TensorRuntime
+
+            assert self._data is not None
+            self._tensors = TensorRuntime(self._data, self._key, self.context.options)
+            self._tensors.peers_update(self._directory)
+        return self._tensors
+
+    def _arguments(self, call: Call) -> tuple[list[Any], dict[str, Any]]:
+        """The call's arguments, with any handles resolved into tensors pulled from their owners."""
+        if call.call_id not in self._handle_calls:
+            return call.args, call.kwargs
+        self._handle_calls.discard(call.call_id)
+        return self.tensors().resolve(call.args, call.kwargs)  # type: ignore[no-any-return]
+
+    def _run_internal(self, call: Call) -> None:
+        self._handle_calls.discard(call.call_id)
+        start = time.perf_counter()
+        try:
+            if call.endpoint == "_hfrt_peers":
+                self._directory = call.args[0]  # kept here: a daemon without tensors needs no torch
+            if self._tensors is None and call.endpoint in ("_hfrt_peers", "_hfrt_free", "_hfrt_stats"):
+                value: Any = {"store_tensors": 0, "store_bytes": 0} if call.endpoint == "_hfrt_stats" else None
+            else:
+                value = getattr(self.tensors(), INTERNAL[call.endpoint])(*call.args, **call.kwargs)
+        except Exception as exc:
+            self._finish_error(call, exc)
+        else:
+            self._finish(call, value, time.perf_counter() - start)
+
     def _run_sync(self, call: Call, fn: Any) -> None:
         self._running[call.call_id] = None
         start = time.perf_counter()
         try:
-            value = fn(self.daemon, *call.args, **call.kwargs)
+            args, kwargs = self._arguments(call)
+            value = fn(self.daemon, *args, **kwargs)
         except Exception as exc:
             self._finish_error(call, exc)
         else:
@@ -356,7 +428,8 @@ class DaemonServer:
     async def _run_async(self, call: Call, fn: Any) -> None:
         start = time.perf_counter()
         try:
-            value = await fn(self.daemon, *call.args, **call.kwargs)
+            args, kwargs = self._arguments(call)
+            value = await fn(self.daemon, *args, **kwargs)
         except asyncio.CancelledError:
             self._running.pop(call.call_id, None)
             self._log.debug("call_cancelled", call_id=call.call_id, endpoint=call.endpoint)
@@ -369,9 +442,10 @@ class DaemonServer:
     async def _run_threaded(self, call: Call, fn: Any) -> None:
         assert self._pool is not None
         start = time.perf_counter()
-        job = functools.partial(fn, self.daemon, *call.args, **call.kwargs)
         self._running[call.call_id] = None  # cannot be interrupted once in a thread
         try:
+            args, kwargs = self._arguments(call)
+            job = functools.partial(fn, self.daemon, *args, **kwargs)
             value = await self._loop.run_in_executor(self._pool, job)
         except Exception as exc:
             self._finish_error(call, exc)
@@ -386,12 +460,17 @@ class DaemonServer:
         if not call.reply:
             return
         try:
+            if "torch" in sys.modules:  # only a daemon that imported torch can return tensors
+                value = self.tensors().export(value)
             frames = self._wire.pack(Reply(call.call_id, value, elapsed))
         except WireError as exc:
             self._reply_error(call, "ResultTooLarge", str(exc))
             return
         except (TypeError, ValueError, OverflowError) as exc:
             self._reply_error(call, "UnencodableResult", f"{call.endpoint} returned a value hfrt cannot send: {exc}")
+            return
+        except Exception as exc:  # storing a result tensor failed (e.g. /dev/shm full)
+            self._reply_error(call, "ResultNotStored", f"{call.endpoint}: {type(exc).__name__}: {exc}")
             return
         self._send_frames(frames)
 

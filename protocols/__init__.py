@@ -7,7 +7,7 @@ The written spec is protocols/README.md.
 from __future__ import annotations
 
 from .codec import Codec, Limits, OutOfBand, register_record
-from .handles import TensorHandle
+from .handles import BatchHandle, Shard, TensorHandle
 from .messages import (
     PROTOCOL_VERSION,
     Bye,
@@ -49,6 +49,8 @@ __all__ = [
     "Reply",
     "Shutdown",
     "Signer",
+    "BatchHandle",
+    "Shard",
     "TensorHandle",
     "Undecodable",
     "UnknownKind",

@@ -100,6 +100,9 @@ class Codec:
         self.limits = limits or Limits()
         self._buffers: list[Any] = []
         self._frames: list[bytes] = []
+        #: registered records (handles) in the last decoded value: lets a receiver skip walking
+        #: values that cannot contain any
+        self.records_seen = 0
         self._packer = msgpack.Packer(default=self._default, use_bin_type=True)
         limit = self.limits.max_frame_bytes
         self._unpack = functools.partial(
@@ -131,6 +134,7 @@ class Codec:
     def decode(self, body: bytes, buffers: list[bytes] | None = None) -> Any:
         """Decode a body, resolving out-of-band references against `buffers`."""
         self._frames = buffers or []
+        self.records_seen = 0
         return self._unpack(body)
 
     def _ext_hook(self, code: int, data: bytes) -> Any:
@@ -142,7 +146,8 @@ class Codec:
         cls = _RECORDS_BY_CODE.get(code)
         if cls is None:
             raise ValueError(f"unknown ext type {code}")
-        values = msgpack.unpackb(data, use_list=True, raw=False)
+        self.records_seen += 1
+        values = msgpack.unpackb(data, use_list=True, raw=False, strict_map_key=False)
         if not isinstance(values, list):
             raise ValueError(f"ext type {code} ({cls.__name__}) payload is not a list")
         return cls.from_wire(values)

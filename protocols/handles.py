@@ -1,30 +1,36 @@
-"""The tensor-handle record: a name for a tensor that stays on the daemon that made it.
+"""Handle records: names for tensors and row-sharded batches that stay on the daemons that made them.
 
-This module only defines the record and its wire form; the tensor store and the transfer
-backends that give a handle its behaviour live daemon-side in hfrt (the tensor plane).
+This module defines the records, their wire form and pure row arithmetic on them (slicing and
+concatenating batch handles without touching any bytes). The tensor store and the transfer
+backends that give a handle its behaviour live daemon-side in hfrt.tensors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .codec import register_record
 
-#: msgpack ext code of TensorHandle.
+#: msgpack ext codes.
 EXT_TENSOR_HANDLE = 1
+EXT_BATCH_HANDLE = 2
 
 
-@dataclass(frozen=True, slots=True)
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class TensorHandle:
     """Where a tensor lives and what it is, without its bytes.
 
     owner: the owning daemon's identity ("actor:0").
     key: the owner's store key for the tensor.
-    shape / dtype / device: as torch reports them ("float32", "cpu", "cuda:0").
-    nbytes: the payload size in bytes.
-    rows: for a row slice of a distributed batch, the half-open row range [start, stop) in the
-        whole batch; None for a whole tensor.
+    shape / dtype / device: of the whole stored tensor, as torch reports them.
+    nbytes: the whole stored tensor's size in bytes.
+    rows: the half-open range [start, stop) of first-dimension rows this handle refers to, or
+        None for the whole tensor. Slicing a batch handle narrows `rows`; the key stays.
     """
 
     owner: str
@@ -34,6 +40,32 @@ class TensorHandle:
     device: str
     nbytes: int
     rows: tuple[int, int] | None = None
+    #: the handle this one was narrowed from (not on the wire): keeps the original alive, so
+    #: freeing is driven by the last reference to any view of the stored tensor
+    parent: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def num_rows(self) -> int:
+        if self.rows is not None:
+            return self.rows[1] - self.rows[0]
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def row_range(self) -> tuple[int, int]:
+        return self.rows if self.rows is not None else (0, self.shape[0] if self.shape else 1)
+
+    @property
+    def selected_nbytes(self) -> int:
+        """Bytes of the rows this handle selects."""
+        total = self.shape[0] if self.shape else 1
+        return self.nbytes * self.num_rows // max(total, 1)
+
+    def narrow(self, start: int, stop: int) -> TensorHandle:
+        """The rows [start, stop) of this handle's selection (relative to it)."""
+        lo, hi = self.row_range
+        if not 0 <= start <= stop <= hi - lo:
+            raise IndexError(f"rows [{start}, {stop}) outside a {hi - lo}-row handle")
+        return replace(self, rows=(lo + start, lo + stop), parent=self.parent or self)
 
     def to_wire(self) -> list[Any]:
         rows = list(self.rows) if self.rows is not None else None
@@ -47,20 +79,117 @@ class TensorHandle:
         for name, value in (("owner", owner), ("key", key), ("dtype", dtype), ("device", device)):
             if not isinstance(value, str):
                 raise ValueError(f"TensorHandle.{name}: expected str, got {type(value).__name__}")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
+        if not isinstance(shape, list) or not all(_int(d) and d >= 0 for d in shape):
             raise ValueError(f"TensorHandle.shape: expected a list of ints >= 0, got {shape!r}")
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+        if not _int(nbytes) or nbytes < 0:
             raise ValueError(f"TensorHandle.nbytes: expected an int >= 0, got {nbytes!r}")
-        if rows is not None and not (
-            isinstance(rows, list)
-            and len(rows) == 2
-            and all(isinstance(r, int) and not isinstance(r, bool) for r in rows)
-            and 0 <= rows[0] <= rows[1]
-        ):
-            raise ValueError(f"TensorHandle.rows: expected [start, stop] or None, got {rows!r}")
-        return cls(owner, key, tuple(shape), dtype, device, nbytes, None if rows is None else (rows[0], rows[1]))
+        if rows is not None:
+            total = shape[0] if shape else 1
+            if not (isinstance(rows, list) and len(rows) == 2 and all(_int(r) for r in rows)
+                    and 0 <= rows[0] <= rows[1] <= total):
+                raise ValueError(f"TensorHandle.rows: expected [start, stop] within {total} rows, got {rows!r}")
+            rows = (rows[0], rows[1])
+        return cls(owner, key, tuple(shape), dtype, device, nbytes, rows)
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One owner's contiguous rows of a batch: its tensor columns (handles narrowed to the rows)
+    and its non-tensor columns (small per-row values, carried inline)."""
+
+    owner: str
+    rows: int
+    columns: dict[str, TensorHandle]
+    non_tensor: dict[str, list[Any]] = field(default_factory=dict)
+
+    def narrow(self, start: int, stop: int) -> Shard:
+        return Shard(
+            self.owner,
+            stop - start,
+            {k: h.narrow(start, stop) for k, h in self.columns.items()},
+            {k: v[start:stop] for k, v in self.non_tensor.items()},
+        )
+
+
+@dataclass(frozen=True, slots=True, weakref_slot=True)
+class BatchHandle:
+    """A distributed batch: an ordered list of row shards, each owned by one daemon.
+
+    Row i of the batch is row i - (rows of earlier shards) of the shard that holds it. Slicing and
+    concatenating handles is arithmetic on this list; no bytes move until a daemon pulls them.
+    meta: batch-level values (not per row), carried inline.
+    """
+
+    shards: tuple[Shard, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+    #: the handles this one was sliced or concatenated from (not on the wire); see TensorHandle
+    parents: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+
+    def __len__(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def owners(self) -> list[str]:
+        return [s.owner for s in self.shards]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(h.selected_nbytes for s in self.shards for h in s.columns.values())
+
+    def keys(self) -> list[str]:
+        return list(self.shards[0].columns) if self.shards else []
+
+    def slice(self, start: int, stop: int) -> BatchHandle:
+        """Rows [start, stop) of the batch, as a handle over the same stored tensors."""
+        if not 0 <= start <= stop <= len(self):
+            raise IndexError(f"rows [{start}, {stop}) outside a {len(self)}-row batch")
+        out, offset = [], 0
+        for shard in self.shards:
+            lo, hi = max(start - offset, 0), min(stop - offset, shard.rows)
+            if lo < hi:
+                out.append(shard.narrow(lo, hi))
+            offset += shard.rows
+        return BatchHandle(tuple(out), dict(self.meta), (self,))
+
+    @staticmethod
+    def concat(parts: list[BatchHandle]) -> BatchHandle:
+        """The batches one after another (meta from the first)."""
+        shards = tuple(s for p in parts for s in p.shards if s.rows)
+        return BatchHandle(shards, dict(parts[0].meta) if parts else {}, tuple(parts))
+
+    def keys_by_owner(self) -> dict[str, list[str]]:
+        """The store keys this batch refers to, per owning daemon."""
+        out: dict[str, list[str]] = {}
+        for shard in self.shards:
+            out.setdefault(shard.owner, []).extend(h.key for h in shard.columns.values())
+        return out
+
+    def to_wire(self) -> list[Any]:
+        return [
+            [[s.owner, s.rows, {k: h.to_wire() for k, h in s.columns.items()}, s.non_tensor] for s in self.shards],
+            self.meta,
+        ]
+
+    @classmethod
+    def from_wire(cls, values: list[Any]) -> BatchHandle:
+        if len(values) != 2 or not isinstance(values[0], list) or not isinstance(values[1], dict):
+            raise ValueError("BatchHandle: expected [shards, meta]")
+        shards = []
+        for raw in values[0]:
+            if not (isinstance(raw, list) and len(raw) == 4 and isinstance(raw[0], str) and _int(raw[1])
+                    and isinstance(raw[2], dict) and isinstance(raw[3], dict)):
+                raise ValueError("BatchHandle shard: expected [owner, rows, columns, non_tensor]")
+            owner, rows, columns, non_tensor = raw
+            handles = {str(k): TensorHandle.from_wire(v) for k, v in columns.items()}
+            for name, h in handles.items():
+                if h.owner != owner or h.num_rows != rows:
+                    raise ValueError(f"BatchHandle shard of {owner}: column {name!r} does not match its shard")
+            for name, col in non_tensor.items():
+                if not isinstance(col, list) or len(col) != rows:
+                    raise ValueError(f"BatchHandle shard of {owner}: non-tensor column {name!r} is not {rows} rows")
+            shards.append(Shard(owner, rows, handles, non_tensor))
+        return cls(tuple(shards), values[1])
 
 
 register_record(EXT_TENSOR_HANDLE, TensorHandle)
+register_record(EXT_BATCH_HANDLE, BatchHandle)

@@ -187,6 +187,8 @@ def test_daemon_exits_when_the_controller_speaks_another_protocol_version(fake: 
         fake.send(ident, fake.wire.pack(Welcome(PROTOCOL_VERSION + 1, "fake", 1.0)))
         assert proc.wait(10) == 2
         _, bye = fake.recv()
+        while isinstance(bye, Hello):  # a repeated hello may come first
+            _, bye = fake.recv()
         assert "controller speaks protocol" in bye.reason and bye.exit_code == 2
     finally:
         proc.kill()

@@ -65,7 +65,7 @@ def test_any_msgpack_value_round_trips_as_call_argument(value: object) -> None:
 
 def test_tensor_handle_and_out_of_band_buffers_round_trip() -> None:
     codec = Codec()
-    handle = TensorHandle("actor:1", "k9", (4, 8), "bfloat16", "cuda:0", 64, (4, 8))
+    handle = TensorHandle("actor:1", "k9", (8, 4), "bfloat16", "cuda:0", 64, (4, 8))
     body, buffers = codec.encode({"h": handle, "blob": OutOfBand(b"\x01" * 1000)})
     assert len(buffers) == 1 and len(body) < 200  # the blob is not inside the body
     out = codec.decode(body, [bytes(b) for b in buffers])
