@@ -18,6 +18,7 @@ from hfrt.protocols.signing import ENV_KEY
 from hfrt.log import get_logger
 
 from .base import DaemonSpec, OnExit
+from .proc import with_tail
 
 
 class LocalLauncher:
@@ -86,6 +87,9 @@ class LocalLauncher:
             reason = f"process {proc.pid} exited with code {code}"
             if code < 0:
                 reason = f"process {proc.pid} killed by {signal.Signals(-code).name}"
+            if self.log_dir is not None:
+                role, _, rank = identity.partition(":")
+                reason = with_tail(reason, self.log_dir / f"{role}-{rank}.log", lines=4)
             on_exit(identity, reason)
 
     async def detach(self) -> list[list[str]]:

@@ -82,6 +82,7 @@ def exit_reason(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def with_tail(reason: str, log: str | Path) -> str:
-    text = tail(log)
+def with_tail(reason: str, log: str | Path, lines: int = 12) -> str:
+    """`reason`, followed by the last lines of `log` when it has any."""
+    text = tail(log, lines)
     return f"{reason}; last lines of {log}:\n{text}" if text else reason

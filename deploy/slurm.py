@@ -234,11 +234,12 @@ class SlurmLauncher:
     # -- shared pieces ------------------------------------------------------------------------
 
     def _resource_args(self, placed: list[Placed]) -> list[str]:
+        """Job-level request: N nodes, one task each with the CPUs of every daemon placed there
+        (steps then share them with --overlap, as colocated daemons share devices)."""
         s = self.cluster.slurm
         nodes = list(dict.fromkeys(p.node.name for p in placed))
-        per_node = max(sum(1 for p in placed if p.node.name == n) for n in nodes)
-        cpus = max(self.cluster.roles[p.spec.role].cpus for p in placed)
-        args = [f"--nodes={len(nodes)}", f"--ntasks-per-node={per_node}", f"--cpus-per-task={cpus}"]
+        cpus = max(sum(self.cluster.roles[p.spec.role].cpus for p in placed if p.node.name == n) for n in nodes)
+        args = [f"--nodes={len(nodes)}", "--ntasks-per-node=1", f"--cpus-per-task={cpus}"]
         if s.pin_nodes:
             args.append("--nodelist=" + ",".join(self.cluster.node(n).host for n in nodes))
         args += [f"--{k}={v}" for k, v in (("partition", s.partition), ("account", s.account), ("time", s.time)) if v]

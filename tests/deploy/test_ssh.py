@@ -1,0 +1,223 @@
+"""The SSH launcher against a real sshd on 127.0.0.1: a flow end to end, launch/attach/stop from
+the command line, Ctrl-C, and the ways a launch fails (closed port, wrong key, a daemon that
+crashes at start-up, one bad node of two), each leaving nothing running."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hfrt.deploy import LaunchError, load_spec
+from hfrt.flows import Flow, load_flow
+from hfrt.run import run_on_cluster
+from tests.deploy.conftest import Sshd, daemon_pids, free_port
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def ssh_spec(
+    tmp_path: Path, sshd: Sshd, marker: str, *, port: int | None = None, identity: Path | None = None,
+    impl: str = "echo", second_node_port: int | None = None,
+) -> Path:
+    nodes = '[[nodes]]\nname = "node-a"\nhost = "127.0.0.1"\ndevices = 2\n'
+    world = 2
+    if second_node_port is not None:
+        nodes = '[[nodes]]\nname = "node-a"\nhost = "127.0.0.1"\ndevices = 1\n'
+        nodes += f'[[nodes]]\nname = "node-b"\nhost = "127.0.0.1"\nssh_port = {second_node_port}\ndevices = 1\n'
+    pythonpath = os.environ.get("PYTHONPATH", "")  # the ssh'd daemon must import the same hfrt
+    text = f"""
+name = "{marker}"
+launcher = "ssh"
+env = {{ HFRT_TEST_SECRET = "{marker}-secret", PYTHONPATH = "{pythonpath}" }}
+[ssh]
+user = "{sshd.user}"
+port = {port or sshd.port}
+identity = "{identity or sshd.identity}"
+strict_host_key_checking = "accept-new"
+known_hosts = "{sshd.known_hosts}"
+connect_timeout_s = 5
+[daemons]
+log_dir = "{tmp_path / 'node-logs'}"
+hello_timeout_s = 30
+{nodes}
+[roles.echo]
+impl = "{impl}"
+world_size = {world}
+options = {{ marker = "{marker}" }}
+"""
+    path = tmp_path / "cluster.toml"
+    path.write_text(text)
+    return path
+
+
+def ssh_clients(port: int) -> list[str]:
+    """Command lines of live ssh clients talking to the test sshd's port."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd and cmd[0] == b"ssh" and str(port).encode() in cmd:
+                found.append(b" ".join(cmd).decode(errors="replace"))
+    return found
+
+
+def command_lines_containing(text: str) -> list[str]:
+    hits = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd:
+                hits.append(cmd)
+    return hits
+
+
+def assert_nothing_left(marker: str, sshd: Sshd) -> None:
+    deadline = time.monotonic() + 5
+    while (daemon_pids(marker) or ssh_clients(sshd.port)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert daemon_pids(marker) == [], "daemons left running"
+    assert ssh_clients(sshd.port) == [], "ssh clients left running"
+
+
+async def test_ping_flow_over_ssh_keeps_secrets_off_command_lines(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+    cluster = load_spec(ssh_spec(tmp_path, sshd, marker))
+    ping = load_flow("ping")
+    seen: dict[str, Any] = {}
+
+    async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+        key = (tmp_path / "run" / "cluster.key").read_text().strip()
+        seen["daemons"] = daemon_pids(marker)
+        seen["key_on_command_line"] = command_lines_containing(key)
+        seen["secret_on_command_line"] = command_lines_containing(f"{marker}-secret")
+        echo = await ctl.role("echo")
+        seen["hosts"] = [d["host"] for d in await echo.describe.call()]
+        return dict(await ping.run(ctl, config) or {})
+
+    summary = await run_on_cluster(
+        Flow("ssh-ping", flow, ping.roles), cluster, run_dir=tmp_path / "run", config={"rounds": 20}
+    )
+    assert len(summary["daemons"]) == 2 and summary["remote_error"] == "echo[0].fail: ValueError"
+    assert summary["split_rows"][-1] == [1, 7]
+    assert len(seen["daemons"]) == 2, "the daemons run as separate processes started through sshd"
+    assert seen["key_on_command_line"] == [] and seen["secret_on_command_line"] == []
+    assert (tmp_path / "node-logs").is_dir(), "daemon logs are written on the node"
+    assert_nothing_left(marker, sshd)
+
+
+def hfrt(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hfrt", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_launch_then_attach_then_stop_from_the_command_line(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+    spec = ssh_spec(tmp_path, sshd, marker)
+    launched = hfrt("launch", str(spec), "--run-dir", str(tmp_path / "warm"))
+    assert launched.returncode == 0, launched.stderr
+    attach = Path(launched.stdout.strip())
+    assert f"hfrt stop {attach}" in launched.stderr
+    data = json.loads(attach.read_text())
+    assert data["roles"] == {"echo": 2} and data["bind"].startswith("tcp://0.0.0.0:")
+    assert data["address"].startswith("tcp://127.0.0.1:")
+    pids = daemon_pids(marker)
+    assert len(pids) == 2 and ssh_clients(sshd.port) == [], "launch leaves the daemons, not the ssh sessions"
+    ran = hfrt("controller", "--flow", "ping", "--set", "rounds=10", "--attach", str(attach), "--run-dir", str(tmp_path / "r"))
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(int(d.rsplit(" ", 1)[1]) for d in json.loads(ran.stdout)["daemons"]) == sorted(pids)
+    stopped = hfrt("stop", str(attach))
+    assert stopped.returncode == 0, stopped.stderr
+    assert "echo:0" in stopped.stdout
+    assert_nothing_left(marker, sshd)
+
+
+async def test_unreachable_host_is_a_clear_error(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+    closed = free_port()
+    cluster = load_spec(ssh_spec(tmp_path, sshd, marker, port=closed))
+    with pytest.raises(LaunchError) as info:
+        await run_on_cluster(load_flow("ping"), cluster, run_dir=tmp_path / "run", config={})
+    text = str(info.value)
+    assert f"echo[0] on node node-a (127.0.0.1) device 0: ssh {sshd.user}@127.0.0.1:{closed} failed" in text
+    assert "Connection refused" in text
+    assert_nothing_left(marker, sshd)
+
+
+async def test_wrong_key_is_a_clear_error(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+    cluster = load_spec(ssh_spec(tmp_path, sshd, marker, identity=sshd.wrong_identity))
+    with pytest.raises(LaunchError) as info:
+        await run_on_cluster(load_flow("ping"), cluster, run_dir=tmp_path / "run", config={})
+    text = str(info.value)
+    assert "echo[1] on node node-a (127.0.0.1) device 1" in text and "Permission denied (publickey)" in text
+    assert_nothing_left(marker, sshd)
+
+
+async def test_daemon_crashing_at_start_up_is_a_clear_error(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+    cluster = load_spec(ssh_spec(tmp_path, sshd, marker, impl="nonexistent.module:Nope"))
+    with pytest.raises(LaunchError) as info:
+        await run_on_cluster(load_flow("ping"), cluster, run_dir=tmp_path / "run", config={})
+    text = str(info.value)
+    assert "exited before saying hello" in text and "on node node-a (127.0.0.1)" in text
+    assert "No module named 'nonexistent'" in text
+    assert_nothing_left(marker, sshd)
+
+
+async def test_one_bad_node_tears_down_the_daemon_started_on_the_good_one(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+    cluster = load_spec(ssh_spec(tmp_path, sshd, marker, second_node_port=free_port()))
+    with pytest.raises(LaunchError) as info:
+        await run_on_cluster(load_flow("ping"), cluster, run_dir=tmp_path / "run", config={})
+    text = str(info.value)
+    assert "echo[1] on node node-b (127.0.0.1) device 0" in text and "Connection refused" in text
+    assert "node-a" not in text
+    assert list((tmp_path / "node-logs").glob("*/echo-0.log")), "the good node's daemon had started"
+    assert_nothing_left(marker, sshd)
+
+
+HANG_FLOW = '''
+import asyncio, pathlib
+ROLES = {"echo": {"impl": "echo", "world_size": 2}}
+
+async def flow(ctl, config):
+    await ctl.role("echo")
+    pathlib.Path(config["ready"]).write_text("up")
+    await asyncio.sleep(60)
+'''
+
+
+@pytest.mark.slow
+async def test_ctrl_c_on_the_controller_stops_every_daemon_it_launched(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+    flow = tmp_path / "hang.py"
+    flow.write_text(HANG_FLOW)
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfrt", "controller", "--cluster", str(ssh_spec(tmp_path, sshd, marker)),
+         "--flow", str(flow), "--set", f"ready={ready}", "--run-dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "flow never got its daemons"
+        assert len(daemon_pids(marker)) == 2
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+        assert "interrupted; the daemons it launched were stopped" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_nothing_left(marker, sshd)
