@@ -54,6 +54,13 @@ class Daemon:
 
     def __init__(self, context: DaemonContext) -> None:
         self.context = context
+        self._plane: Any = None  # set by the server: returns the TensorRuntime
+
+    def tensor_plane(self) -> Any:
+        """This daemon's tensor runtime (`.store`, `.peers.pull(handles)`), for raw_handles endpoints."""
+        if self._plane is None:
+            raise RuntimeError("this daemon is not being served (no tensor plane)")
+        return self._plane()
 
     async def setup(self) -> None:
         """Load models and build engines; runs before the daemon says hello."""

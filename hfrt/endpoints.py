@@ -38,6 +38,9 @@ class EndpointSpec:
     dispatch: Dispatch
     concurrent: bool
     is_async: bool
+    #: when True the endpoint receives TensorHandle/BatchHandle arguments as they are and pulls
+    #: what it wants itself (Daemon.tensor_plane()); by default they arrive as tensors/Batches
+    raw_handles: bool
     signature: inspect.Signature
     #: (min, max) positional argument counts when every parameter after `self` is a plain
     #: positional-or-keyword one; then a call with only positional arguments in range is valid
@@ -62,6 +65,7 @@ def endpoint(
     dispatch: Dispatch | str = Dispatch.REPLICATE,
     concurrent: bool = False,
     name: str | None = None,
+    raw_handles: bool = False,
 ) -> Any:
     """Mark a Daemon method as an endpoint.
 
@@ -70,6 +74,7 @@ def endpoint(
         lets this endpoint start as soon as it arrives (async endpoints as tasks, plain functions
         in a thread pool). Arrival order then only fixes the order calls *start* in.
     name: the wire name, defaulting to the method name.
+    raw_handles: pass handle arguments through unresolved (the endpoint pulls them itself).
     """
 
     def wrap(f: F) -> F:
@@ -82,6 +87,7 @@ def endpoint(
                 dispatch=Dispatch(dispatch),
                 concurrent=concurrent,
                 is_async=inspect.iscoroutinefunction(f),
+                raw_handles=raw_handles,
                 signature=signature,
                 positional_range=_positional_range(signature),
             ),

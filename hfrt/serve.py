@@ -169,6 +169,7 @@ class DaemonServer:
     async def _serve(self, sock: zmq.Socket[Any]) -> tuple[str, int]:
         try:
             self.daemon = self._daemon_cls(self.context)
+            self.daemon._plane = self.tensors
             await self.daemon.setup()
         except Exception as exc:
             self._log.error("setup_failed", error=f"{type(exc).__name__}: {exc}")
@@ -397,6 +398,9 @@ class DaemonServer:
         if call.call_id not in self._handle_calls:
             return call.args, call.kwargs
         self._handle_calls.discard(call.call_id)
+        entry = self._table.get(call.endpoint)
+        if entry is not None and entry[0].raw_handles:
+            return call.args, call.kwargs
         return self.tensors().resolve(call.args, call.kwargs)  # type: ignore[no-any-return]
 
     def _run_internal(self, call: Call) -> None:

@@ -14,6 +14,7 @@ from hfrt.daemon import Daemon
 #: Built-in implementation names → "module:Class". The role issues add actor, critic, ...
 BUILTIN: dict[str, str] = {
     "echo": "hfrt.roles.echo:EchoDaemon",
+    "probe": "hfrt.roles.probe:ProbeDaemon",
 }
 
 

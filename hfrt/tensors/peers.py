@@ -69,26 +69,32 @@ class Peers:
             for name, d in directory.items()
         }
 
-    def backend_for(self, handle: TensorHandle) -> str:
-        if handle.owner == self.me:
+    def backend_for(self, handle: TensorHandle, force: str | None = None) -> str:
+        force = force or self.force
+        if handle.owner == self.me and force is None:
             return "local"
         peer = self._peer(handle.owner)
         same_host = peer.host == self.host and handle.device == "cpu"
-        if self.force is not None:
-            if self.force == "shm" and not same_host:
+        if force is not None:
+            if force not in BACKENDS:
+                raise ValueError(f"transfer backend must be one of {', '.join(BACKENDS)}, got {force!r}")
+            if force == "shm" and not same_host:
                 raise TransferError(f"cannot use shm to pull from {handle.owner}: not on this host")
-            return self.force
+            return force
         if same_host:
             return "shm"
         return "dist" if self.group is not None and peer.plane_rank >= 0 else "zmq"
 
-    def pull(self, handles: Iterable[TensorHandle]) -> list[torch.Tensor]:
-        """The selected rows of each handle, in order. Raises TransferError naming the owner."""
+    def pull(self, handles: Iterable[TensorHandle], force: str | None = None) -> list[torch.Tensor]:
+        """The selected rows of each handle, in order. Raises TransferError naming the owner.
+
+        force: use this backend rather than the automatic choice (benchmarks, tests).
+        """
         handles = list(handles)
         out: list[torch.Tensor | None] = [None] * len(handles)
         groups: dict[tuple[str, str], list[int]] = {}
         for i, h in enumerate(handles):
-            groups.setdefault((self.backend_for(h), h.owner), []).append(i)
+            groups.setdefault((self.backend_for(h, force), h.owner), []).append(i)
         for (backend, owner), idx in groups.items():
             try:
                 tensors = getattr(self, f"_pull_{backend}")(owner, [handles[i] for i in idx])
@@ -98,6 +104,7 @@ class Peers:
                 raise TransferError(f"{self.me} could not pull from {owner} via {backend}: {type(exc).__name__}: {exc}") from None
             for i, t in zip(idx, tensors, strict=True):
                 out[i] = t
+            self._log.debug("pulled", backend=backend, owner=owner, tensors=len(idx))
             stat = self.stats[backend]
             stat["tensors"] += len(idx)
             stat["bytes"] += sum(t.numel() * t.element_size() for t in tensors)

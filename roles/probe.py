@@ -1,0 +1,80 @@
+"""The probe role: a diagnostic daemon that makes, reshards and inspects tensors and batches.
+
+It exercises the tensor plane (handles, transfers, dispatch across data-parallel sizes) without
+any model, for tests and `hfrt bench transfer`. It knows nothing of RL.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from hfrt.batch import Batch
+from hfrt.daemon import Daemon
+from hfrt.endpoints import Dispatch, endpoint
+from hfrt.protocols import TensorHandle
+
+
+class ProbeDaemon(Daemon):
+    async def setup(self) -> None:
+        torch.set_num_threads(int(self.context.options.get("threads", 1)))
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def make(self, row_ids: list[int], width: int = 4) -> Batch:
+        """A batch whose row r holds r everywhere, so row order can be checked after any reshard."""
+        ids = torch.tensor(row_ids, dtype=torch.int64)
+        x = ids.to(torch.float32).unsqueeze(1).repeat(1, width)
+        return Batch(
+            {"ids": ids, "x": x, "half": x.to(torch.bfloat16), "odd": ids % 2 == 1},
+            {"text": [f"row {r}" for r in row_ids], "made_by": [self.context.rank] * len(row_ids)},
+            {"width": width},
+        )
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def reshard(self, batch: Batch) -> Batch:
+        """Take my rows of a batch (pulled from wherever they live) and own them from now on."""
+        return Batch({k: v.clone() for k, v in batch.tensors.items()}, dict(batch.non_tensor), batch.meta)
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def inspect(self, batch: Batch) -> list[dict[str, Any]]:
+        """One summary per row received: what this rank saw."""
+        return [
+            {"rank": self.context.rank, "id": int(i), "x0": float(batch["x"][n, 0]), "text": batch["text"][n]}
+            for n, i in enumerate(batch["ids"].tolist())
+        ]
+
+    @endpoint
+    def tensor(self, nbytes: int) -> torch.Tensor:
+        return torch.arange(nbytes // 4, dtype=torch.float32).reshape(-1, 256) if nbytes >= 1024 else torch.ones(nbytes // 4)
+
+    @endpoint
+    def total(self, t: torch.Tensor) -> float:
+        return float(t.double().sum())
+
+    @endpoint(raw_handles=True)
+    def timed_pull(self, handle: TensorHandle, backend: str | None = None, repeats: int = 3) -> dict[str, Any]:
+        """Seconds to pull `handle` into a preallocated tensor here, per repeat, and the backend used."""
+        plane = self.tensor_plane()
+        dest = torch.empty((handle.num_rows, *handle.shape[1:]), dtype=torch.float32)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            [pulled] = plane.peers.pull([handle], force=backend)
+            dest.copy_(pulled)
+            times.append(time.perf_counter() - start)
+            del pulled
+        return {"seconds": times, "backend": backend or plane.peers.backend_for(handle)}
+
+    @endpoint
+    def memcpy(self, nbytes: int, repeats: int = 3) -> list[float]:
+        """Seconds to copy nbytes into a preallocated tensor in this process: the physical reference."""
+        src = torch.rand(nbytes // 4)
+        dest = torch.empty_like(src)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            dest.copy_(src)
+            times.append(time.perf_counter() - start)
+        return times
