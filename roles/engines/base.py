@@ -278,9 +278,7 @@ class TrainEngine(ABC):
     # ---- training
     def loss_scale(self, batch: Batch) -> LossScale:
         """Global token / sequence counts of this step's batch over all dp ranks."""
-        counts = torch.tensor(
-            [float(batch["response_mask"].sum()), float(batch_rows(batch))], dtype=torch.float64
-        )
+        counts = torch.tensor([float(batch["response_mask"].sum()), float(batch_rows(batch))], dtype=torch.float64)
         self._all_reduce(counts)
         return LossScale(global_tokens=counts[0].item(), global_seqs=counts[1].item(), dp_size=self.dp_size)
 
@@ -342,7 +340,7 @@ class TrainEngine(ABC):
         keys = sorted(metrics)
         values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
         self._all_reduce(values)
-        return {k: v / self.dp_size for k, v in zip(keys, values.tolist())}
+        return {k: v / self.dp_size for k, v in zip(keys, values.tolist(), strict=True)}
 
     # ---- weights for generation
     def state_dict_for_generation(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -425,5 +423,5 @@ def named_buckets(model: nn.Module, blocks: list[nn.Module]) -> list[tuple[nn.Mo
     rest: list[str] = []
     for name, p in model.named_parameters():
         (groups[owner[id(p)]] if id(p) in owner else rest).append(name)
-    out: list[tuple[nn.Module | None, list[str]]] = [(b, g) for b, g in zip(blocks, groups)]
+    out: list[tuple[nn.Module | None, list[str]]] = [(b, g) for b, g in zip(blocks, groups, strict=True)]
     return out + [(None, rest)]

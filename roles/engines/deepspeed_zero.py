@@ -45,7 +45,7 @@ def _skip_shm_comm_build() -> None:
 
     # (attribute access would find the `torch` that deepspeed.comm re-exports, not the submodule)
     ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
-    ds_torch_comm.build_shm_op = lambda: None
+    ds_torch_comm.build_shm_op = lambda: None  # type: ignore[attr-defined]
 
 
 class DeepSpeedEngine(TrainEngine):
@@ -102,9 +102,9 @@ class DeepSpeedEngine(TrainEngine):
             params = [self.model.get_parameter(name) for name in names]
             if stage3:
                 with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                    yield {name: p.data for name, p in zip(names, params)}
+                    yield {name: p.data for name, p in zip(names, params, strict=True)}
             else:
-                yield {name: p.detach() for name, p in zip(names, params)}
+                yield {name: p.detach() for name, p in zip(names, params, strict=True)}
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter gathered (test / debugging helper)."""

@@ -59,7 +59,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(rank: int, world: int, port: int, out_dir: str, target: Callable[..., dict[str, Any]], kwargs: dict[str, Any]) -> None:
+def _entry(
+    rank: int, world: int, port: int, out_dir: str, target: Callable[..., dict[str, Any]], kwargs: dict[str, Any]
+) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result: dict[str, Any]
@@ -99,6 +101,7 @@ def train_and_push(
     """One PPO step on this rank's rows, push weights to a generation copy, compare, sample, recompute."""
     from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
     from hfrt.roles.generate import HFGenerationEngine, SamplingParams
+    from hfrt.roles.hybrid import HybridEngine
     from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
 
     model = load_model(ModelConfig("tiny"))
@@ -113,10 +116,9 @@ def train_and_push(
     tok = load_tokenizer("tiny")
     gen_model = load_model(ModelConfig("tiny", seed=123))  # different init: the push must overwrite it
     gen = HFGenerationEngine(gen_model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    gen.sleep()
-    gen.wake()
-    for bucket in engine.state_dict_for_generation():
-        gen.load_weights(bucket.items())
+    gen.sleep()  # a daemon starts in the training phase
+    hybrid = HybridEngine(engine, gen)
+    transition = hybrid.to_generate()
     full = engine.full_parameters()  # type: ignore[attr-defined]
     pushed = {k: v.detach().clone() for k, v in gen_model.named_parameters()}
     exact = sorted(full) == sorted(pushed) and all(torch.equal(full[k], pushed[k]) for k in full)
@@ -124,6 +126,7 @@ def train_and_push(
     prompts = [tok(text)["input_ids"] for text in (["2+2=", "the cat"] if rank == 0 else ["hi", "3*3="])]
     params = SamplingParams(temperature=0.7, top_k=20, max_new_tokens=6, n=2, seed=rank)
     sample = gen.generate(prompts, params)
+    transition |= hybrid.to_train()
     recomputed = engine.forward_logprobs(sample, temperature=0.7)
     mask = sample["response_mask"]
     logprob_diff = float(((recomputed - sample["log_probs"]) * mask).abs().max())
@@ -134,6 +137,7 @@ def train_and_push(
         "pushed": pushed if rank == 0 else None,
         "checksum": float(sum(v.double().sum() for v in pushed.values())),
         "logprob_diff": logprob_diff,
+        "transition": transition,
     }
     if check_checkpoint:
         result |= _checkpoint_roundtrip(engine, batch, out_dir)
@@ -147,3 +151,73 @@ def _checkpoint_roundtrip(engine: Any, batch: Mapping[str, torch.Tensor], out_di
     engine.load(path)
     replay = engine.step(ppo_loss, batch, micro_batch_size=2)
     return {"after_save": again, "after_load": replay, "ckpt_files": sorted(p.name for p in path.iterdir())}
+
+
+def run_alone(target: Callable[..., dict[str, Any]], out_dir: Path, **kwargs: Any) -> dict[str, Any]:
+    """Run target(out_dir=..., **kwargs) in one spawned process without a process group (vLLM
+    builds its own), so its thread pinning and globals stay out of the test process."""
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=_alone_entry, args=(str(out_dir), target, kwargs))
+    proc.start()
+    proc.join()
+    result = torch.load(out_dir / "alone.pt", weights_only=False)
+    assert result["ok"], f"child failed:\n{result['error']}"
+    return result
+
+
+def _alone_entry(out_dir: str, target: Callable[..., dict[str, Any]], kwargs: dict[str, Any]) -> None:
+    torch.set_num_threads(1)
+    try:
+        result = {"ok": True, **target(out_dir=Path(out_dir), **kwargs)}
+    except BaseException:
+        result = {"ok": False, "error": traceback.format_exc()}
+    torch.save(result, Path(out_dir) / "alone.pt")
+
+
+def vllm_rollouts(*, out_dir: Path) -> dict[str, Any]:
+    """smollm2-135m: vLLM rollout, one training step, push through the hybrid engine, rollout again."""
+    from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
+    from hfrt.roles.generate import SamplingParams
+    from hfrt.roles.hybrid import HybridEngine
+    from hfrt.roles.models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+    from hfrt.roles.vllm_engine import VLLMConfig, VLLMGenerationEngine
+
+    tok = load_tokenizer("smollm2-135m")
+    train = build_train_engine(
+        load_model(ModelConfig("smollm2-135m")), EngineConfig(backend="local", optim=OptimConfig(lr=1e-3))
+    )
+    gen = VLLMGenerationEngine(
+        VLLMConfig(
+            str(resolve_model_dir("smollm2-135m")), dtype="float32", max_model_len=256, kv_cache_memory_bytes=64 << 20
+        ),
+        pad_token_id=tok.pad_token_id,
+    )
+    hybrid = HybridEngine(train, gen)
+    chat = [{"role": "user", "content": "What is 2+2?"}]
+    prompt = list(tok.apply_chat_template(chat, add_generation_prompt=True)["input_ids"])
+    params = SamplingParams(temperature=0.8, max_new_tokens=10, n=2, seed=0)
+
+    def rollout() -> tuple[dict[str, torch.Tensor], float, dict[str, float]]:
+        out, metrics = hybrid.generate([prompt], params)
+        recomputed = train.forward_logprobs(out, temperature=0.8)
+        return out, float(((recomputed - out["log_probs"]) * out["response_mask"]).abs().max()), metrics
+
+    first, diff_before, _ = rollout()
+    batch = dict(first)
+    batch["advantages"] = torch.where(torch.arange(len(first["responses"]))[:, None] == 0, 1.0, -1.0).expand_as(
+        first["log_probs"]
+    )
+    batch["old_log_probs"] = first["log_probs"]
+    step = train.step(ppo_loss, batch, micro_batch_size=2, temperature=0.8)
+    moved = float(
+        ((train.forward_logprobs(first, temperature=0.8) - first["log_probs"]) * first["response_mask"]).abs().max()
+    )
+    _, diff_after, metrics = rollout()
+    return {
+        "text": tok.decode(first["responses"][0][first["response_mask"][0].bool()]),
+        "diff_before": diff_before,
+        "diff_after": diff_after,
+        "step": step,
+        "metrics": metrics,
+        "moved": moved,
+    }
