@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHES = {"latency": "hfrt.bench.latency"}
+BENCHES = {"latency": "hfrt.bench.latency", "transfer": "hfrt.bench.transfer"}
 
 
 def _parse_set(items: list[str]) -> dict[str, Any]:
@@ -79,6 +79,7 @@ def _controller_on_cluster(args: argparse.Namespace, flow: Any, run_dir: Path) -
     if args.attach or args.role:
         print("hfrt controller: --cluster places the roles itself; drop --attach and --role", file=sys.stderr)
         return 2
+    _sigterm_as_sigint()
     try:
         cluster = load_spec(args.cluster)
         summary = run(run_on_cluster(flow, cluster, run_dir=run_dir, config=_parse_set(args.set), keep_daemons=args.keep_daemons))
@@ -104,6 +105,7 @@ def _launch(args: argparse.Namespace) -> int:
     from hfrt.run import launch_cluster
 
     log.configure(args.log_level, "console")
+    _sigterm_as_sigint()
     try:
         cluster = load_spec(args.spec)
         run_dir = Path(args.run_dir or Path("runs") / time.strftime(f"launch-{cluster.name}-%Y%m%d-%H%M%S"))
@@ -120,6 +122,13 @@ def _launch(args: argparse.Namespace) -> int:
     print(attach)
     _print_attach("FLOW", str(attach))
     return 0
+
+
+def _sigterm_as_sigint() -> None:
+    """Treat SIGTERM (a batch system ending us, `kill`) like Ctrl-C, so launched daemons are stopped."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
 
 
 def _print_attach(flow: str, attach: str) -> None:

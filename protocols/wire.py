@@ -40,7 +40,10 @@ class UnknownKind(WireError):
 class Wire:
     """Packs and unpacks messages for one thread (it owns a Codec and a Signer)."""
 
-    def __init__(self, key: bytes, limits: Limits | None = None) -> None:
+    def __init__(self, key: bytes, limits: Limits | None = None, *, sign_buffers: bool = True) -> None:
+        """sign_buffers=False (the tensor data plane only): the signature covers the body and the
+        buffers' lengths but not their bytes, so bulk tensor data is not hashed twice per transfer."""
+        self.sign_buffers = sign_buffers
         self.limits = limits or Limits()
         self.codec = Codec(self.limits)
         self.signer = Signer(key)
@@ -56,7 +59,12 @@ class Wire:
         problem = self.limits.check([SIGNATURE_BYTES + len(body)] + [memoryview(f).nbytes for f in buffers])
         if problem:
             raise FrameTooLarge(f"cannot send {message.NAME}: {problem}")
-        return [self.signer.sign([body, *buffers]) + body, *buffers]
+        return [self.signer.sign(self._signed(body, buffers)) + body, *buffers]
+
+    def _signed(self, body: Any, buffers: list[Any]) -> list[Any]:
+        if self.sign_buffers:
+            return [body, *buffers]
+        return [body, b"".join(memoryview(b).nbytes.to_bytes(8, "little") for b in buffers)]
 
     def unpack(self, frames: list[bytes]) -> Message:
         if len(frames) != 1 or len(frames[0]) > self.limits.max_frame_bytes:
@@ -67,7 +75,7 @@ class Wire:
             raise BadSignature(f"expected [signature ‖ body, ...], got {len(frames)} frame(s) too short to hold one")
         head = frames[0]
         body = head[SIGNATURE_BYTES:]
-        if not self.signer.verify(head[:SIGNATURE_BYTES], [body, *frames[1:]]):
+        if not self.signer.verify(head[:SIGNATURE_BYTES], self._signed(body, list(frames[1:])) if len(frames) > 1 else [body]):
             raise BadSignature("HMAC signature does not match (wrong cluster key or forged frame)")
         try:
             decoded = self.codec.decode(body, frames[1:])

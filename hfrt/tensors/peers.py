@@ -55,7 +55,7 @@ class Peers:
         self.stats: dict[str, dict[str, int]] = {b: {"tensors": 0, "bytes": 0} for b in BACKENDS}
         self._key = key
         self._timeout_ms = int(timeout_s * 1000)
-        self._wire = Wire(key, Limits(max_frame_bytes=2**31 - 1, max_message_bytes=2**40))
+        self._wire = Wire(key, Limits(max_frame_bytes=2**31 - 1, max_message_bytes=2**40), sign_buffers=False)
         self._zmq: zmq.Context[Any] = zmq.Context.instance()
         self._sockets: dict[str, zmq.Socket[Any]] = {}
         self._ids = itertools.count(1)
@@ -167,7 +167,8 @@ class Peers:
             while True:
                 if not sock.poll(self._timeout_ms):
                     raise TransferError(f"{owner} did not answer within {self._timeout_ms / 1000:.0f}s (is it alive?)")
-                msg = self._wire.unpack(sock.recv_multipart())
+                frames = sock.recv_multipart(copy=False)  # tensor bytes stay in ZeroMQ's buffers
+                msg = self._wire.unpack([frames[0].bytes, *(f.buffer for f in frames[1:])])
                 if getattr(msg, "call_id", None) == call_id:
                     break
         if isinstance(msg, Error):
@@ -186,5 +187,5 @@ def _from_bytes(buffer: Any, handle: TensorHandle) -> torch.Tensor:
     data = buffer.buffer if isinstance(buffer, OutOfBand) else buffer
     dtype = shmfile.to_dtype(handle.dtype)
     shape = (handle.num_rows, *handle.shape[1:])
-    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
+    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)  # one copy: writable
     return flat.view(dtype).reshape(shape)

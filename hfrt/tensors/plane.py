@@ -62,7 +62,7 @@ class DataPlaneServer(threading.Thread):
         super().__init__(name="hfrt-data-plane", daemon=True)
         self.owner = owner
         self.store: TensorStore | None = None  # set once the daemon stores its first tensor
-        self._wire = Wire(key, limits or Limits(max_frame_bytes=2**31 - 1, max_message_bytes=2**40))
+        self._wire = Wire(key, limits or Limits(max_frame_bytes=2**31 - 1, max_message_bytes=2**40), sign_buffers=False)
         self._zmq: zmq.Context[Any] = zmq.Context.instance()
         self._sock = self._zmq.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)

@@ -108,3 +108,16 @@ def test_limits_are_checked_when_sending_and_receiving() -> None:
 def test_limits_must_be_consistent() -> None:
     with pytest.raises(ValueError, match="max_message_bytes"):
         Limits(max_frame_bytes=100, max_message_bytes=10)
+
+
+def test_data_plane_wire_signs_body_and_buffer_lengths_but_not_bytes() -> None:
+    key = new_key()
+    plane = Wire(key, sign_buffers=False)
+    frames = plane.pack(Reply(1, [OutOfBand(b"tensor-bytes")], 0.0))
+    assert plane.unpack([frames[0], b"TENSOR-BYTES"]).value[0].buffer == b"TENSOR-BYTES"  # bytes not covered
+    with pytest.raises(BadSignature):
+        plane.unpack([frames[0], b"longer tensor bytes"])  # lengths are
+    with pytest.raises(BadSignature):
+        plane.unpack([frames[0][:-1] + b"\x00", frames[1]])  # and the body is
+    with pytest.raises(BadSignature):
+        Wire(key).unpack(frames)  # the command plane always signs buffer bytes

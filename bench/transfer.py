@@ -1,0 +1,119 @@
+"""Transfer benchmark: tensor bandwidth between two local daemons for every backend available,
+against an in-process copy into a preallocated tensor measured in the same run, plus a
+DP=2 → DP=1 → DP=2 resharding of a 64-row batch.
+
+Run: `hfrt bench transfer [--json] [--out FILE]`. Bandwidth is the receiver's time to pull the
+tensor into a preallocated tensor of its own (so every backend does the same useful work). It
+starts its own probe daemons and knows nothing of RL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any
+
+from hfrt.controller import Controller
+from hfrt.deploy.base import expand
+from hfrt.deploy.local import LocalLauncher
+from hfrt.log import configure as configure_logging
+from hfrt.loop import run
+from hfrt.protocols import new_key
+
+SIZES = {"1MB": 2**20, "64MB": 64 * 2**20, "512MB": 512 * 2**20}
+#: backend name in results → the transfer backend the receiver is told to use
+BACKENDS = {"shm": "shm", "gloo": "dist", "zmq": "zmq"}
+
+
+async def bandwidth(ctl: Controller, sizes: dict[str, int], repeats: int) -> dict[str, float]:
+    src, dst = await asyncio.gather(ctl.role("src"), ctl.role("dst"))
+    await ctl.form_data_plane("gloo")
+    out: dict[str, float] = {}
+    for label, nbytes in sizes.items():
+        copy = await dst.memcpy.call_one(0, nbytes, repeats)
+        out[f"memcpy_{label}_GBps"] = nbytes / statistics.median(copy) / 1e9
+        handle = await src.tensor.call_one(0, nbytes)
+        for name, backend in BACKENDS.items():
+            timed = await dst.timed_pull.call_one(0, handle, backend, repeats)
+            out[f"{name}_{label}_GBps"] = nbytes / statistics.median(timed["seconds"]) / 1e9
+        del handle
+        ctl.free_now()
+    return out
+
+
+async def reshard(ctl: Controller, rounds: int) -> dict[str, float]:
+    two, one = await asyncio.gather(ctl.role("two"), ctl.role("one"))
+    rows = list(range(64))
+    to_one, to_two = [], []
+    for _ in range(rounds):
+        batch = await two.make(rows, width=1024)
+        t = time.perf_counter()
+        batch = await one.reshard(batch)
+        to_one.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        batch = await two.reshard(batch)
+        to_two.append(time.perf_counter() - t)
+    seen = await two.inspect(batch)
+    assert [r["id"] for r in seen] == rows, "row order changed in resharding"
+    return {
+        "reshard_dp2_to_dp1_ms": statistics.median(to_one) * 1e3,
+        "reshard_dp1_to_dp2_ms": statistics.median(to_two) * 1e3,
+        "reshard_batch_bytes": float(batch.nbytes),
+    }
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    key = new_key()
+    sizes = {k: v for k, v in SIZES.items() if k in args.sizes}
+    specs = expand("src", 1, "probe") + expand("dst", 1, "probe") + expand("two", 2, "probe") + expand("one", 1, "probe")
+    async with Controller("tcp://127.0.0.1:0", key) as ctl:
+        launcher = LocalLauncher(log_level="warning")
+        await launcher.start(specs, controller=ctl.address, key=key, on_exit=ctl.mark_gone)
+        try:
+            figures = await bandwidth(ctl, sizes, args.repeats)
+            figures.update(await reshard(ctl, args.repeats))
+            bulk = ctl.stats()["controller_bulk_bytes"]
+        finally:
+            await ctl.shutdown_daemons()
+            await launcher.stop()
+    return {**{k: round(v, 3) for k, v in figures.items()}, "controller_bulk_bytes": bulk}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hfrt bench transfer", description=__doc__)
+    p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES), help="tensor sizes to measure")
+    p.add_argument("--repeats", type=int, default=5, help="transfers per size and backend (the median is reported)")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
+    p.add_argument("--out", help="also write the JSON result to this file")
+    args = p.parse_args(argv)
+    configure_logging("warning")
+    result: dict[str, Any] = run(measure(args))
+    for label in SIZES:
+        if f"memcpy_{label}_GBps" in result:
+            result[f"shm_vs_memcpy_{label}"] = round(result[f"shm_{label}_GBps"] / result[f"memcpy_{label}_GBps"], 2)
+    result.update(cpus=os.cpu_count(), python=platform.python_version(), date=time.strftime("%Y-%m-%d"))
+    print(f"{'size':<8}" + "".join(f"{n:>12}" for n in ("memcpy", *BACKENDS)) + "   GB/s")
+    for label in SIZES:
+        if f"memcpy_{label}_GBps" in result:
+            row = [result[f"{n}_{label}_GBps"] for n in ("memcpy", *BACKENDS)]
+            print(f"{label:<8}" + "".join(f"{v:>12.2f}" for v in row))
+    print(f"shm / in-process copy at 64MB: {result.get('shm_vs_memcpy_64MB', 'n/a')}×  (target ≥ 0.6)")
+    print(f"reshard 64 rows DP2→DP1: {result['reshard_dp2_to_dp1_ms']:.1f} ms, DP1→DP2: {result['reshard_dp1_to_dp2_ms']:.1f} ms")
+    print(f"bytes through the controller: {result['controller_bulk_bytes']}  (target 0)")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
