@@ -43,7 +43,7 @@ def test_long_keys_are_hashed_as_rfc2104_says() -> None:
 def test_tampering_with_any_frame_breaks_the_signature() -> None:
     wire = Wire(new_key())
     frames = wire.pack(Call(1, "x", [OutOfBand(b"payload")], {}, True))
-    tampered_body = [frames[0][:-1] + b"\x00", frames[1]]
+    tampered_body = [frames[0][:-1] + bytes([frames[0][-1] ^ 1]), frames[1]]
     tampered_buffer = [frames[0], b"PAYLOAD"]
     other_key = Wire(new_key()).pack(Call(1, "x", [], {}, True))
     for bad in (tampered_body, tampered_buffer, other_key, [b"short"], []):
@@ -118,6 +118,6 @@ def test_data_plane_wire_signs_body_and_buffer_lengths_but_not_bytes() -> None:
     with pytest.raises(BadSignature):
         plane.unpack([frames[0], b"longer tensor bytes"])  # lengths are
     with pytest.raises(BadSignature):
-        plane.unpack([frames[0][:-1] + b"\x00", frames[1]])  # and the body is
+        plane.unpack([frames[0][:-1] + bytes([frames[0][-1] ^ 1]), frames[1]])  # and the body is
     with pytest.raises(BadSignature):
         Wire(key).unpack(frames)  # the command plane always signs buffer bytes
