@@ -50,6 +50,11 @@ class ProbeDaemon(Daemon):
         return torch.arange(nbytes // 4, dtype=torch.float32).reshape(-1, 256) if nbytes >= 1024 else torch.ones(nbytes // 4)
 
     @endpoint
+    def cuda_tensor(self, nbytes: int) -> torch.Tensor:
+        """Like `tensor`, on this daemon's CUDA device (GPU tests)."""
+        return self.tensor(nbytes).cuda()
+
+    @endpoint
     def total(self, t: torch.Tensor) -> float:
         return float(t.double().sum())
 
@@ -57,7 +62,7 @@ class ProbeDaemon(Daemon):
     def timed_pull(self, handle: TensorHandle, backend: str | None = None, repeats: int = 3) -> dict[str, Any]:
         """Seconds to pull `handle` into a preallocated tensor here, per repeat, and the backend used."""
         plane = self.tensor_plane()
-        dest = torch.empty((handle.num_rows, *handle.shape[1:]), dtype=torch.float32)
+        dest = torch.empty((handle.num_rows, *handle.shape[1:]), dtype=torch.float32, device=handle.device)
         times = []
         for _ in range(repeats):
             start = time.perf_counter()

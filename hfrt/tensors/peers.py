@@ -2,6 +2,7 @@
 
 Backends, chosen per handle from where the owner is: `local` (this daemon's own store: a view, no
 copy), `shm` (same host, CPU: map the owner's /dev/shm file copy-on-write, no round trip),
+`cuda_ipc` (same host, GPU: open the owner's CUDA IPC handle and copy on the device),
 `dist` (a torch.distributed point-to-point over the data-plane group: gloo or NCCL), and `zmq`
 (bytes over the owner's data-plane socket, the fallback). `HFRT_TRANSFER` (or the `transfer`
 daemon option) forces one for testing. Every pull is counted per backend. It knows the store,
@@ -27,7 +28,7 @@ from .distplane import Group
 from .plane import host_id
 from .store import HandleError, TensorStore
 
-BACKENDS = ("local", "shm", "dist", "zmq")
+BACKENDS = ("local", "shm", "cuda_ipc", "dist", "zmq")
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class Peers:
             return "local"
         peer = self._peer(handle.owner)
         same_host = peer.host == self.host and handle.device == "cpu"
+        if peer.host == self.host and handle.device.startswith("cuda") and force is None:
+            return "cuda_ipc"
         if force is not None:
             if force not in BACKENDS:
                 raise ValueError(f"transfer backend must be one of {', '.join(BACKENDS)}, got {force!r}")
@@ -127,6 +130,19 @@ class Peers:
             if (dtype, shape, nbytes) != (h.dtype, h.shape, h.nbytes):
                 raise HandleError(f"handle {h.key!r} says {h.dtype}{list(h.shape)} but {owner} stores {dtype}{list(shape)}")
             out.append(shmfile.map_rows(path, shmfile.to_dtype(dtype), shape, h.row_range))
+        return out
+
+    def _pull_cuda_ipc(self, owner: str, handles: list[TensorHandle]) -> list[torch.Tensor]:
+        """Map the owner's CUDA memory through IPC handles and copy the rows into our own tensor
+        (the copy lets the owner free its tensor whenever the controller says so)."""
+        exports = self._request(owner, "ipc", handles, {})
+        out = []
+        for (share, offset, stride), h in zip(exports, handles, strict=True):
+            storage = torch.UntypedStorage._new_shared_cuda(*share)  # type: ignore[attr-defined]
+            whole = torch.empty(0, dtype=shmfile.to_dtype(h.dtype), device=storage.device)
+            whole.set_(storage, offset, h.shape, tuple(stride))
+            lo, hi = h.row_range
+            out.append(whole[lo:hi].clone())
         return out
 
     def _pull_zmq(self, owner: str, handles: list[TensorHandle]) -> list[torch.Tensor]:

@@ -57,6 +57,12 @@ def advertised_host(controller: str) -> str:
         return socket.gethostname()
 
 
+def cuda_ipc_export(tensor: torch.Tensor) -> list[Any]:
+    """What a same-host peer needs to map a CUDA tensor's memory: IPC handles (bytes) + layout."""
+    share = tensor.untyped_storage()._share_cuda_()  # type: ignore[attr-defined]
+    return [list(share), tensor.storage_offset(), list(tensor.stride())]
+
+
 class DataPlaneServer(threading.Thread):
     def __init__(self, owner: str, key: bytes, *, host: str, limits: Limits | None = None) -> None:
         super().__init__(name="hfrt-data-plane", daemon=True)
@@ -70,7 +76,7 @@ class DataPlaneServer(threading.Thread):
         self.address = f"tcp://{host}:{port}"
         self._stopping = threading.Event()
         self.sender: Any = None  # set when a distributed data-plane group exists (distplane.Group)
-        self.served: dict[str, int] = {"bytes": 0, "send": 0}
+        self.served: dict[str, int] = {"bytes": 0, "send": 0, "ipc": 0}
         self._log = get_logger(part="data-plane", owner=owner)
 
     def stop(self) -> None:
@@ -103,6 +109,8 @@ class DataPlaneServer(threading.Thread):
             tensors = [self.store.get(h) for h in handles]
             if msg.endpoint == "bytes":
                 value: Any = [as_bytes(t) for t in tensors]
+            elif msg.endpoint == "ipc":
+                value = [cuda_ipc_export(t) for t in tensors]
             elif msg.endpoint == "send":
                 if self.sender is None:
                     raise RuntimeError(f"{self.owner} has no distributed data-plane group")
