@@ -61,6 +61,13 @@ def advertise_host(cluster: ClusterSpec) -> str:
         return socket.getfqdn()
 
 
+def bind_host(cluster: ClusterSpec) -> str:
+    """The interface to listen on: the spec's, else loopback when every node is this machine."""
+    if cluster.controller.bind:
+        return cluster.controller.bind
+    return "127.0.0.1" if all(n.host in LOCAL_HOSTS for n in cluster.nodes) else "0.0.0.0"
+
+
 def advertised(bound: str, host: str) -> str:
     """tcp://0.0.0.0:PORT (what the controller bound) as tcp://HOST:PORT (what daemons dial)."""
     scheme, _, rest = bound.partition("://")
@@ -92,7 +99,7 @@ class ClusterSession:
         self.launch_id = new_launch_id(cluster)
         self.placed = place(cluster)
         self.controller = Controller(
-            f"tcp://{cluster.controller.bind}:{cluster.controller.port}", key, heartbeat_s=cluster.daemons.heartbeat_s
+            f"tcp://{bind_host(cluster)}:{cluster.controller.port}", key, heartbeat_s=cluster.daemons.heartbeat_s
         )
         self.launcher = launcher_for(
             cluster, self.placed, run_dir=run_dir, launch_id=self.launch_id, key_file=key_file,

@@ -5,7 +5,8 @@ Rank r of a role takes slot r of its pool (slots run node by node, device by dev
 colocated roles share devices rank for rank, and tensor-parallel groups stay inside a node when
 tp_size divides the devices per node. Each daemon's environment carries the torch.distributed
 rendezvous of its role group (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), HFRT_NODE and HFRT_DEVICE, and CUDA_VISIBLE_DEVICES on cuda nodes.
+MASTER_PORT), HFRT_NODE, HFRT_NODE_ADDR (the node's address from the spec, for data-plane
+sockets) and HFRT_DEVICE, and CUDA_VISIBLE_DEVICES on cuda nodes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .spec import ClusterSpec, Node, RolePlacement
 
 #: Environment set by placement; never secret, so launchers may put it on a command line.
 RENDEZVOUS_VARS = (
-    "HFRT_NODE", "HFRT_DEVICE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "HFRT_NODE", "HFRT_NODE_ADDR", "HFRT_DEVICE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
 )
 
@@ -70,7 +71,7 @@ def _place_role(cluster: ClusterSpec, role: RolePlacement, port: int) -> list[Pl
         seen[node_name] = local_rank + 1
         env = {"OMP_NUM_THREADS": str(role.cpus), "MKL_NUM_THREADS": str(role.cpus), **cluster.env, **role.env}
         env.update({
-            "HFRT_NODE": node.name, "HFRT_DEVICE": str(device),
+            "HFRT_NODE": node.name, "HFRT_NODE_ADDR": node.address, "HFRT_DEVICE": str(device),
             "RANK": str(rank), "WORLD_SIZE": str(role.world_size),
             "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(per_node[node_name]),
             "MASTER_ADDR": master.address, "MASTER_PORT": str(port),

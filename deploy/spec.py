@@ -105,10 +105,11 @@ class RolePlacement:
 @dataclass(frozen=True)
 class ControllerSettings:
     """host: address daemons dial ("" = this machine's route to the first node); bind: the
-    interface the controller listens on; port: 0 picks a free one."""
+    interface the controller listens on ("" = 127.0.0.1 when every node is this machine, else
+    0.0.0.0); port: 0 picks a free one."""
 
     host: str = ""
-    bind: str = "0.0.0.0"
+    bind: str = ""
     port: int = 0
 
 
@@ -380,7 +381,7 @@ def _controller(r: _Reader, raw: Any) -> ControllerSettings:
     port = r.get(t, "[controller]", "port", int, 0)
     if not 0 <= port < 65536:
         r.problem(f"[controller]: port {port} is out of range")
-    return ControllerSettings(r.get(t, "[controller]", "host", str, ""), r.get(t, "[controller]", "bind", str, "0.0.0.0"), port)
+    return ControllerSettings(r.get(t, "[controller]", "host", str, ""), r.get(t, "[controller]", "bind", str, ""), port)
 
 
 def _daemons(r: _Reader, raw: Any) -> DaemonSettings:

@@ -125,13 +125,15 @@ async def run_flow(
 
 async def stop_daemons(attach: Attach, wait_s: float = 10.0) -> list[str]:
     """Bind the attach address, wait for the daemons to check in, and shut them down."""
-    async with Controller(attach.bind_address, load_key(attach.key_file), heartbeat_s=attach.heartbeat_s) as ctl:
-        stopped = []
-        for role in attach.roles:
-            group = await ctl.role(role, timeout_s=wait_s)
-            stopped += [d.identity for d in group.daemons]
-        await ctl.shutdown_daemons("hfrt stop", wait_s=wait_s)
-    await run_cleanup(attach.cleanup)
+    try:
+        async with Controller(attach.bind_address, load_key(attach.key_file), heartbeat_s=attach.heartbeat_s) as ctl:
+            stopped = []
+            for role in attach.roles:
+                group = await ctl.role(role, timeout_s=wait_s)
+                stopped += [d.identity for d in group.daemons]
+            await ctl.shutdown_daemons("hfrt stop", wait_s=wait_s)
+    finally:
+        await run_cleanup(attach.cleanup)
     return stopped
 
 

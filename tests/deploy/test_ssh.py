@@ -45,6 +45,8 @@ identity = "{identity or sshd.identity}"
 strict_host_key_checking = "accept-new"
 known_hosts = "{sshd.known_hosts}"
 connect_timeout_s = 5
+[controller]
+bind = "0.0.0.0"
 [daemons]
 log_dir = "{tmp_path / 'node-logs'}"
 hello_timeout_s = 30
@@ -197,7 +199,10 @@ async def flow(ctl, config):
 
 
 @pytest.mark.slow
-async def test_ctrl_c_on_the_controller_stops_every_daemon_it_launched(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+async def test_ctrl_c_on_the_controller_stops_every_daemon_it_launched(
+    tmp_path: Path, sshd: Sshd, marker: str, sig: signal.Signals
+) -> None:
     flow = tmp_path / "hang.py"
     flow.write_text(HANG_FLOW)
     ready = tmp_path / "ready"
@@ -212,7 +217,7 @@ async def test_ctrl_c_on_the_controller_stops_every_daemon_it_launched(tmp_path:
             await asyncio.sleep(0.1)
         assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "flow never got its daemons"
         assert len(daemon_pids(marker)) == 2
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 130, err
         assert "interrupted; the daemons it launched were stopped" in err
