@@ -31,7 +31,7 @@ class LocalLauncher:
     def __init__(
         self,
         *,
-        heartbeat_s: float = 1.0,
+        heartbeat_s: float = 2.0,
         orphan_timeout_s: float = 30.0,
         log_level: str = "warning",
         log_dir: str | Path | None = None,

@@ -98,6 +98,11 @@ class Channel:
         self._loop.add_reader(self._fd, self._drain)
         self._schedule_drain()
 
+    def drain_now(self) -> None:
+        """Read and hand over every message already waiting (normally the loop's reader does)."""
+        if not self._closed and not self._draining:
+            self._drain()
+
     def has_input(self) -> bool:
         """True when a message is waiting to be read."""
         return readable(self.socket)

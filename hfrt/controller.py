@@ -98,7 +98,7 @@ class Controller:
         address: str,
         key: bytes,
         *,
-        heartbeat_s: float = 1.0,
+        heartbeat_s: float = 2.0,
         limits: Limits | None = None,
         default_timeout_s: float | None = None,
     ) -> None:
@@ -485,9 +485,23 @@ class Controller:
     # -- liveness -----------------------------------------------------------------------------
 
     async def _watch_liveness(self) -> None:
-        """Declare daemons dead after DEAD_AFTER silent heartbeat intervals (runs until close)."""
+        """Declare daemons dead after DEAD_AFTER silent heartbeat intervals (runs until close).
+
+        Before judging, it reads whatever is already waiting on the socket, and it skips a round in
+        which it woke up late itself: when this process was busy, heartbeats that did arrive may not
+        have been read yet, and that is not a daemon's fault.
+        """
+        period = self.heartbeat_s / CHECKS_PER_INTERVAL
+        expected = self._loop.time() + period
         while True:
-            await asyncio.sleep(self.heartbeat_s / CHECKS_PER_INTERVAL)
+            await asyncio.sleep(period)
+            now = self._loop.time()
+            late = now - expected > 0.5 * self.heartbeat_s
+            expected = now + period
+            if self._channel is not None:
+                self._channel.drain_now()
+            if late:
+                continue
             now = self._loop.time()
             limit = DEAD_AFTER * self.heartbeat_s
             for info in list(self._daemons.values()):

@@ -36,7 +36,7 @@ class Attach:
     address: str
     key_file: str
     roles: dict[str, int]
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = 2.0
     bind: str = ""
     cleanup: list[list[str]] = field(default_factory=list)
 
@@ -46,7 +46,7 @@ class Attach:
         try:
             data = json.loads(p.read_text())
             return cls(
-                str(data["address"]), str(data["key_file"]), dict(data["roles"]), float(data.get("heartbeat_s", 1.0)),
+                str(data["address"]), str(data["key_file"]), dict(data["roles"]), float(data.get("heartbeat_s", 2.0)),
                 str(data.get("bind", "")), [[str(a) for a in c] for c in data.get("cleanup", [])],
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -87,7 +87,7 @@ async def run_flow(
     roles: dict[str, dict[str, Any]] | None = None,
     attach: Attach | None = None,
     keep_daemons: bool = False,
-    heartbeat_s: float = 1.0,
+    heartbeat_s: float = 2.0,
     orphan_timeout_s: float = 30.0,
 ) -> dict[str, Any]:
     """Run `flow` once and return its summary (plus where things are)."""

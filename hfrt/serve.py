@@ -65,7 +65,7 @@ class ServeConfig:
     """
 
     controller: str
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = 2.0
     orphan_timeout_s: float = 60.0
     shutdown_grace_s: float = 5.0
     limits: Limits = field(default_factory=Limits)

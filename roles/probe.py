@@ -39,11 +39,17 @@ class ProbeDaemon(Daemon):
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def inspect(self, batch: Batch) -> list[dict[str, Any]]:
-        """One summary per row received: what this rank saw."""
+        """One summary per row received: what this rank saw (also kept for `last_seen`)."""
+        self.seen = batch["ids"].tolist()
         return [
             {"rank": self.context.rank, "id": int(i), "x0": float(batch["x"][n, 0]), "text": batch["text"][n]}
             for n, i in enumerate(batch["ids"].tolist())
         ]
+
+    @endpoint
+    def last_seen(self) -> list[int]:
+        """Row ids of the batch the last `inspect` call received on this rank."""
+        return list(getattr(self, "seen", []))
 
     @endpoint
     def tensor(self, nbytes: int) -> torch.Tensor:

@@ -105,6 +105,7 @@ class FakeController:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind("tcp://127.0.0.1:0")
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.pending: list[tuple[bytes, list[bytes]]] = []
 
     def start_daemon(self, *extra: str) -> subprocess.Popen[bytes]:
         env = dict(os.environ, HFRT_KEY=self.key.hex())
@@ -120,9 +121,13 @@ class FakeController:
         """Next message from any peer, answering heartbeats along the way."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if not self.sock.poll(100):
-                continue
-            ident, *frames = self.sock.recv_multipart()
+            if not self.pending:
+                if not self.sock.poll(100):
+                    continue
+                ident, *frames = self.sock.recv_multipart()
+                batch = frames[1:] if frames[0] == b"" else [frames]  # [b"", m1, m2, ...] is a batch
+                self.pending.extend((ident, [m] if isinstance(m, bytes) else m) for m in batch)
+            ident, frames = self.pending.pop(0)
             msg = self.wire.unpack(frames)
             if isinstance(msg, Heartbeat):
                 self.sock.send_multipart([ident, *self.wire.pack(Heartbeat("fake", msg.seq, 0.0))])

@@ -137,3 +137,14 @@ async def test_bad_handles_get_clear_errors_and_the_daemon_keeps_serving() -> No
         assert await b.total.call_one(0, good) == float(sum(range(1024)))
         del good
         gc.collect()
+
+
+async def test_tensor_parallel_replicas_receive_the_same_rows() -> None:
+    specs = probes(src=1) + [dataclasses.replace(s, dp_size=2) for s in probes(tp=4)]
+    async with local_cluster(specs) as (ctl, _):
+        src, tp = await asyncio.gather(ctl.role("src"), ctl.role("tp"))
+        batch = await src.make(list(range(8)))
+        collected = await tp.inspect(batch)  # split dispatch: one answer per data-parallel rank
+        assert [r["id"] for r in collected] == list(range(8))
+        assert [r["rank"] for r in collected] == [0] * 4 + [2] * 4
+        assert await tp.last_seen.call() == [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
