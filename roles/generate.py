@@ -22,6 +22,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from .engines.base import default_device
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -134,12 +136,21 @@ class HFGenerationEngine:
     """Sampling with a KV cache on a plain transformers causal LM.
 
     `model` is either the training module itself (share_weights=True: nothing to push, sleep
-    frees nothing) or a private copy whose parameters are pushed per bucket and freed by sleep.
+    frees nothing) or a private copy, moved to `device` (default: this rank's CUDA device, else
+    the CPU), whose parameters are pushed per bucket and freed by sleep.
     """
 
     def __init__(
-        self, model: nn.Module, *, pad_token_id: int, eos_token_id: int | None, share_weights: bool = False
+        self,
+        model: nn.Module,
+        *,
+        pad_token_id: int,
+        eos_token_id: int | None,
+        share_weights: bool = False,
+        device: torch.device | None = None,
     ) -> None:
+        if not share_weights:  # a private copy lives where training does (the CUDA device if any)
+            model.to(device or default_device())
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id

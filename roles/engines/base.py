@@ -306,7 +306,8 @@ class TrainEngine(ABC):
         self._zero_grad()
         total = torch.zeros((), dtype=torch.float64)
         extra: dict[str, float] = {}
-        for mb in micro:
+        for cpu_mb in micro:
+            mb = {k: v.to(self.device) for k, v in cpu_mb.items()}  # the loss reads its columns here
             with self._autocast():
                 out = model_forward(
                     module,

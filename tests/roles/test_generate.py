@@ -76,6 +76,6 @@ def test_sleep_frees_a_private_copy_and_wake_plus_push_restores_it() -> None:
     gen.wake()
     gen.load_weights(source.named_parameters())
     for (name, a), b in zip(source.named_parameters(), copy.parameters(), strict=True):
-        assert torch.equal(a, b), name
+        assert torch.equal(a, b.cpu()), name
     with pytest.raises(KeyError, match="no parameter"):
         gen.load_weights([("not.a.weight", torch.zeros(1))])
