@@ -5,7 +5,7 @@ nothing of algorithms.
 
 from __future__ import annotations
 
-from .base import DaemonSpec, LaunchError, Launcher, OnExit
+from .base import DaemonSpec, Launcher, LaunchError, OnExit
 from .local import LocalLauncher
 from .placement import Placed, place
 from .spec import ClusterSpec, SpecError, load_spec, parse_spec

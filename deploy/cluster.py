@@ -18,7 +18,7 @@ from hfrt.controller import Controller
 from hfrt.errors import DaemonGone, ProtocolMismatch
 from hfrt.log import get_logger
 
-from .base import LaunchError, Launcher
+from .base import Launcher, LaunchError
 from .local import LocalLauncher
 from .placement import Placed, place
 from .spec import LOCAL_HOSTS, ClusterSpec

@@ -257,7 +257,7 @@ class SlurmLauncher:
             raise LaunchError(
                 f"slurm job {self.job_id} has hosts {hosts}, the spec needs {len(self.cluster.nodes)}: {err}{err2}".strip()
             )
-        self.hosts = {n.name: h for n, h in zip(self.cluster.nodes, hosts)}
+        self.hosts = {n.name: h for n, h in zip(self.cluster.nodes, hosts, strict=False)}
 
     def _host(self, p: Placed) -> str:
         return self.hosts.get(p.node.name, p.node.host)

@@ -37,7 +37,7 @@ exec 3<&0
 IFS= read -r HFRT_KEY || {{ echo "hfrt: no cluster key on stdin" >&2; exit 97; }}
 export HFRT_KEY
 while IFS= read -r kv && [ -n "$kv" ]; do export "$kv"; done
-mkdir -p {log_dir} || exit 98
+mkdir -p {log_dir} && : >>{log} || exit 98
 {workdir_cd}
 {command} </dev/null >>{log} 2>&1 3<&- &
 pid=$!

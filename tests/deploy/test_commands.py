@@ -7,8 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
-from hfrt.deploy import parse_spec, place
+from hfrt.deploy import ClusterSpec, parse_spec, place
 from hfrt.deploy.cluster import advertised
 from hfrt.deploy.slurm import SlurmLauncher
 from hfrt.deploy.ssh import SshLauncher
@@ -44,7 +43,7 @@ cpus = 2
 """
 
 
-def cluster(launcher: str, pin: bool = True):
+def cluster(launcher: str, pin: bool = True) -> ClusterSpec:
     return parse_spec(tomllib.loads(SPEC.format(launcher=launcher, pin=str(pin).lower())), "t.toml")
 
 

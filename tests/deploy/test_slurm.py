@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-
 from hfrt.deploy import LaunchError, load_spec
+
 from hfrt.flows import load_flow
 from hfrt.run import run_on_cluster
 from tests.deploy.conftest import Slurm, daemon_pids, squeue_names
@@ -55,7 +57,7 @@ def assert_nothing_left(marker: str) -> None:
     assert squeue_names(f"hfrt-{marker}") == [], "jobs or steps left in the queue"
 
 
-async def run_ping(spec: Path, run_dir: Path) -> dict:
+async def run_ping(spec: Path, run_dir: Path) -> dict[str, Any]:
     return await run_on_cluster(load_flow("ping"), load_spec(spec), run_dir=run_dir, config={"rounds": 20})
 
 
@@ -66,7 +68,7 @@ async def launch_error(spec: Path, run_dir: Path) -> str:
 
 
 @pytest.fixture
-def allocation(slurm: Slurm, marker: str):
+def allocation(slurm: Slurm, marker: str) -> Iterator[str]:
     """A two-CPU allocation made the way a user's salloc would; cancelled at teardown."""
     out = subprocess.run(["salloc", "--no-shell", "-n2", f"--job-name=user-{marker}"], capture_output=True, text=True, timeout=30)
     job = out.stderr.split("allocation")[-1].strip()

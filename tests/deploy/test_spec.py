@@ -7,8 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
-from hfrt.deploy import SpecError, load_spec, parse_spec, place
+from hfrt.deploy import ClusterSpec, SpecError, load_spec, parse_spec, place
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,7 +28,7 @@ device_type = "cuda"
 """
 
 
-def spec(text: str):
+def spec(text: str) -> ClusterSpec:
     return parse_spec(tomllib.loads(text), "test.toml")
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from hfrt.deploy import LaunchError, load_spec
+
 from hfrt.flows import Flow, load_flow
 from hfrt.run import run_on_cluster
 from tests.deploy.conftest import Sshd, daemon_pids, free_port
@@ -215,7 +215,9 @@ async def test_ctrl_c_on_the_controller_stops_every_daemon_it_launched(
         deadline = time.monotonic() + 30
         while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        assert ready.exists(), proc.stderr.read() if proc.poll() is not None else "flow never got its daemons"
+        if not ready.exists():
+            _, err = proc.communicate(timeout=10) if proc.poll() is not None else ("", "flow never got its daemons")
+            pytest.fail(err)
         assert len(daemon_pids(marker)) == 2
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
