@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -22,13 +19,14 @@ from collections import deque
 from typing import Any
 
 import zmq
-
-from hfrt.controller import Controller
+from hfrt.bench.common import add_output_flags, emit, machine
 from hfrt.deploy.base import expand
 from hfrt.deploy.local import LocalLauncher
+from hfrt.protocols import Call, Wire, new_key
+
+from hfrt.controller import Controller
 from hfrt.log import configure as configure_logging
 from hfrt.loop import loop_factory, run
-from hfrt.protocols import Call, Wire, new_key
 
 #: Sync REQ/REP echo: the physical reference.
 RAW_SERVER = """
@@ -232,8 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inflight", type=int, default=64, help="calls in flight for the throughput measurement")
     p.add_argument("--duration", type=float, default=3.0, help="seconds of pipelined calls")
     p.add_argument("--no-ray", action="store_true", help="skip the Ray reference even if Ray is installed")
-    p.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
-    p.add_argument("--out", help="also write the JSON result to this file")
+    add_output_flags(p)
     args = p.parse_args(argv)
     configure_logging("warning")
 
@@ -250,9 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         "payload_bytes": len(payload()),
         "transport": "tcp loopback",
         "event_loop": "uvloop" if loop_factory() else "asyncio",
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d"),
+        **machine(),
     }
     rows = [
         ("hfrt no-op round trip p50", result["hfrt_p50_us"], "µs"),
@@ -269,12 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for name, value, unit in rows:
         print(f"{name:<40} {value!s:>12} {unit}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-    if args.json:
-        print(json.dumps(result))
+    emit(result, args)
     return 0
 
 

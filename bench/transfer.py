@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 from typing import Any
 
-from hfrt.controller import Controller
+from hfrt.bench.common import add_output_flags, emit, machine
 from hfrt.deploy.base import expand
 from hfrt.deploy.local import LocalLauncher
+from hfrt.protocols import new_key
+
+from hfrt.controller import Controller
 from hfrt.log import configure as configure_logging
 from hfrt.loop import run
-from hfrt.protocols import new_key
 
 SIZES = {"1MB": 2**20, "64MB": 64 * 2**20, "512MB": 512 * 2**20}
 #: backend name in results → the transfer backend the receiver is told to use
@@ -89,15 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hfrt bench transfer", description=__doc__)
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES), help="tensor sizes to measure")
     p.add_argument("--repeats", type=int, default=5, help="transfers per size and backend (the median is reported)")
-    p.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
-    p.add_argument("--out", help="also write the JSON result to this file")
+    add_output_flags(p)
     args = p.parse_args(argv)
     configure_logging("warning")
     result: dict[str, Any] = run(measure(args))
     for label in SIZES:
         if f"memcpy_{label}_GBps" in result:
             result[f"shm_vs_memcpy_{label}"] = round(result[f"shm_{label}_GBps"] / result[f"memcpy_{label}_GBps"], 2)
-    result.update(cpus=os.cpu_count(), python=platform.python_version(), date=time.strftime("%Y-%m-%d"))
+    result.update(machine())
     print(f"{'size':<8}" + "".join(f"{n:>12}" for n in ("memcpy", *BACKENDS)) + "   GB/s")
     for label in SIZES:
         if f"memcpy_{label}_GBps" in result:
@@ -106,12 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"shm / in-process copy at 64MB: {result.get('shm_vs_memcpy_64MB', 'n/a')}×  (target ≥ 0.6)")
     print(f"reshard 64 rows DP2→DP1: {result['reshard_dp2_to_dp1_ms']:.1f} ms, DP1→DP2: {result['reshard_dp1_to_dp2_ms']:.1f} ms")
     print(f"bytes through the controller: {result['controller_bulk_bytes']}  (target 0)")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-    if args.json:
-        print(json.dumps(result))
+    emit(result, args)
     return 0
 
 
