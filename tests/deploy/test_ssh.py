@@ -198,31 +198,52 @@ async def flow(ctl, config):
 '''
 
 
+def start_hanging_controller(tmp_path: Path, sshd: Sshd, marker: str) -> subprocess.Popen[str]:
+    """`hfrt controller --cluster` running a flow that holds its daemons until killed."""
+    flow = tmp_path / "hang.py"
+    flow.write_text(HANG_FLOW)
+    return subprocess.Popen(
+        [sys.executable, "-m", "hfrt", "controller", "--cluster", str(ssh_spec(tmp_path, sshd, marker)),
+         "--flow", str(flow), "--set", f"ready={tmp_path / 'ready'}", "--run-dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+async def wait_until_ready(proc: subprocess.Popen[str], ready: Path, marker: str) -> None:
+    deadline = time.monotonic() + 30
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    if not ready.exists():
+        _, err = proc.communicate(timeout=10) if proc.poll() is not None else ("", "flow never got its daemons")
+        pytest.fail(err)
+    assert len(daemon_pids(marker)) == 2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 async def test_ctrl_c_on_the_controller_stops_every_daemon_it_launched(
     tmp_path: Path, sshd: Sshd, marker: str, sig: signal.Signals
 ) -> None:
-    flow = tmp_path / "hang.py"
-    flow.write_text(HANG_FLOW)
-    ready = tmp_path / "ready"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hfrt", "controller", "--cluster", str(ssh_spec(tmp_path, sshd, marker)),
-         "--flow", str(flow), "--set", f"ready={ready}", "--run-dir", str(tmp_path / "run")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    proc = start_hanging_controller(tmp_path, sshd, marker)
     try:
-        deadline = time.monotonic() + 30
-        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        if not ready.exists():
-            _, err = proc.communicate(timeout=10) if proc.poll() is not None else ("", "flow never got its daemons")
-            pytest.fail(err)
-        assert len(daemon_pids(marker)) == 2
+        await wait_until_ready(proc, tmp_path / "ready", marker)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 130, err
         assert "interrupted; the daemons it launched were stopped" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_nothing_left(marker, sshd)
+
+
+async def test_a_killed_controller_leaves_no_daemons_behind(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+    proc = start_hanging_controller(tmp_path, sshd, marker)
+    try:
+        await wait_until_ready(proc, tmp_path / "ready", marker)
+        proc.kill()  # no clean-up code runs: ssh's stdin closes and the node-side wrappers stop the daemons
+        proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
