@@ -198,7 +198,7 @@ def test_user_env_stays_apart_from_the_rendezvous_env() -> None:
 
 
 def test_readme_cluster_examples_are_valid_specs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hfrt import roles
+    import hfrt.roles as roles
 
     for name in ("actor", "critic", "reference", "reward"):  # the role daemons issue 5 registers
         monkeypatch.setitem(roles.BUILTIN, name, roles.BUILTIN.get(name, f"hfrt.roles.{name}:Daemon"))
