@@ -127,3 +127,19 @@ def test_deepspeed_zero_two_ranks_match_one_process(tmp_path: Path, reference: t
     if stage == 3:
         for res in results:
             assert res["after_load"]["loss"] == pytest.approx(res["after_save"]["loss"], abs=1e-7)
+
+
+def test_critic_step_fits_returns() -> None:
+    from hfrt.algos import value_loss
+
+    model = load_model(ModelConfig("tiny", value_head=True))
+    engine = build_train_engine(model, EngineConfig(backend="local", optim=OptimConfig(lr=3e-3)))
+    batch = make_batch(model.backbone.config.vocab_size)
+    batch["returns"] = torch.ones_like(batch["advantages"])
+    batch["old_values"] = engine.forward_values(batch)
+
+    def critic_loss(out, mb, scale):  # type: ignore[no-untyped-def]
+        return value_loss(out.values, mb["returns"], mb["old_values"], mb["response_mask"], 10.0, scale=scale)
+
+    losses = [engine.step(critic_loss, batch, micro_batch_size=4)["loss"] for _ in range(5)]
+    assert losses[-1] < losses[0]

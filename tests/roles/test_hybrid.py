@@ -64,3 +64,17 @@ def test_peak_rss_sees_a_transient_allocation() -> None:
         block = torch.ones(256 * 2**20 // 4)  # 256 MiB, touched
         del block
     assert peak.peak_mb - start > 128
+
+
+def test_transition_figures_for_the_tiny_preset() -> None:
+    from hfrt.roles.transition import measure_transition
+
+    figures = measure_transition("tiny", repeats=2)
+    assert set(figures) == {
+        "tiny_to_generate_s",
+        "tiny_to_train_s",
+        "tiny_weights_copy_s",
+        "tiny_peak_rss_mb",
+        "tiny_weights_mb",
+    }
+    assert all(value > 0 for value in figures.values())
