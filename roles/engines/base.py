@@ -345,7 +345,8 @@ class TrainEngine(ABC):
 
     # ---- weights for generation
     def state_dict_for_generation(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Full (unsharded) parameters, one decoder block (or the rest) per item, HF names.
+        """Full (unsharded) parameters, one decoder block (or the rest) per item, HF names,
+        in the compute dtype (bf16 under bf16 mixed precision on FSDP2 / DeepSpeed).
 
         Collective on sharded backends: every rank must exhaust the iterator. Tensors may be
         views of temporary gather buffers, valid only until the next item is requested: copy
