@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .reader import Reader, SpecError
+
 LAUNCHERS = ("local", "ssh", "slurm")
 DEVICE_TYPES = ("cpu", "cuda")
 HOST_KEY_CHECKING = ("yes", "no", "accept-new")
@@ -52,15 +54,6 @@ SLURM_MODES = ("auto", "srun", "sbatch")
 DEFAULT_POOL = "all"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class SpecError(ValueError):
-    """The spec is malformed or asks for something the cluster cannot hold; lists every problem."""
-
-    def __init__(self, where: str, problems: list[str]) -> None:
-        self.where = where
-        self.problems = problems
-        super().__init__(f"{where}: " + (problems[0] if len(problems) == 1 else "\n  - " + "\n  - ".join(problems)))
 
 
 @dataclass(frozen=True)
@@ -148,7 +141,7 @@ class SlurmSettings:
 class DaemonSettings:
     """How every daemon behaves: heartbeats, orphan exit, how long launch waits for hello, logs."""
 
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = 2.0
     orphan_timeout_s: float = 60.0
     hello_timeout_s: float = 120.0
     log_level: str = "info"
@@ -204,7 +197,7 @@ def load_spec(path: str | Path) -> ClusterSpec:
 
 def parse_spec(data: dict[str, Any], source: str = "<spec>") -> ClusterSpec:
     """Validate a spec given as a dict (the parsed TOML); collects every problem before raising."""
-    r = _Reader(source)
+    r = Reader(source)
     top = r.section(data, "top level", {
         "name", "launcher", "python", "workdir", "env", "controller", "daemons", "ssh", "slurm",
         "nodes", "pools", "roles",
@@ -241,7 +234,7 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 # -- sections ---------------------------------------------------------------------------------
 
 
-def _nodes(r: _Reader, raw: Any) -> tuple[Node, ...]:
+def _nodes(r: Reader, raw: Any) -> tuple[Node, ...]:
     if not isinstance(raw, list) or not raw:
         r.problem("no nodes: add at least one [[nodes]] table with name and devices")
         return ()
@@ -269,7 +262,7 @@ def _nodes(r: _Reader, raw: Any) -> tuple[Node, ...]:
     return tuple(nodes)
 
 
-def _pools(r: _Reader, raw: Any, nodes: tuple[Node, ...]) -> dict[str, Pool]:
+def _pools(r: Reader, raw: Any, nodes: tuple[Node, ...]) -> dict[str, Pool]:
     if raw is None:
         return {DEFAULT_POOL: Pool(DEFAULT_POOL, tuple((n.name, d) for n in nodes for d in range(n.devices)))}
     pools: dict[str, Pool] = {}
@@ -297,7 +290,7 @@ def _pools(r: _Reader, raw: Any, nodes: tuple[Node, ...]) -> dict[str, Pool]:
     return pools
 
 
-def _roles(r: _Reader, raw: Any, pools: dict[str, Pool]) -> dict[str, RolePlacement]:
+def _roles(r: Reader, raw: Any, pools: dict[str, Pool]) -> dict[str, RolePlacement]:
     from hfrt.roles import BUILTIN
 
     if not isinstance(raw, dict) or not raw:
@@ -322,7 +315,7 @@ def _roles(r: _Reader, raw: Any, pools: dict[str, Pool]) -> dict[str, RolePlacem
     return roles
 
 
-def _role_pool(r: _Reader, t: dict[str, Any], where: str, pools: dict[str, Pool]) -> str:
+def _role_pool(r: Reader, t: dict[str, Any], where: str, pools: dict[str, Pool]) -> str:
     default = next(iter(pools)) if len(pools) == 1 else ""
     pool = r.get(t, where, "pool", str, default)
     if not pool:
@@ -333,7 +326,7 @@ def _role_pool(r: _Reader, t: dict[str, Any], where: str, pools: dict[str, Pool]
 
 
 def _sizes(
-    r: _Reader, t: dict[str, Any], where: str, name: str, pool: str, impl: str, pools: dict[str, Pool]
+    r: Reader, t: dict[str, Any], where: str, name: str, pool: str, impl: str, pools: dict[str, Pool]
 ) -> RolePlacement:
     tp, pp = r.get(t, where, "tp_size", int, 1), r.get(t, where, "pp_size", int, 1)
     dp = r.get(t, where, "dp_size", int, 0)
@@ -363,7 +356,7 @@ def _per_node(pool: Pool) -> str:
     return ", ".join(f"{n}: {c}" for n, c in counts.items())
 
 
-def _check_overlaps(r: _Reader, pools: dict[str, Pool]) -> None:
+def _check_overlaps(r: Reader, pools: dict[str, Pool]) -> None:
     names = sorted(pools)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
@@ -376,7 +369,7 @@ def _check_overlaps(r: _Reader, pools: dict[str, Pool]) -> None:
                 )
 
 
-def _controller(r: _Reader, raw: Any) -> ControllerSettings:
+def _controller(r: Reader, raw: Any) -> ControllerSettings:
     t = r.section(raw, "[controller]", {"host", "bind", "port"})
     port = r.get(t, "[controller]", "port", int, 0)
     if not 0 <= port < 65536:
@@ -384,7 +377,7 @@ def _controller(r: _Reader, raw: Any) -> ControllerSettings:
     return ControllerSettings(r.get(t, "[controller]", "host", str, ""), r.get(t, "[controller]", "bind", str, ""), port)
 
 
-def _daemons(r: _Reader, raw: Any) -> DaemonSettings:
+def _daemons(r: Reader, raw: Any) -> DaemonSettings:
     w = "[daemons]"
     t = r.section(raw, w, {"heartbeat_s", "orphan_timeout_s", "hello_timeout_s", "log_level", "log_dir", "master_port", "torch_threads"})
     d = DaemonSettings()
@@ -399,7 +392,7 @@ def _daemons(r: _Reader, raw: Any) -> DaemonSettings:
     return out
 
 
-def _ssh(r: _Reader, raw: Any) -> SshSettings:
+def _ssh(r: Reader, raw: Any) -> SshSettings:
     w = "[ssh]"
     t = r.section(raw, w, {
         "user", "port", "identity", "strict_host_key_checking", "known_hosts", "connect_timeout_s", "options",
@@ -414,7 +407,7 @@ def _ssh(r: _Reader, raw: Any) -> SshSettings:
     )
 
 
-def _slurm(r: _Reader, raw: Any) -> SlurmSettings:
+def _slurm(r: Reader, raw: Any) -> SlurmSettings:
     w = "[slurm]"
     t = r.section(raw, w, {
         "mode", "partition", "account", "time", "job_id", "pin_nodes", "sbatch_args", "srun_args", "start_timeout_s",
@@ -428,7 +421,7 @@ def _slurm(r: _Reader, raw: Any) -> SlurmSettings:
     )
 
 
-def _env(r: _Reader, raw: Any, where: str) -> dict[str, str]:
+def _env(r: Reader, raw: Any, where: str) -> dict[str, str]:
     if not isinstance(raw, dict):
         r.problem(f"{where}: must be a table of NAME = \"value\"")
         return {}
@@ -441,50 +434,3 @@ def _env(r: _Reader, raw: Any, where: str) -> dict[str, str]:
         else:
             out[key] = str(value)
     return out
-
-
-# -- reading with collected problems ----------------------------------------------------------
-
-
-class _Reader:
-    """Reads typed keys out of parsed TOML, collecting problems instead of stopping at the first."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.problems: list[str] = []
-
-    def problem(self, text: str) -> None:
-        self.problems.append(text)
-
-    def raise_if_any(self) -> None:
-        if self.problems:
-            raise SpecError(self.source, self.problems)
-
-    def section(self, raw: Any, where: str, known: set[str] | None) -> dict[str, Any]:
-        if not isinstance(raw, dict):
-            self.problem(f"{where}: must be a table, got {type(raw).__name__}")
-            return {}
-        if known is not None:
-            for key in sorted(set(raw) - known):
-                self.problem(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
-        return raw
-
-    def get(self, t: dict[str, Any], where: str, key: str, kind: Any, default: Any) -> Any:
-        if key not in t:
-            return default
-        value = t[key]
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if not ok:
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            self.problem(f"{where}: {key} must be {names}, got {value!r}")
-            return default
-        return value
-
-    def choice(self, t: dict[str, Any], where: str, key: str, allowed: tuple[str, ...], default: str) -> str:
-        value = self.get(t, where, key, str, default)
-        if value not in allowed:
-            self.problem(f"{where}: {key} = {value!r} is not one of {', '.join(allowed)}")
-            return default
-        return str(value)

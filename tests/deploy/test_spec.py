@@ -117,7 +117,7 @@ def test_more_ranks_than_devices_is_refused_with_the_pool_size() -> None:
 
 def test_unknown_role_implementation_is_refused() -> None:
     text = problems(TWO_NODES + "[roles.actr]\nworld_size = 2\n")
-    assert "unknown role 'actr'" in text and "built-in: echo" in text
+    assert "unknown role 'actr': no built-in implementation 'actr' (built-in: " in text and "echo" in text
     assert spec(TWO_NODES + '[roles.actr]\nimpl = "my.module:Actor"\n').roles["actr"].impl == "my.module:Actor"
 
 
