@@ -5,8 +5,9 @@ Rank r of a role takes slot r of its pool (slots run node by node, device by dev
 colocated roles share devices rank for rank, and tensor-parallel groups stay inside a node when
 tp_size divides the devices per node. Each daemon's environment carries the torch.distributed
 rendezvous of its role group (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), HFRT_NODE, HFRT_NODE_ADDR (the node's address from the spec, for data-plane
-sockets) and HFRT_DEVICE, and CUDA_VISIBLE_DEVICES on cuda nodes.
+MASTER_PORT: roles read it when no dist_master option is given), HFRT_NODE, HFRT_NODE_ADDR (the
+node's address from the spec), HFRT_DEVICE, HFRT_TP_SIZE and HFRT_PP_SIZE, and
+CUDA_VISIBLE_DEVICES on cuda nodes. The data-parallel size goes on the daemon's --dp-size.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .spec import ClusterSpec, Node, RolePlacement
 
 #: Environment set by placement; never secret, so launchers may put it on a command line.
 RENDEZVOUS_VARS = (
-    "HFRT_NODE", "HFRT_NODE_ADDR", "HFRT_DEVICE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "HFRT_NODE", "HFRT_NODE_ADDR", "HFRT_DEVICE", "HFRT_TP_SIZE", "HFRT_PP_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
 )
 
@@ -72,6 +73,7 @@ def _place_role(cluster: ClusterSpec, role: RolePlacement, port: int) -> list[Pl
         env = {"OMP_NUM_THREADS": str(role.cpus), "MKL_NUM_THREADS": str(role.cpus), **cluster.env, **role.env}
         env.update({
             "HFRT_NODE": node.name, "HFRT_NODE_ADDR": node.address, "HFRT_DEVICE": str(device),
+            "HFRT_TP_SIZE": str(role.tp_size), "HFRT_PP_SIZE": str(role.pp_size),
             "RANK": str(rank), "WORLD_SIZE": str(role.world_size),
             "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(per_node[node_name]),
             "MASTER_ADDR": master.address, "MASTER_PORT": str(port),

@@ -345,7 +345,6 @@ def _sizes(
         r.problem(f"{where}: {world} ranks but pool {pool!r} has {room} devices ({per_node})")
     cpus = r.get(t, where, "cpus", int, 1)
     options = dict(r.get(t, where, "options", dict, {}))
-    options.update({k: v for k, v in (("tp_size", tp), ("pp_size", pp)) if v != 1})
     return RolePlacement(name, pool, impl, world, dp, tp, pp, cpus, options, _env(r, t.get("env", {}), f"{where} env"))
 
 

@@ -87,7 +87,9 @@ world_size = 2
     assert [(p.node.name, p.device) for p in critic] == [("b", 0), ("b", 1)]
     assert critic[0].spec.env["MASTER_ADDR"] == "10.0.0.2"
     actor = c.roles["actor"]
-    assert (actor.world_size, actor.dp_size, actor.options["tp_size"]) == (4, 2, 2)
+    assert (actor.world_size, actor.dp_size, actor.tp_size) == (4, 2, 2)
+    actor1 = next(p for p in placed if p.identity == "actor:1")
+    assert actor1.spec.dp_size == 2 and actor1.spec.env["HFRT_TP_SIZE"] == "2" and not actor1.spec.options
 
 
 def test_one_pool_per_role_on_device_subsets() -> None:
