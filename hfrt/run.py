@@ -70,11 +70,17 @@ def free_tcp_address(host: str = "127.0.0.1") -> str:
 
 
 def specs_for(roles: dict[str, dict[str, Any]]) -> list[DaemonSpec]:
+    """Local daemon specs; a role with world_size > 1 gets options.dist_master (a free loopback
+    port where its ranks form their own torch.distributed group) unless its settings give one."""
     specs: list[DaemonSpec] = []
     for role, settings in roles.items():
+        world_size = int(settings.get("world_size", 1))
+        options = dict(settings.get("options", {}))
+        if world_size > 1 and not options.get("dist_master"):
+            options["dist_master"] = free_tcp_address().removeprefix("tcp://")
         specs += expand(
-            role, int(settings.get("world_size", 1)), str(settings.get("impl", role)),
-            dp_size=int(settings.get("dp_size", -1)), options=dict(settings.get("options", {})),
+            role, world_size, str(settings.get("impl", role)),
+            dp_size=int(settings.get("dp_size", -1)), options=options,
         )
     return specs
 

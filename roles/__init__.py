@@ -11,10 +11,15 @@ from pathlib import Path
 
 from hfrt.daemon import Daemon
 
-#: Built-in implementation names → "module:Class". The role issues add actor, critic, ...
+#: Built-in implementation names → "module:Class".
 BUILTIN: dict[str, str] = {
     "echo": "hfrt.roles.echo:EchoDaemon",
     "probe": "hfrt.roles.probe:ProbeDaemon",
+    "actor": "hfrt.roles.actor:ActorDaemon",
+    "critic": "hfrt.roles.critic:CriticDaemon",
+    "reference": "hfrt.roles.reference:ReferenceDaemon",
+    "reward": "hfrt.roles.reward:RewardDaemon",
+    "actor_ref": "hfrt.roles.colocated:ActorRefDaemon",
 }
 
 

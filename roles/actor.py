@@ -1,0 +1,233 @@
+"""The actor role daemon: one set of policy weights that trains (PPO-family loss) and generates,
+through the hybrid engine — weights pushed into the generation engine before each rollout, its
+memory released after.
+
+Options (beyond roles/common.py's): `generator` ("hf" | "vllm"), `sampling` (SamplingParams
+defaults), `vllm` (VLLMConfig fields but model_dir). Endpoints take Batches whose extra positional
+Batches (same rows) are merged in, so a flow can pass `(rollout, old_log_probs, advantages)`
+without a daemon-side join. It knows the endpoint contract and nothing of the algorithm: the flow
+gives the loss options and computes advantages elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hfrt.algos import LossScale, PolicyLossConfig, agg_loss, kl_penalty, policy_loss
+from hfrt.batch import Batch
+from hfrt.daemon import Daemon
+from hfrt.endpoints import Dispatch, endpoint
+
+from .common import (
+    ModelOptions,
+    build_dataclass,
+    build_engine,
+    check_options,
+    close_group,
+    needs_group,
+    prepare_process,
+    role_errors,
+    sampling_params,
+)
+from .engines import ForwardOutput, LossFn
+from .generate import GenerationEngine, HFGenerationEngine
+from .hybrid import HybridEngine
+from .models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
+from .rows import all_reduce, check_rows, merge, reduce_metrics, take
+from .updates import MakeLoss, UpdateSchedule, accumulate, forward_equal, run_updates
+
+#: Columns every forward pass reads (position_ids is used when present).
+FORWARD_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
+
+
+@dataclass(frozen=True)
+class ActorLoss:
+    """The loss options of `update` (besides UpdateSchedule's epochs / mini-batches).
+
+    clip_ratio_low / high: PPO ratio clip [1 - low, 1 + high]; clip_ratio_c: dual clip (None: off).
+    entropy_coeff: entropy bonus weight. use_kl_loss: add kl_loss_coef × KL(policy ‖ reference)
+    of type kl_loss_type (needs the `ref_log_prob` column). loss_agg_mode: see hfrt.algos.agg_loss.
+    temperature: of the log-probs (default: the rollout's, from batch meta).
+    """
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float | None = 3.0
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    loss_agg_mode: str = "token-mean"
+    temperature: float | None = None
+
+
+def actor_loss(cfg: ActorLoss) -> MakeLoss:
+    """Clipped policy loss − entropy bonus + KL loss, each term's share recorded."""
+    policy = PolicyLossConfig(cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c, cfg.loss_agg_mode)
+
+    def make(scale: LossScale, shares: dict[str, float]) -> LossFn:
+        def loss_fn(out: ForwardOutput, mb: Any, _: LossScale) -> tuple[torch.Tensor, dict[str, Any]]:
+            assert out.log_probs is not None
+            mask = mb["response_mask"]
+            loss, metrics = policy_loss(out.log_probs, mb["old_log_probs"], mb["advantages"], mask, policy, scale)
+            accumulate(shares, "actor/pg_loss", loss.detach())
+            if cfg.entropy_coeff:
+                assert out.entropy is not None
+                entropy = agg_loss(out.entropy, mask, cfg.loss_agg_mode, scale)
+                loss = loss - cfg.entropy_coeff * entropy
+                accumulate(shares, "actor/entropy", entropy.detach())
+            if cfg.use_kl_loss:
+                kl = agg_loss(kl_penalty(out.log_probs, mb["ref_log_prob"], cfg.kl_loss_type), mask, cfg.loss_agg_mode, scale)
+                loss = loss + cfg.kl_loss_coef * kl
+                accumulate(shares, "actor/kl_loss", kl.detach())
+            return loss, metrics
+
+        return loss_fn
+
+    return make
+
+
+def forward_columns(batch: Batch, endpoint: str, *more: str) -> dict[str, torch.Tensor]:
+    names = [*FORWARD_COLUMNS, *more] + (["position_ids"] if "position_ids" in batch.tensors else [])
+    return take(batch, names, endpoint)
+
+
+class ActorDaemon(Daemon):
+    """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, weight_sync_report (REPLICATE)."""
+
+    OPTIONS = frozenset({"generator", "sampling", "vllm"})
+
+    async def setup(self) -> None:
+        with role_errors(self.context):
+            ctx = self.context
+            check_options(ctx, self.OPTIONS)
+            self.opts = ModelOptions.read(ctx.options, trainable=True)
+            prepare_process(ctx, needs_group=needs_group(ctx, self.opts.engine))
+            self.tokenizer = load_tokenizer(self.opts.model, self.opts.seed)
+            self.sampling = sampling_params(ctx.options.get("sampling"))
+            kind = str(ctx.options.get("generator", "hf"))
+            self.engine = build_engine(ctx, self.opts, extra_copies=1 if kind == "hf" else 0)
+            self.generator = self._generation_engine(kind)
+            self.generator.sleep()  # the daemon starts in the training phase
+            self.hybrid = HybridEngine(self.engine, self.generator)
+
+    def _generation_engine(self, kind: str) -> GenerationEngine:
+        tok = self.tokenizer
+        if kind == "hf":
+            copy = load_model(ModelConfig(self.opts.model, self.opts.dtype, seed=self.opts.seed))
+            return HFGenerationEngine(copy, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        if kind == "vllm":
+            from .vllm_engine import VLLMConfig, VLLMGenerationEngine
+
+            fields = dict(self.context.options.get("vllm") or {})
+            fields.setdefault("seed", self.opts.seed)
+            fields["model_dir"] = str(resolve_model_dir(self.opts.model, self.opts.seed))
+            return VLLMGenerationEngine(build_dataclass(VLLMConfig, fields, "vllm"), pad_token_id=tok.pad_token_id)
+        raise ValueError(f"unknown generator {kind!r}: use hf or vllm")
+
+    async def teardown(self) -> None:
+        close_group()
+
+    def _temperature(self, batch: Batch, explicit: float | None = None) -> float:
+        if explicit is not None:
+            return float(explicit)
+        return float(batch.meta.get("temperature", self.sampling.temperature))
+
+    # -- rollouts ---------------------------------------------------------------------------
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def generate(self, batch: Batch, *extra: Batch, **sampling: Any) -> Batch:
+        """Sample responses for the `prompt` column (strings, chats or token ids); keyword
+        arguments override the `sampling` option for this call. See roles/rollout.py for the
+        output; meta holds the transition timings and peak memory (max over ranks)."""
+        prompts = with_uids(merge(batch, extra))
+        check_rows(len(prompts), "actor.generate")
+        params = sampling_params(self.sampling, **sampling)
+        if params.seed is not None:
+            params = dataclasses.replace(params, seed=params.seed + self.context.dp_rank)
+        if "prompt" not in prompts:
+            raise KeyError(f"actor.generate needs a non-tensor column 'prompt'; the batch has {list(prompts.non_tensor)}")
+        ids = [encode_prompt(self.tokenizer, p) for p in prompts["prompt"]]
+        [width] = all_reduce([max(len(i) for i in ids)], "max")
+        out, metrics = self.hybrid.generate(ids, params)
+        record = fixed_width(
+            out, prompt_width=int(width), response_width=params.max_new_tokens,
+            pad_id=self.tokenizer.pad_token_id, n=params.n,
+        )
+        texts = decode_responses(self.tokenizer, record["responses"], record["response_mask"])
+        meta = reduce_metrics(metrics, "max") | {"temperature": params.temperature, "n": params.n}
+        return rollout_batch(record, texts, prompts, params.n, meta)
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def compute_log_prob(self, batch: Batch, *extra: Batch, temperature: float | None = None) -> Batch:
+        """Current-policy log-probs (`old_log_probs`) and `entropy` of the responses, 0 where masked."""
+        batch = merge(batch, extra)
+        tensors = forward_columns(batch, "actor.compute_log_prob")
+        out = forward_equal(
+            self.engine, tensors, "actor.compute_log_prob", temperature=self._temperature(batch, temperature),
+            with_entropy=True,
+        )
+        assert out.log_probs is not None and out.entropy is not None
+        mask = tensors["response_mask"].to(out.log_probs.dtype)
+        return Batch({"old_log_probs": out.log_probs * mask, "entropy": out.entropy * mask})
+
+    # -- training ---------------------------------------------------------------------------
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def update(self, batch: Batch, *extra: Batch, **loss: Any) -> dict[str, float]:
+        """PPO epochs × mini-batches of optimizer steps on `advantages`, `old_log_probs` (and
+        `ref_log_prob` with use_kl_loss). Options: ActorLoss and UpdateSchedule fields. Returns
+        metrics averaged over steps, the same on every rank."""
+        batch = merge(batch, extra)
+        schedule, rest = UpdateSchedule.split(loss)
+        cfg: ActorLoss = build_dataclass(ActorLoss, rest, "actor.update")
+        more = ["advantages", "old_log_probs"] + (["ref_log_prob"] if cfg.use_kl_loss else [])
+        return run_updates(
+            self.engine, forward_columns(batch, "actor.update", *more), actor_loss(cfg), schedule,
+            prefix="actor", endpoint="actor.update", temperature=self._temperature(batch, cfg.temperature),
+            with_entropy=cfg.entropy_coeff != 0,
+        )
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def save(self, path: str) -> str:
+        """Write a checkpoint folder (each rank its part; replaced atomically); returns its path."""
+        return str(self.engine.save(path))
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def load(self, path: str) -> dict[str, int]:
+        self.engine.load(path)
+        return {"steps": self.engine.steps}
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def weight_sync_report(self) -> dict[str, Any]:
+        """Push weights as before a rollout and compare the generation engine's copy with the
+        gathered training weights (diagnostic; gathers the weights twice)."""
+        self.hybrid.to_generate()
+        try:
+            return compare_weights(self.engine.state_dict_for_generation(), self._generation_parameters())
+        finally:
+            self.hybrid.to_train()
+
+    def _generation_parameters(self) -> dict[str, torch.Tensor] | None:
+        if isinstance(self.generator, HFGenerationEngine):
+            return dict(self.generator.model.named_parameters())
+        return None  # vLLM fuses and renames parameters: only checksums compare
+
+
+def compare_weights(train: Any, generation: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+    """Max |difference| per parameter name (when names match) and fp64 checksums of both sides."""
+    max_diff, compared, train_sum = 0.0, 0, 0.0
+    for bucket in train:
+        for name, tensor in bucket.items():
+            train_sum += float(tensor.double().sum())
+            if generation is not None:
+                other = generation[name].detach().to(tensor.device).double()
+                max_diff = max(max_diff, float((other - tensor.double()).abs().max()))
+                compared += 1
+    gen_sum = None if generation is None else sum(float(p.detach().double().sum()) for p in generation.values())
+    return {"max_abs_diff": max_diff, "compared": compared, "train_checksum": train_sum, "generation_checksum": gen_sum}

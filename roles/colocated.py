@@ -1,0 +1,39 @@
+"""Colocation: an actor and a reference policy in one daemon process, sharing its device (the
+paper's colocated placement), as the built-in implementation `actor_ref`.
+
+The choice: a Daemon subclass that *is* an actor (every actor endpoint, unchanged) and *has* a
+FrozenPolicy, exposed as `compute_ref_log_prob`. One process means one endpoint queue, so the two
+roles' calls run one at a time in arrival order — which is what sharing a device needs anyway —
+and both still go through the same protocol. A flow that wants the reference as its own role name
+calls `compute_ref_log_prob` on the actor group instead of `compute_log_prob` on a reference group.
+Option `reference` (model, dtype, seed, engine) overrides what the reference takes from the actor's
+options. It knows nothing beyond composing the two.
+"""
+
+from __future__ import annotations
+
+from hfrt.batch import Batch
+from hfrt.endpoints import Dispatch, endpoint
+
+from .actor import ActorDaemon
+from .common import role_errors
+from .reference import FrozenPolicy, reference_options
+from .rows import merge
+
+
+class ActorRefDaemon(ActorDaemon):
+    """Actor endpoints plus compute_ref_log_prob (SPLIT) → Batch {ref_log_prob}."""
+
+    OPTIONS = ActorDaemon.OPTIONS | {"reference"}
+
+    async def setup(self) -> None:
+        await super().setup()
+        with role_errors(self.context, "reference setup"):
+            overrides = dict(self.context.options.get("reference") or {})
+            self.reference = FrozenPolicy(self.context, reference_options(self.opts, overrides))
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def compute_ref_log_prob(self, batch: Batch, *extra: Batch, temperature: float | None = None) -> Batch:
+        """Reference log-probs of the responses (`ref_log_prob`), 0 where response_mask is 0."""
+        merged = merge(batch, extra)
+        return Batch({"ref_log_prob": self.reference.log_probs(merged, "actor_ref.compute_ref_log_prob", temperature)})

@@ -1,0 +1,108 @@
+"""The critic role daemon: a value model (causal-LM backbone + scalar head) that predicts values
+for the response tokens and trains on returns with a clipped value loss.
+
+Options: roles/common.py's (`model` may be a preset, an HF directory, or a value-model directory
+written by models.save_value_model; a fresh head is seeded from `seed`). It knows nothing of how
+returns or advantages are computed: the flow does that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hfrt.algos import LossScale, masked_mean, value_loss
+from hfrt.batch import Batch
+from hfrt.daemon import Daemon
+from hfrt.endpoints import Dispatch, endpoint
+
+from .common import (
+    ModelOptions,
+    build_dataclass,
+    build_engine,
+    check_options,
+    close_group,
+    needs_group,
+    prepare_process,
+    role_errors,
+)
+from .engines import ForwardOutput, LossFn
+from .rows import merge, take
+from .updates import MakeLoss, UpdateSchedule, forward_equal, run_updates
+
+FORWARD_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
+
+
+@dataclass(frozen=True)
+class CriticLoss:
+    """Loss options of `update`: cliprange_value clips new values around the old ones (None: off)."""
+
+    cliprange_value: float | None = 0.5
+    loss_agg_mode: str = "token-mean"
+
+
+def critic_loss(cfg: CriticLoss) -> MakeLoss:
+    def make(scale: LossScale, shares: dict[str, float]) -> LossFn:
+        def loss_fn(out: ForwardOutput, mb: Any, _: LossScale) -> tuple[torch.Tensor, dict[str, Any]]:
+            assert out.values is not None
+            mask = mb["response_mask"]
+            loss, metrics = value_loss(
+                out.values, mb["returns"], mb["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode, scale
+            )
+            metrics["critic/vpred_mean"] = masked_mean(out.values.detach(), mask)
+            return loss, metrics
+
+        return loss_fn
+
+    return make
+
+
+def columns(batch: Batch, endpoint: str, *more: str) -> dict[str, torch.Tensor]:
+    names = [*FORWARD_COLUMNS, *more] + (["position_ids"] if "position_ids" in batch.tensors else [])
+    return take(batch, names, endpoint)
+
+
+class CriticDaemon(Daemon):
+    """Endpoints: compute_values, update (SPLIT); save, load (REPLICATE)."""
+
+    async def setup(self) -> None:
+        with role_errors(self.context):
+            ctx = self.context
+            check_options(ctx, ())
+            self.opts = ModelOptions.read(ctx.options, trainable=True)
+            prepare_process(ctx, needs_group=needs_group(ctx, self.opts.engine))
+            self.engine = build_engine(ctx, self.opts, value_head=True)
+
+    async def teardown(self) -> None:
+        close_group()
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def compute_values(self, batch: Batch, *extra: Batch) -> Batch:
+        """`values` [rows, R]: the value before each response token, 0 where masked."""
+        tensors = columns(merge(batch, extra), "critic.compute_values")
+        out = forward_equal(self.engine, tensors, "critic.compute_values")
+        assert out.values is not None
+        return Batch({"values": out.values * tensors["response_mask"].to(out.values.dtype)})
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def update(self, batch: Batch, *extra: Batch, **loss: Any) -> dict[str, float]:
+        """Optimizer steps on `returns` with old `values`; options: CriticLoss and UpdateSchedule
+        fields. Returns metrics averaged over steps, the same on every rank."""
+        schedule, rest = UpdateSchedule.split(loss)
+        cfg: CriticLoss = build_dataclass(CriticLoss, rest, "critic.update")
+        tensors = columns(merge(batch, extra), "critic.update", "values", "returns")
+        return run_updates(
+            self.engine, tensors, critic_loss(cfg), schedule, prefix="critic", endpoint="critic.update"
+        )
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def save(self, path: str) -> str:
+        """Write a checkpoint folder (each rank its part; replaced atomically); returns its path."""
+        return str(self.engine.save(path))
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def load(self, path: str) -> dict[str, int]:
+        self.engine.load(path)
+        return {"steps": self.engine.steps}

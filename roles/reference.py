@@ -1,0 +1,76 @@
+"""The reference role daemon: log-probs of the responses under a frozen copy of the initial
+policy (the KL anchor of PPO / GRPO).
+
+`FrozenPolicy` is the part without the daemon, so a colocated daemon (roles/colocated.py) can hold
+one beside an actor. Options: roles/common.py's; the engine is built with trainable=False (no
+optimizer, no gradients). It knows nothing of KL estimators or of the actor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hfrt.batch import Batch
+from hfrt.daemon import Daemon, DaemonContext
+from hfrt.endpoints import Dispatch, endpoint
+
+from .common import ModelOptions, build_engine, check_options, close_group, needs_group, prepare_process, role_errors
+from .rows import merge, take
+from .updates import forward_equal
+
+FORWARD_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
+
+
+class FrozenPolicy:
+    """A causal LM in a frozen training engine (sharded or not); log-probs only."""
+
+    def __init__(self, context: DaemonContext, opts: ModelOptions) -> None:
+        self.engine = build_engine(context, opts)
+
+    def log_probs(self, batch: Batch, endpoint: str, temperature: float | None = None) -> torch.Tensor:
+        """[rows, R] log-probs of `responses` at `temperature` (default: the rollout's, from meta), 0 where masked."""
+        names = [*FORWARD_COLUMNS] + (["position_ids"] if "position_ids" in batch.tensors else [])
+        tensors = take(batch, names, endpoint)
+        temp = float(temperature if temperature is not None else batch.meta.get("temperature", 1.0))
+        out = forward_equal(self.engine, tensors, endpoint, temperature=temp)
+        assert out.log_probs is not None
+        return out.log_probs * tensors["response_mask"].to(out.log_probs.dtype)
+
+
+class ReferenceDaemon(Daemon):
+    """Endpoint: compute_log_prob (SPLIT) → Batch {ref_log_prob}."""
+
+    async def setup(self) -> None:
+        with role_errors(self.context):
+            ctx = self.context
+            check_options(ctx, ())
+            opts = ModelOptions.read(ctx.options, trainable=False)
+            prepare_process(ctx, needs_group=needs_group(ctx, opts.engine))
+            self.policy = FrozenPolicy(ctx, opts)
+
+    async def teardown(self) -> None:
+        close_group()
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def compute_log_prob(self, batch: Batch, *extra: Batch, temperature: float | None = None) -> Batch:
+        """Reference log-probs of the responses (`ref_log_prob`), 0 where response_mask is 0."""
+        merged = merge(batch, extra)
+        return Batch({"ref_log_prob": self.policy.log_probs(merged, "reference.compute_log_prob", temperature)})
+
+
+def reference_options(actor: ModelOptions, overrides: dict[str, Any]) -> ModelOptions:
+    """A colocated reference's options: the actor's model, dtype, seed and backend unless overridden."""
+    raw_engine = dict(overrides.get("engine") or {})
+    raw_engine.setdefault("backend", actor.engine.backend)
+    raw_engine.setdefault("zero_stage", actor.engine.zero_stage)
+    raw_engine.setdefault("micro_batch_size", actor.engine.micro_batch_size)
+    raw_engine.setdefault("mixed_precision", actor.engine.mixed_precision)
+    unknown = sorted(set(overrides) - {"model", "dtype", "seed", "engine"})
+    if unknown:
+        raise ValueError(f"option reference: unknown field(s) {unknown}; expected model, dtype, seed, engine")
+    return ModelOptions.read(
+        {"model": actor.model, "dtype": actor.dtype, "seed": actor.seed, **overrides, "engine": raw_engine},
+        trainable=False,
+    )

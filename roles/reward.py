@@ -1,0 +1,113 @@
+"""The reward role daemon: one score per response, placed at its last token — from a rule
+function (registry name, `module:function` or `file.py:function`) or from a reward model (a
+value model's output at the last response token). A second instance under another role name
+(`--role cost=reward`) is Safe-RLHF's cost model.
+
+Options (beyond roles/common.py's, which only `kind: model` reads): `kind` ("function" |
+"model"), `function`, and `token_column` / `score_column` (output names, default
+`token_level_scores` / `score`). A model-based reward reads the rollout's token columns, so it
+must share the actor's tokenizer. It knows nothing of advantages or of the actor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hfrt.batch import Batch
+from hfrt.daemon import Daemon
+from hfrt.endpoints import Dispatch, endpoint
+
+from .common import ModelOptions, build_engine, check_options, close_group, needs_group, prepare_process, role_errors
+from .engines import TrainEngine
+from .engines.base import split_micro
+from .reward_fns import RewardFunctionError, resolve, score_all, token_level_rewards
+from .rows import all_reduce, equal_rows, merge, take, unpad
+
+#: Non-tensor columns a rule function receives positionally; every other one may go in as info.
+TEXT_COLUMNS = ("response", "ground_truth")
+MODEL_COLUMNS = ("input_ids", "attention_mask", "response_mask")
+
+
+@torch.no_grad()
+def last_token_values(engine: TrainEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int) -> torch.Tensor:
+    """[rows] the value model's output at each row's last response token (its last prompt token
+    when the response is empty)."""
+    module = engine.forward_module
+    module.eval()
+    width = int(tensors["input_ids"].shape[1] - tensors["response_mask"].shape[1])
+    out = []
+    for mb in split_micro(tensors, micro_batch_size):
+        mask = mb["attention_mask"].to(engine.device)
+        positions = mb.get("position_ids")
+        if positions is None:
+            positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        values = module(input_ids=mb["input_ids"].to(engine.device), attention_mask=mask, position_ids=positions.to(engine.device))
+        last = (width + mb["response_mask"].long().sum(-1) - 1).clamp(min=0).to(engine.device)
+        out.append(values.float().gather(1, last[:, None]).squeeze(1).cpu())
+    return torch.cat(out)
+
+
+class RewardDaemon(Daemon):
+    """Endpoint: score (SPLIT) → Batch {token_level_scores [rows, R]}, non-tensor {score}."""
+
+    OPTIONS = frozenset({"kind", "function", "token_column", "score_column"})
+
+    async def setup(self) -> None:
+        with role_errors(self.context):
+            ctx = self.context
+            check_options(ctx, self.OPTIONS)
+            self.kind = str(ctx.options.get("kind", "function"))
+            self.token_column = str(ctx.options.get("token_column", "token_level_scores"))
+            self.score_column = str(ctx.options.get("score_column", "score"))
+            if self.kind == "function":
+                prepare_process(ctx, needs_group=False)
+                self.function_name = str(ctx.options.get("function", "exact_match"))
+                self.function = resolve(self.function_name)
+            elif self.kind == "model":
+                opts = ModelOptions.read(ctx.options, trainable=False)
+                prepare_process(ctx, needs_group=needs_group(ctx, opts.engine))
+                self.engine = build_engine(ctx, opts, value_head=True)
+                config: Any = self.engine.model.config
+                self.vocab_size = int(config.vocab_size)
+            else:
+                raise ValueError(f"unknown reward kind {self.kind!r}: use function or model")
+
+    async def teardown(self) -> None:
+        close_group()
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def score(self, batch: Batch, *extra: Batch) -> Batch:
+        """Scores of the responses: rule functions read `response` (+ `ground_truth` and any other
+        non-tensor column they name), a reward model the token columns. Needs `response_mask`."""
+        merged = merge(batch, extra)
+        scores = self._function_scores(merged) if self.kind == "function" else self._model_scores(merged)
+        mask = take(merged, ["response_mask"], f"{self.context.role}.score")["response_mask"]
+        return Batch({self.token_column: token_level_rewards(scores, mask)}, {self.score_column: scores})
+
+    def _function_scores(self, batch: Batch) -> list[float]:
+        if "response" not in batch.non_tensor:
+            raise KeyError(f"{self.context.role}.score needs a non-tensor column 'response'; the batch has {list(batch.non_tensor)}")
+        rows = len(batch)
+        truths = batch.non_tensor.get("ground_truth", [None] * rows)
+        others = {k: v for k, v in batch.non_tensor.items() if k not in TEXT_COLUMNS}
+        infos = [{k: v[i] for k, v in others.items()} for i in range(rows)]
+        try:
+            return score_all(self.function, batch.non_tensor["response"], truths, infos, name=self.function_name)
+        except RewardFunctionError as exc:
+            raise RewardFunctionError(f"role {self.context.role!r} (rank {self.context.rank}): {exc}") from exc
+
+    def _model_scores(self, batch: Batch) -> list[float]:
+        names = [*MODEL_COLUMNS] + (["position_ids"] if "position_ids" in batch.tensors else [])
+        tensors = take(batch, names, f"{self.context.role}.score")
+        local_top = int(tensors["input_ids"].max()) if tensors["input_ids"].numel() else 0
+        [top] = all_reduce([local_top], "max")  # every rank raises together, or none does
+        if top >= self.vocab_size:
+            raise ValueError(
+                f"token id {int(top)} is outside the reward model's vocabulary ({self.vocab_size}): "
+                "a model-based reward must share the actor's tokenizer"
+            )
+        padded, pad = equal_rows(tensors, f"{self.context.role}.score")
+        values = last_token_values(self.engine, padded, self.engine.config.micro_batch_size)
+        return [float(v) for v in unpad(values, pad)]
