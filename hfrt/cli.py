@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHES = {"latency": "hfrt.bench.latency", "transfer": "hfrt.bench.transfer"}
+BENCHES = {"latency": "hfrt.bench.latency", "transfer": "hfrt.bench.transfer", "transition": "hfrt.bench.transition"}
 
 
 def _parse_set(items: list[str]) -> dict[str, Any]:
