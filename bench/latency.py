@@ -10,6 +10,7 @@ and knows nothing of RL.
 from __future__ import annotations
 
 import argparse
+import logging
 import asyncio
 import statistics
 import subprocess
@@ -203,7 +204,7 @@ def ray_p50_us(n: int) -> float | None:
         import ray
     except ImportError:
         return None
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     try:
         @ray.remote
         class Echo:

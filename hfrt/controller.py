@@ -39,6 +39,7 @@ from .channel import Channel
 from .errors import CallTimeout, DaemonGone, ProtocolMismatch, RemoteError
 from .lifetimes import HandleTracker
 from .log import get_logger
+from .plane_control import TensorPlaneControl
 
 #: A daemon silent for this many heartbeat intervals is declared dead; checks run 8 times per
 #: interval, so a death is noticed within (DEAD_AFTER + 1/8) intervals < 2 intervals.
@@ -84,7 +85,7 @@ class _Pending:
         self.timer: asyncio.TimerHandle | None = None
 
 
-class Controller:
+class Controller(TensorPlaneControl):
     """Binds `address`, welcomes daemons, and turns endpoint calls into futures.
 
     Use as `async with Controller(address, key) as ctl: actor = await ctl.role("actor")`.
@@ -402,85 +403,6 @@ class Controller:
     def _on_bye(self, ident: bytes, msg: Bye) -> None:
         identity = ident.decode("utf-8", "replace")
         self.mark_gone(identity, f"exited: {msg.reason} (code {msg.exit_code})", expected=msg.exit_code == 0)
-
-    # -- tensor plane -------------------------------------------------------------------------
-
-    def _directory(self) -> dict[str, dict[str, Any]]:
-        return {
-            d.identity: {**{k: d.meta.get(k) for k in ("data", "host", "pid")}, "plane_rank": self._plane_ranks.get(d.identity, -1)}
-            for d in self._daemons.values()
-            if d.alive and d.meta.get("data")
-        }
-
-    def _push_directory(self) -> None:
-        """Tell every daemon where every daemon's data plane is (sent before any handle of a
-        newcomer can reach anyone, since it goes out as the newcomer is welcomed)."""
-        directory = self._directory()
-        for info in self._daemons.values():
-            if info.alive:
-                self.submit(info, "_hfrt_peers", [directory], {}, reply=False)
-
-    def _free_keys(self, owner: str, keys: list[str]) -> None:
-        info = self._daemons.get(owner)
-        if info is not None and info.alive:
-            self.submit(info, "_hfrt_free", [keys], {}, reply=False)
-            self._stats["keys_freed"] += len(keys)
-
-    def free_now(self) -> None:
-        """Send the frees of handles dropped so far right away (normally they go on the next loop turn)."""
-        import gc
-
-        gc.collect()
-        self._handles.flush()
-
-    async def fetch(self, value: Any) -> Any:
-        """Materialise a TensorHandle (→ torch.Tensor) or BatchHandle (→ hfrt.batch.Batch) here.
-
-        For debugging and small controller-side math: the bytes come through the controller and
-        are counted in stats()["controller_bulk_bytes"]. Imports torch on first use.
-        """
-        from hfrt.protocols import BatchHandle, TensorHandle
-
-        from .fetch import batch_from, tensor_from
-
-        if isinstance(value, TensorHandle):
-            [buf] = await self._fetch_bytes(value.owner, [value])
-            return tensor_from(buf, value)
-        if isinstance(value, BatchHandle):
-            parts = []
-            for shard in value.shards:
-                bufs = await self._fetch_bytes(shard.owner, list(shard.columns.values()))
-                parts.append((shard, bufs))
-            return batch_from(value, parts)
-        raise TypeError(f"fetch takes a TensorHandle or BatchHandle, not {type(value).__name__}")
-
-    async def _fetch_bytes(self, owner: str, handles: list[Any]) -> list[Any]:
-        info = self._daemons.get(owner)
-        if info is None:
-            raise DaemonGone(f"no daemon {owner!r} holds these tensors")
-        buffers = await self.submit(info, "_hfrt_fetch", [handles], {})
-        self.count_bulk_bytes(sum(len(b.buffer) for b in buffers))
-        return list(buffers)
-
-    async def daemon_stats(self, role: str | None = None) -> dict[str, Any]:
-        """Per-daemon tensor-plane figures: store size, bytes pulled per backend, bytes served."""
-        infos = [d for d in self.daemons(role) if d.alive]
-        results = await asyncio.gather(*(self.submit(d, "_hfrt_stats", [], {}) for d in infos))
-        return {d.identity: r for d, r in zip(infos, results, strict=True)}
-
-    async def form_data_plane(self, backend: str = "gloo", *, timeout_s: float = 120.0) -> dict[str, int]:
-        """Join every live daemon into one torch.distributed group for daemon-to-daemon transfers
-        (gloo on CPU, nccl on GPU); afterwards pulls between hosts use it. Returns the ranks."""
-        infos = sorted((d for d in self._daemons.values() if d.alive), key=lambda d: d.identity)
-        if not infos:
-            raise RuntimeError("no daemons to form a data plane with")
-        world = len(infos)
-        master = await self.submit(infos[0], "_hfrt_plane_open", [world], {}, timeout_s=timeout_s)
-        joins = [self.submit(d, "_hfrt_plane_join", [master, world, r, backend], {}, timeout_s=timeout_s) for r, d in enumerate(infos)]
-        await asyncio.gather(*joins)
-        self._plane_ranks = {d.identity: r for r, d in enumerate(infos)}
-        self._push_directory()
-        return dict(self._plane_ranks)
 
     # -- liveness -----------------------------------------------------------------------------
 

@@ -40,11 +40,9 @@ class ProbeDaemon(Daemon):
     @endpoint(dispatch=Dispatch.SPLIT)
     def inspect(self, batch: Batch) -> list[dict[str, Any]]:
         """One summary per row received: what this rank saw (also kept for `last_seen`)."""
-        self.seen = batch["ids"].tolist()
-        return [
-            {"rank": self.context.rank, "id": int(i), "x0": float(batch["x"][n, 0]), "text": batch["text"][n]}
-            for n, i in enumerate(batch["ids"].tolist())
-        ]
+        ids, x, text = batch.tensors["ids"].tolist(), batch.tensors["x"], batch.non_tensor["text"]
+        self.seen = ids
+        return [{"rank": self.context.rank, "id": i, "x0": float(x[n, 0]), "text": text[n]} for n, i in enumerate(ids)]
 
     @endpoint
     def last_seen(self) -> list[int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,10 +30,11 @@ class Group:
         timeout = timedelta(seconds=timeout_s)
         self._store = store or dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
         prefixed = dist.PrefixStore("hfrt-data-plane", self._store)
+        self.pg: Any
         if backend == "gloo":
-            self.pg: dist.ProcessGroup = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+            self.pg = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
         elif backend == "nccl":
-            self.pg = dist.ProcessGroupNCCL(prefixed, rank, world)
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, world, dist.ProcessGroupNCCL.Options())
         else:
             raise ValueError(f"data-plane backend must be gloo or nccl, got {backend!r}")
         self.backend, self.rank, self.world = backend, rank, world

@@ -39,11 +39,14 @@ def as_bytes(tensor: torch.Tensor) -> OutOfBand:
     """A tensor's bytes as an out-of-band frame (a view when the tensor is contiguous)."""
     import torch
 
-    return OutOfBand(memoryview(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()))
+    return OutOfBand(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().data)
 
 
 def advertised_host(controller: str) -> str:
-    """The local address peers should use: the interface that routes to the controller."""
+    """The local address peers should use: $HFRT_NODE_ADDR (set by the cluster launchers from the
+    spec), else the interface that routes to the controller."""
+    if os.environ.get("HFRT_NODE_ADDR"):
+        return os.environ["HFRT_NODE_ADDR"]
     if not controller.startswith("tcp://"):
         return "127.0.0.1"
     host = controller[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
