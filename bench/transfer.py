@@ -26,19 +26,22 @@ from hfrt.log import configure as configure_logging
 from hfrt.loop import run
 
 SIZES = {"1MB": 2**20, "64MB": 64 * 2**20, "512MB": 512 * 2**20}
-#: backend name in results → the transfer backend the receiver is told to use
-BACKENDS = {"shm": "shm", "gloo": "dist", "zmq": "zmq"}
+#: backend name in results → the transfer backend the receiver is told to use, per tensor device
+BACKENDS = {
+    "cpu": {"shm": "shm", "gloo": "dist", "zmq": "zmq"},
+    "cuda": {"cuda_ipc": "cuda_ipc", "nccl": "dist"},
+}
 
 
-async def bandwidth(ctl: Controller, sizes: dict[str, int], repeats: int) -> dict[str, float]:
+async def bandwidth(ctl: Controller, sizes: dict[str, int], repeats: int, device: str) -> dict[str, float]:
     src, dst = await asyncio.gather(ctl.role("src"), ctl.role("dst"))
-    await ctl.form_data_plane("gloo")
+    await ctl.form_data_plane("nccl" if device == "cuda" else "gloo")
     out: dict[str, float] = {}
     for label, nbytes in sizes.items():
-        copy = await dst.memcpy.call_one(0, nbytes, repeats)
+        copy = await dst.memcpy.call_one(0, nbytes, repeats, device)
         out[f"memcpy_{label}_GBps"] = nbytes / statistics.median(copy) / 1e9
-        handle = await src.tensor.call_one(0, nbytes)
-        for name, backend in BACKENDS.items():
+        handle = await src.tensor.call_one(0, nbytes, device)
+        for name, backend in BACKENDS[device].items():
             timed = await dst.timed_pull.call_one(0, handle, backend, repeats)
             out[f"{name}_{label}_GBps"] = nbytes / statistics.median(timed["seconds"]) / 1e9
         del handle
@@ -75,8 +78,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         launcher = LocalLauncher(log_level="warning")
         await launcher.start(specs, controller=ctl.address, key=key, on_exit=ctl.mark_gone)
         try:
-            figures = await bandwidth(ctl, sizes, args.repeats)
-            figures.update(await reshard(ctl, args.repeats))
+            figures = await bandwidth(ctl, sizes, args.repeats, args.device)
+            if args.device == "cpu":
+                figures.update(await reshard(ctl, args.repeats))
             bulk = ctl.stats()["controller_bulk_bytes"]
         finally:
             await ctl.shutdown_daemons()
@@ -88,21 +92,24 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hfrt bench transfer", description=__doc__)
     p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES), help="tensor sizes to measure")
     p.add_argument("--repeats", type=int, default=5, help="transfers per size and backend (the median is reported)")
+    p.add_argument("--device", default="cpu", choices=list(BACKENDS), help="where the tensors live (cuda: CUDA IPC and NCCL)")
     add_output_flags(p)
     args = p.parse_args(argv)
     configure_logging("warning")
     result: dict[str, Any] = run(measure(args))
+    names = ("memcpy", *BACKENDS[args.device])
+    first = names[1]
     for label in SIZES:
         if f"memcpy_{label}_GBps" in result:
-            result[f"shm_vs_memcpy_{label}"] = round(result[f"shm_{label}_GBps"] / result[f"memcpy_{label}_GBps"], 2)
-    result.update(machine())
-    print(f"{'size':<8}" + "".join(f"{n:>12}" for n in ("memcpy", *BACKENDS)) + "   GB/s")
+            result[f"{first}_vs_memcpy_{label}"] = round(result[f"{first}_{label}_GBps"] / result[f"memcpy_{label}_GBps"], 2)
+    result.update(machine(), device=args.device)
+    print(f"{'size':<8}" + "".join(f"{n:>12}" for n in names) + "   GB/s")
     for label in SIZES:
         if f"memcpy_{label}_GBps" in result:
-            row = [result[f"{n}_{label}_GBps"] for n in ("memcpy", *BACKENDS)]
-            print(f"{label:<8}" + "".join(f"{v:>12.2f}" for v in row))
-    print(f"shm / in-process copy at 64MB: {result.get('shm_vs_memcpy_64MB', 'n/a')}×  (target ≥ 0.6)")
-    print(f"reshard 64 rows DP2→DP1: {result['reshard_dp2_to_dp1_ms']:.1f} ms, DP1→DP2: {result['reshard_dp1_to_dp2_ms']:.1f} ms")
+            print(f"{label:<8}" + "".join(f"{result[f'{n}_{label}_GBps']:>12.2f}" for n in names))
+    print(f"{first} / in-process copy at 64MB: {result.get(f'{first}_vs_memcpy_64MB', 'n/a')}×  (target ≥ 0.6)")
+    if "reshard_dp2_to_dp1_ms" in result:
+        print(f"reshard 64 rows DP2→DP1: {result['reshard_dp2_to_dp1_ms']:.1f} ms, DP1→DP2: {result['reshard_dp1_to_dp2_ms']:.1f} ms")
     print(f"bytes through the controller: {result['controller_bulk_bytes']}  (target 0)")
     emit(result, args)
     return 0

@@ -49,6 +49,7 @@ from .daemon import Daemon, DaemonContext
 from .endpoints import EndpointSpec, endpoint_table
 from .heartbeat import HeartbeatThread
 from .log import get_logger
+from .serve_tensors import INTERNAL, TensorPlaneServing
 from .tensors.plane import DataPlaneServer, advertised_host, host_id
 
 EXIT_OK, EXIT_SETUP_FAILED, EXIT_PROTOCOL, EXIT_ORPHANED = 0, 1, 2, 3
@@ -78,18 +79,7 @@ class _Queued:
         self.call, self.spec, self.fn = call, spec, fn
 
 
-#: Calls the controller makes on every daemon for the tensor plane (never in the endpoint table).
-INTERNAL = {
-    "_hfrt_peers": "peers_update",
-    "_hfrt_free": "free",
-    "_hfrt_fetch": "fetch",
-    "_hfrt_stats": "stats",
-    "_hfrt_plane_open": "plane_open",
-    "_hfrt_plane_join": "plane_join",
-}
-
-
-class DaemonServer:
+class DaemonServer(TensorPlaneServing):
     """Runs `daemon_cls` for one role rank until shutdown, SIGTERM or orphaning; returns an exit code."""
 
     def __init__(self, daemon_cls: type[Daemon], context: DaemonContext, config: ServeConfig, key: bytes) -> None:
@@ -380,43 +370,6 @@ class DaemonServer:
                 self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="hfrt-endpoint")
             coro = self._run_threaded(call, fn)
         self._running[call.call_id] = self._loop.create_task(coro)
-
-    # -- tensor plane -------------------------------------------------------------------------
-
-    def tensors(self) -> Any:
-        """This daemon's TensorRuntime (store, peers), created on first use."""
-        if self._tensors is None:
-            from .tensors.runtime import TensorRuntime
-
-            assert self._data is not None
-            self._tensors = TensorRuntime(self._data, self._key, self.context.options)
-            self._tensors.peers_update(self._directory)
-        return self._tensors
-
-    def _arguments(self, call: Call) -> tuple[list[Any], dict[str, Any]]:
-        """The call's arguments, with any handles resolved into tensors pulled from their owners."""
-        if call.call_id not in self._handle_calls:
-            return call.args, call.kwargs
-        self._handle_calls.discard(call.call_id)
-        entry = self._table.get(call.endpoint)
-        if entry is not None and entry[0].raw_handles:
-            return call.args, call.kwargs
-        return self.tensors().resolve(call.args, call.kwargs)  # type: ignore[no-any-return]
-
-    def _run_internal(self, call: Call) -> None:
-        self._handle_calls.discard(call.call_id)
-        start = time.perf_counter()
-        try:
-            if call.endpoint == "_hfrt_peers":
-                self._directory = call.args[0]  # kept here: a daemon without tensors needs no torch
-            if self._tensors is None and call.endpoint in ("_hfrt_peers", "_hfrt_free", "_hfrt_stats"):
-                value: Any = {"store_tensors": 0, "store_bytes": 0} if call.endpoint == "_hfrt_stats" else None
-            else:
-                value = getattr(self.tensors(), INTERNAL[call.endpoint])(*call.args, **call.kwargs)
-        except Exception as exc:
-            self._finish_error(call, exc)
-        else:
-            self._finish(call, value, time.perf_counter() - start)
 
     def _run_sync(self, call: Call, fn: Any) -> None:
         self._running[call.call_id] = None

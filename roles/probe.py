@@ -50,13 +50,14 @@ class ProbeDaemon(Daemon):
         return list(getattr(self, "seen", []))
 
     @endpoint
-    def tensor(self, nbytes: int) -> torch.Tensor:
-        return torch.arange(nbytes // 4, dtype=torch.float32).reshape(-1, 256) if nbytes >= 1024 else torch.ones(nbytes // 4)
+    def tensor(self, nbytes: int, device: str = "cpu") -> torch.Tensor:
+        t = torch.arange(nbytes // 4, dtype=torch.float32).reshape(-1, 256) if nbytes >= 1024 else torch.ones(nbytes // 4)
+        return t.to(device)
 
     @endpoint
     def cuda_tensor(self, nbytes: int) -> torch.Tensor:
         """Like `tensor`, on this daemon's CUDA device (GPU tests)."""
-        return self.tensor(nbytes).cuda()
+        return self.tensor(nbytes, "cuda")
 
     @endpoint
     def total(self, t: torch.Tensor) -> float:
@@ -72,18 +73,25 @@ class ProbeDaemon(Daemon):
             start = time.perf_counter()
             [pulled] = plane.peers.pull([handle], force=backend)
             dest.copy_(pulled)
+            _sync(handle.device)
             times.append(time.perf_counter() - start)
             del pulled
         return {"seconds": times, "backend": backend or plane.peers.backend_for(handle)}
 
     @endpoint
-    def memcpy(self, nbytes: int, repeats: int = 3) -> list[float]:
+    def memcpy(self, nbytes: int, repeats: int = 3, device: str = "cpu") -> list[float]:
         """Seconds to copy nbytes into a preallocated tensor in this process: the physical reference."""
-        src = torch.rand(nbytes // 4)
+        src = torch.rand(nbytes // 4, device=device)
         dest = torch.empty_like(src)
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
             dest.copy_(src)
+            _sync(device)
             times.append(time.perf_counter() - start)
         return times
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
