@@ -107,7 +107,7 @@ class ActorDaemon(Daemon):
             ctx = self.context
             check_options(ctx, self.OPTIONS)
             self.opts = ModelOptions.read(ctx.options, trainable=True)
-            prepare_process(ctx, needs_group=needs_group(ctx, self.opts.engine))
+            self._joined = prepare_process(ctx, needs_group=needs_group(ctx, self.opts.engine))
             self.tokenizer = load_tokenizer(self.opts.model, self.opts.seed)
             self.sampling = sampling_params(ctx.options.get("sampling"))
             kind = str(ctx.options.get("generator", "hf"))
@@ -131,7 +131,7 @@ class ActorDaemon(Daemon):
         raise ValueError(f"unknown generator {kind!r}: use hf or vllm")
 
     async def teardown(self) -> None:
-        close_group()
+        close_group(getattr(self, "_joined", False))
 
     def _temperature(self, batch: Batch, explicit: float | None = None) -> float:
         if explicit is not None:

@@ -107,9 +107,9 @@ class ModelOptions:
 # ------------------------------------------------------------------------------ process set-up
 
 
-def prepare_process(context: DaemonContext, *, needs_group: bool) -> None:
+def prepare_process(context: DaemonContext, *, needs_group: bool) -> bool:
     """Torch threads and seeds; join the role's own process group when it has more than one rank
-    and its engines need one (sharded training or collectives over the group)."""
+    and its engines need one (sharded training or collectives over the group). True if joined."""
     options = context.options
     threads = int(options.get("threads", 1))
     torch.set_num_threads(threads)
@@ -121,6 +121,8 @@ def prepare_process(context: DaemonContext, *, needs_group: bool) -> None:
     if needs_group and context.world_size > 1:
         host, port = dist_master(context)
         init_distributed(context.rank, context.world_size, host, port)
+        return True
+    return False
 
 
 def dist_master(context: DaemonContext) -> tuple[str, int]:
@@ -239,8 +241,9 @@ def build_engine(
     return build_train_engine(model, opts.engine)
 
 
-def close_group() -> None:
-    """Leave the role's process group (teardown)."""
-    if dist.is_initialized():
+def close_group(joined: bool) -> None:
+    """Leave the role's process group at teardown, if prepare_process joined it (a group that
+    another library made, e.g. vLLM's own, is that library's to destroy)."""
+    if joined and dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.destroy_process_group()

@@ -72,11 +72,11 @@ class CriticDaemon(Daemon):
             ctx = self.context
             check_options(ctx, ())
             self.opts = ModelOptions.read(ctx.options, trainable=True)
-            prepare_process(ctx, needs_group=needs_group(ctx, self.opts.engine))
+            self._joined = prepare_process(ctx, needs_group=needs_group(ctx, self.opts.engine))
             self.engine = build_engine(ctx, self.opts, value_head=True)
 
     async def teardown(self) -> None:
-        close_group()
+        close_group(getattr(self, "_joined", False))
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def compute_values(self, batch: Batch, *extra: Batch) -> Batch:

@@ -47,11 +47,11 @@ class ReferenceDaemon(Daemon):
             ctx = self.context
             check_options(ctx, ())
             opts = ModelOptions.read(ctx.options, trainable=False)
-            prepare_process(ctx, needs_group=needs_group(ctx, opts.engine))
+            self._joined = prepare_process(ctx, needs_group=needs_group(ctx, opts.engine))
             self.policy = FrozenPolicy(ctx, opts)
 
     async def teardown(self) -> None:
-        close_group()
+        close_group(getattr(self, "_joined", False))
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def compute_log_prob(self, batch: Batch, *extra: Batch, temperature: float | None = None) -> Batch:

@@ -62,12 +62,12 @@ class RewardDaemon(Daemon):
             self.token_column = str(ctx.options.get("token_column", "token_level_scores"))
             self.score_column = str(ctx.options.get("score_column", "score"))
             if self.kind == "function":
-                prepare_process(ctx, needs_group=False)
+                self._joined = prepare_process(ctx, needs_group=False)
                 self.function_name = str(ctx.options.get("function", "exact_match"))
                 self.function = resolve(self.function_name)
             elif self.kind == "model":
                 opts = ModelOptions.read(ctx.options, trainable=False)
-                prepare_process(ctx, needs_group=needs_group(ctx, opts.engine))
+                self._joined = prepare_process(ctx, needs_group=needs_group(ctx, opts.engine))
                 self.engine = build_engine(ctx, opts, value_head=True)
                 config: Any = self.engine.model.config
                 self.vocab_size = int(config.vocab_size)
@@ -75,7 +75,7 @@ class RewardDaemon(Daemon):
                 raise ValueError(f"unknown reward kind {self.kind!r}: use function or model")
 
     async def teardown(self) -> None:
-        close_group()
+        close_group(getattr(self, "_joined", False))
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def score(self, batch: Batch, *extra: Batch) -> Batch:

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import torch
-
-from hfrt import Controller, DaemonGone, RemoteError
 from hfrt.deploy.base import DaemonSpec, expand
 from hfrt.deploy.local import LocalLauncher
 from hfrt.protocols import new_key
+
+from hfrt import Controller, DaemonGone, RemoteError
 from tests.support import STARTED_PIDS, local_cluster
 
 from .daemon_helpers import prompt_handle
@@ -208,7 +208,7 @@ async def test_setup_failures_name_the_role_and_the_reason(tmp_path: Path) -> No
     async with logged_cluster(specs, tmp_path) as ctl:
         with pytest.raises(DaemonGone, match=r"(?s)setup.failed.*role badpath:0: setup: ModelLoadError: model '/no/such/model-dir'"):
             await ctl.role("badpath", timeout_s=90)
-        with pytest.raises(DaemonGone, match=r"(?s)setup.failed.*role toobig:0: setup: ModelDoesNotFit: .*needs at least \d+ MiB"):
+        with pytest.raises(DaemonGone, match=r"(?s)setup.failed.*role toobig:0: setup: ModelDoesNotFit: .*needs at least [\d.]+ MiB"):
             await ctl.role("toobig", timeout_s=90)
 
 
