@@ -35,13 +35,17 @@ BACKENDS = {
 
 async def bandwidth(ctl: Controller, sizes: dict[str, int], repeats: int, device: str) -> dict[str, float]:
     src, dst = await asyncio.gather(ctl.role("src"), ctl.role("dst"))
-    await ctl.form_data_plane("nccl" if device == "cuda" else "gloo")
+    backends = dict(BACKENDS[device])
+    if device == "cuda" and not await src.gpus.call_one(0) >= 2:
+        del backends["nccl"]  # NCCL refuses two ranks on one GPU
+    else:
+        await ctl.form_data_plane("nccl" if device == "cuda" else "gloo")
     out: dict[str, float] = {}
     for label, nbytes in sizes.items():
         copy = await dst.memcpy.call_one(0, nbytes, repeats, device)
         out[f"memcpy_{label}_GBps"] = nbytes / statistics.median(copy) / 1e9
         handle = await src.tensor.call_one(0, nbytes, device)
-        for name, backend in BACKENDS[device].items():
+        for name, backend in backends.items():
             timed = await dst.timed_pull.call_one(0, handle, backend, repeats)
             out[f"{name}_{label}_GBps"] = nbytes / statistics.median(timed["seconds"]) / 1e9
         del handle
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     configure_logging("warning")
     result: dict[str, Any] = run(measure(args))
-    names = ("memcpy", *BACKENDS[args.device])
+    names = ("memcpy", *(n for n in BACKENDS[args.device] if f"{n}_{next(iter(args.sizes))}_GBps" in result))
     first = names[1]
     for label in SIZES:
         if f"memcpy_{label}_GBps" in result:

@@ -79,6 +79,10 @@ class ProbeDaemon(Daemon):
         return {"seconds": times, "backend": backend or plane.peers.backend_for(handle)}
 
     @endpoint
+    def gpus(self) -> int:
+        return torch.cuda.device_count()
+
+    @endpoint
     def memcpy(self, nbytes: int, repeats: int = 3, device: str = "cpu") -> list[float]:
         """Seconds to copy nbytes into a preallocated tensor in this process: the physical reference."""
         src = torch.rand(nbytes // 4, device=device)

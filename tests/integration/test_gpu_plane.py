@@ -30,8 +30,12 @@ async def test_cuda_tensors_move_by_ipc_between_local_daemons() -> None:
         assert await dst.total.call_one(0, handle) == await src.total.call_one(0, handle)
 
 
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="NCCL refuses two ranks on one GPU; needs two CUDA devices (one per daemon)"
+)
 async def test_nccl_data_plane_moves_cuda_rows() -> None:
-    specs = [dataclasses.replace(s, options={"transfer": "dist"}) for s in expand("src", 1, "probe") + expand("dst", 1, "probe")]
+    specs = [dataclasses.replace(s, options={"transfer": "dist"}, env={"CUDA_VISIBLE_DEVICES": str(i)})
+             for i, s in enumerate(expand("src", 1, "probe") + expand("dst", 1, "probe"))]
     async with local_cluster(specs) as (ctl, _):
         src, dst = await asyncio.gather(ctl.role("src"), ctl.role("dst"))
         await ctl.form_data_plane("nccl")
