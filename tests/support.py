@@ -57,7 +57,7 @@ async def local_cluster(
     specs: list[DaemonSpec],
     *,
     address: str = "tcp://127.0.0.1:0",
-    heartbeat_s: float = 1.0,
+    heartbeat_s: float = 2.0,
     orphan_timeout_s: float = 30.0,
     **controller_kwargs: Any,
 ) -> AsyncIterator[tuple[Controller, LocalLauncher]]:

@@ -114,7 +114,7 @@ async def test_oversized_result_is_refused_not_dropped() -> None:
 async def test_cancelling_a_queued_call_means_it_never_runs() -> None:
     async with local_cluster(echo_specs(1)) as (ctl, _):
         echo = await ctl.role("echo")
-        blocker = echo.block.call_one(0, 0.5, "first")
+        blocker = echo.block.call_one(0, 2.0, "first")  # long enough for a loaded machine to send the cancel
         victim = echo.record.call_one(0, "victim")
         await asyncio.sleep(0.05)
         victim.cancel()
