@@ -1,4 +1,5 @@
-"""PPO-family loss math on [batch, response_len] tensors: policy, value, entropy, KL, aggregation.
+"""PPO-family math on [batch, response_len] tensors: policy, value, entropy, KL, aggregation,
+advantage estimators (GAE, GRPO, RLOO, REINFORCE++, ReMax) and in-reward KL controllers.
 
 Pure torch functions, run daemon-side inside a training engine's loss function. They know
 nothing of engines, ranks or messages, and the controller must not import this module (torch).
@@ -182,3 +183,172 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "
         back = (-diff).clamp(-20.0, 20.0)
         return (back.exp() - back - 1).clamp(-10.0, 10.0)
     raise ValueError(f"unknown KL penalty {kind!r}; use k1, abs, k2 or k3 (kl, mse, low_var_kl)")
+
+
+# ------------------------------------------------------------------------------ advantages
+#
+# Advantage estimators on [batch, response_len] tensors, each returning (advantages, returns).
+# Conventions follow verl's core_algos so numbers are comparable: outcome estimators score a
+# sequence by the sum of its token rewards, group statistics are keyed by `index` (a prompt's uid),
+# and whitening uses the masked mean and the unbiased masked variance.
+
+
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE by a reverse scan; `nextvalues` and `lastgaelam` are carried unchanged through masked
+    positions. returns = advantages + values (before whitening); advantages are then whitened."""
+    mask = response_mask.to(values.dtype)
+    next_values = torch.zeros_like(values[:, 0])
+    last_gae = torch.zeros_like(values[:, 0])
+    reversed_adv = []
+    with torch.no_grad():
+        for t in reversed(range(values.shape[1])):
+            delta = token_level_rewards[:, t] + gamma * next_values - values[:, t]
+            gae = delta + gamma * lam * last_gae
+            next_values = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_values
+            last_gae = gae * mask[:, t] + (1 - mask[:, t]) * last_gae
+            reversed_adv.append(last_gae)
+        advantages = torch.stack(reversed_adv[::-1], dim=1)
+        returns = advantages + values
+        return masked_whiten(advantages, mask), returns
+
+
+def _group_scores(scores: torch.Tensor, index: list[object]) -> dict[object, torch.Tensor]:
+    if len(index) != scores.shape[0]:
+        raise ValueError(f"index has {len(index)} entries for {scores.shape[0]} rows")
+    groups: dict[object, list[int]] = {}
+    for row, key in enumerate(index):
+        groups.setdefault(key, []).append(row)
+    return {key: scores[rows] for key, rows in groups.items()}
+
+
+def _group_mean_std(scores: torch.Tensor, index: list[object]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row mean and unbiased std of the row's group; a group of one has mean 0 and std 1."""
+    stats = {}
+    for key, group in _group_scores(scores, index).items():
+        stats[key] = (group.mean(), group.std()) if len(group) > 1 else (scores.new_tensor(0.0), scores.new_tensor(1.0))
+    mean = torch.stack([stats[key][0] for key in index])
+    std = torch.stack([stats[key][1] for key in index])
+    return mean, std
+
+
+def compute_grpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: list[object],
+    epsilon: float = 1e-6,
+    norm_adv_by_std: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO: (s − group mean) / (group std + epsilon), or s − group mean (Dr.GRPO), broadcast
+    over the response mask; advantages and returns are the same tensor."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        mean, std = _group_mean_std(scores, index)
+        centred = scores - mean
+        adv = centred / (std + epsilon) if norm_adv_by_std else centred
+        out = adv.unsqueeze(-1) * response_mask.to(adv.dtype)
+        return out, out
+
+
+def compute_rloo_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: list[object]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO: s·n/(n−1) − mean·n/(n−1) with the group of n (a group of one keeps its score)."""
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        groups = _group_scores(scores, index)
+        adv = scores.clone()
+        for row, key in enumerate(index):
+            n = len(groups[key])
+            if n > 1:
+                adv[row] = (scores[row] - groups[key].mean()) * n / (n - 1)
+        out = adv.unsqueeze(-1) * response_mask.to(adv.dtype)
+        return out, out
+
+
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++: the discounted return of each token (reset after the response ends),
+    whitened over the batch's response tokens; returns are the unwhitened returns."""
+    mask = response_mask.to(token_level_rewards.dtype)
+    with torch.no_grad():
+        returns = torch.zeros_like(token_level_rewards)
+        running = torch.zeros_like(token_level_rewards[:, 0])
+        for t in reversed(range(token_level_rewards.shape[1])):
+            running = token_level_rewards[:, t] + gamma * running
+            returns[:, t] = running
+            running = running * mask[:, t]
+        return masked_whiten(returns, mask) * mask, returns
+
+
+def compute_reinforce_pp_baseline_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: list[object]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline: s − group mean over the response, then whitened over the batch."""
+    mask = response_mask.to(token_level_rewards.dtype)
+    with torch.no_grad():
+        scores = token_level_rewards.sum(dim=-1)
+        mean, _ = _group_mean_std(scores, index)
+        centred = (scores - mean).unsqueeze(-1) * mask
+        out = masked_whiten(centred, mask) * mask
+        return out, out
+
+
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax: reward-to-go minus the greedy baseline's reward; returns are the reward-to-go."""
+    mask = response_mask.to(token_level_rewards.dtype)
+    with torch.no_grad():
+        returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+        return returns - reward_baselines.unsqueeze(-1) * mask, returns
+
+
+# ----------------------------------------------------------------------------- in-reward KL
+
+
+def apply_kl_penalty(
+    token_level_scores: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    ref_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    beta: float,
+    kind: str = "kl",
+) -> tuple[torch.Tensor, float]:
+    """rewards = scores − β·KL per token (KL of `kind`, 0 where masked), and the batch's current KL:
+    the mean over sequences of each sequence's masked mean KL (what a KL controller reads)."""
+    mask = response_mask.to(token_level_scores.dtype)
+    kld = kl_penalty(old_log_prob, ref_log_prob, kind) * mask
+    current = float(masked_mean(kld, mask, dim=-1).mean())
+    return token_level_scores - beta * kld, current
+
+
+class FixedKLController:
+    """A constant KL coefficient."""
+
+    def __init__(self, kl_coef: float) -> None:
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Nothing to adapt."""
+
+
+class AdaptiveKLController:
+    """Ziegler et al.'s controller: value ×= 1 + clip(kl / target − 1, ±0.2) · n_steps / horizon."""
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: float) -> None:
+        if target_kl <= 0 or horizon <= 0:
+            raise ValueError(f"adaptive KL needs target_kl > 0 and horizon > 0, got {target_kl} and {horizon}")
+        self.value = float(init_kl_coef)
+        self.target = float(target_kl)
+        self.horizon = float(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon

@@ -1,0 +1,147 @@
+"""Advantage estimators and in-reward KL against small cases worked out by hand (verl's
+core_algos conventions: sums of token rewards, unbiased group std, unbiased masked whitening)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hfrt.algos import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_reinforce_pp_baseline_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+)
+
+T = torch.tensor
+
+# 2 × 3: the second response ends after 2 tokens; its third value is garbage the scan must ignore
+REWARDS = T([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+VALUES = T([[0.5, 0.25, 0.5], [1.0, 0.5, 9.0]])
+MASK = T([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+
+
+def close(got: torch.Tensor, want: list[list[float]] | list[float]) -> None:
+    assert torch.allclose(got, T(want), atol=1e-5), f"{got} != {want}"
+
+
+def test_gae_with_gamma_and_lambda_one() -> None:
+    adv, ret = compute_gae_advantage_return(REWARDS, VALUES, MASK, gamma=1.0, lam=1.0)
+    # raw advantages: reward-to-go minus value; the masked tail keeps lastgaelam = 0
+    # row 0: [1 - .5, 1 - .25, 1 - .5] = [.5, .75, .5]; row 1: [2 - 1, 2 - .5, 0] = [1, 1.5, 0]
+    close(ret, [[1.0, 1.0, 1.0], [2.0, 2.0, 9.0]])  # raw advantages + values
+    # whitening over the 5 response tokens: mean .85, unbiased var .7 / 4 = .175
+    s = math.sqrt(0.175 + 1e-8)
+    close(adv, [[-0.35 / s, -0.1 / s, -0.35 / s], [0.15 / s, 0.65 / s, -0.85 / s]])
+
+
+def test_gae_with_gamma_09_lambda_095() -> None:
+    _, ret = compute_gae_advantage_return(REWARDS, VALUES, MASK, gamma=0.9, lam=0.95)
+    # row 0: t2 δ=.5 → .5; t1 δ=.9·.5−.25=.2 → .2+.855·.5=.6275; t0 δ=.9·.25−.5=−.275 → −.275+.855·.6275
+    row0 = [-0.275 + 0.855 * 0.6275, 0.6275, 0.5]
+    # row 1: t2 masked → 0; t1 δ=2−.5=1.5 → 1.5; t0 δ=.9·.5−1=−.55 → −.55+.855·1.5=.7325
+    row1 = [0.7325, 1.5, 0.0]
+    close(ret, [[a + v for a, v in zip(row0, [0.5, 0.25, 0.5])], [1.7325, 2.0, 9.0]])
+    raw = T([row0, row1])
+    flat = raw[MASK.bool()]
+    close(compute_gae_advantage_return(REWARDS, VALUES, MASK, 0.9, 0.95)[0],
+          ((raw - flat.mean()) / torch.sqrt(flat.var() + 1e-8)).tolist())
+
+
+def test_gae_carries_next_value_and_gae_through_a_masked_middle_token() -> None:
+    rewards, values, mask = T([[0.0, 0.0, 1.0]]), T([[0.5, 7.0, 0.25]]), T([[1.0, 0.0, 1.0]])
+    _, ret = compute_gae_advantage_return(rewards, values, mask, 1.0, 1.0)
+    # t2: .75; t1 (masked): carries .75; t0: δ = 0 + .25 − .5 = −.25 → −.25 + .75 = .5
+    close(ret, [[0.5 + 0.5, 0.75 + 7.0, 0.75 + 0.25]])
+
+
+INDEX = ["a", "a", "a", "b", "c", "c"]
+OUT_MASK = T([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+# scores (sum of token rewards): a = 1, 0, 2; b = 3; c = 1, 1
+OUT_REWARDS = T([[0.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.0, 3.0], [1.0, 0.0], [0.5, 0.5]])
+
+
+def test_grpo_normalises_by_group_std_and_a_single_sample_group_by_one() -> None:
+    adv, ret = compute_grpo_outcome_advantage(OUT_REWARDS, OUT_MASK, INDEX)
+    # a: mean 1, unbiased std 1; b: mean 0, std 1; c: mean 1, std 0 → 0 / 1e-6 = 0
+    d = 1 + 1e-6
+    want = [0.0, -1 / d, 1 / d, 3 / d, 0.0, 0.0]
+    close(adv, (T(want)[:, None] * OUT_MASK).tolist())
+    assert torch.equal(adv, ret)
+
+
+def test_dr_grpo_only_subtracts_the_group_mean() -> None:
+    adv, _ = compute_grpo_outcome_advantage(OUT_REWARDS, OUT_MASK, INDEX, norm_adv_by_std=False)
+    close(adv, (T([0.0, -1.0, 1.0, 3.0, 0.0, 0.0])[:, None] * OUT_MASK).tolist())
+
+
+def test_rloo_leave_one_out_baseline() -> None:
+    rewards = OUT_REWARDS.clone()
+    rewards[5] = T([1.0, 2.0])  # c = 1, 3
+    adv, _ = compute_rloo_outcome_advantage(rewards, OUT_MASK, INDEX)
+    # a (n=3, mean 1): (s − 1)·3/2; b alone keeps 3; c (n=2, mean 2): (s − 2)·2
+    close(adv, (T([0.0, -1.5, 1.5, 3.0, -2.0, 2.0])[:, None] * OUT_MASK).tolist())
+
+
+def test_reinforce_plus_plus_discounted_return_whitened() -> None:
+    adv, ret = compute_reinforce_plus_plus_outcome_advantage(REWARDS, MASK, gamma=0.5)
+    close(ret, [[0.25, 0.5, 1.0], [1.0, 2.0, 0.0]])
+    # over [.25, .5, 1, 1, 2]: mean .95, unbiased var 1.8 / 4 = .45; masked positions 0
+    s = math.sqrt(0.45 + 1e-8)
+    close(adv, [[-0.7 / s, -0.45 / s, 0.05 / s], [0.05 / s, 1.05 / s, 0.0]])
+
+
+def test_reinforce_plus_plus_return_resets_after_a_masked_token() -> None:
+    _, ret = compute_reinforce_plus_plus_outcome_advantage(T([[1.0, 0.0, 4.0]]), T([[1.0, 0.0, 1.0]]), gamma=0.5)
+    close(ret, [[1.0, 2.0, 4.0]])  # t1 sees 4·.5 = 2, then the running return is reset
+
+
+def test_reinforce_pp_baseline_subtracts_group_mean_then_whitens() -> None:
+    rewards = T([[0.0, 1.0], [1.0, 2.0], [0.0, 0.0], [0.0, 0.0]])  # scores 1, 3, 0, 0
+    adv, ret = compute_reinforce_pp_baseline_advantage(rewards, torch.ones(4, 2), ["a", "a", "b", "b"])
+    # centred [−1, 1, 0, 0] per token: mean 0, unbiased var 4 / 7
+    s = math.sqrt(4 / 7 + 1e-8)
+    close(adv, [[-1 / s, -1 / s], [1 / s, 1 / s], [0.0, 0.0], [0.0, 0.0]])
+    assert torch.equal(adv, ret)
+
+
+def test_remax_reward_to_go_minus_greedy_baseline() -> None:
+    rewards = T([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
+    adv, ret = compute_remax_outcome_advantage(rewards, T([0.5, 2.0]), T([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]))
+    close(ret, [[1.0, 1.0, 0.0], [2.0, 2.0, 2.0]])
+    close(adv, [[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_apply_kl_penalty_k1() -> None:
+    old = T([[0.0, -1.0, -2.0], [-1.0, -1.0, -3.0]])
+    ref = T([[-0.5, -1.0, -1.0], [-1.0, 0.0, 0.0]])
+    rewards, current = apply_kl_penalty(REWARDS, old, ref, MASK, beta=0.1, kind="kl")
+    # KL = old − ref = [[.5, 0, −1], [0, −1, (masked)]]
+    close(rewards, [[-0.05, 0.0, 1.1], [0.0, 2.1, 0.0]])
+    assert current == pytest.approx(((-0.5 / 3) + (-1 / 2)) / 2)
+
+
+def test_apply_kl_penalty_k2() -> None:
+    rewards, current = apply_kl_penalty(T([[1.0, 1.0]]), T([[0.0, -2.0]]), T([[-1.0, -1.0]]), T([[1.0, 1.0]]), 0.5, "k2")
+    close(rewards, [[0.75, 0.75]])  # ½·1² = .5 each, times β = .5
+    assert current == pytest.approx(0.5)
+
+
+def test_kl_controllers() -> None:
+    fixed = FixedKLController(0.05)
+    fixed.update(current_kl=100.0, n_steps=64)
+    assert fixed.value == 0.05
+    adaptive = AdaptiveKLController(0.2, target_kl=6.0, horizon=10000)
+    adaptive.update(current_kl=9.0, n_steps=256)  # error .5 clipped to .2
+    assert adaptive.value == pytest.approx(0.2 * (1 + 0.2 * 256 / 10000))
+    adaptive.update(current_kl=5.7, n_steps=100)  # error −.05
+    assert adaptive.value == pytest.approx(0.2 * (1 + 0.2 * 256 / 10000) * (1 - 0.05 * 100 / 10000))
+    with pytest.raises(ValueError, match="target_kl > 0"):
+        AdaptiveKLController(0.2, target_kl=0.0, horizon=10)
