@@ -20,7 +20,12 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
 
 def machine() -> dict[str, Any]:
     """Facts that make two results comparable (or not)."""
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],  # other work on the machine during the run
+    }
 
 
 def emit(result: dict[str, Any], args: argparse.Namespace) -> None:
