@@ -27,7 +27,9 @@ from tests.support import STARTED_PIDS, local_cluster
 
 from .daemon_helpers import prompt_handle
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# Every test here starts real daemons (or shares the module's cluster, whose start-up lands in
+# whichever test runs first), so each takes more than 10 s on its own: all are marked slow.
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(300)]
 
 HELPER = f"{Path(__file__).parent / 'daemon_helpers.py'}:AdvantageHelper"
 TRAIN = {"micro_batch_size": 2, "optim": {"lr": 1e-2}}
@@ -87,8 +89,6 @@ async def rollout(roles: dict[str, Any]) -> Any:
     return await roles["actor"].generate(prompt_handle(PROMPTS, ground_truth=TRUTHS, data_source=["a", "b", "c"]), n=2)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(240)
 async def test_generate_carries_columns_and_reports_transitions(cluster: Any, rollout: Any) -> None:
     assert len(rollout) == 6 and rollout.owners == ["actor:0"]
     assert set(rollout.keys()) == {
@@ -198,8 +198,6 @@ async def logged_cluster(specs: list[DaemonSpec], log_dir: Path) -> AsyncIterato
             await launcher.stop(timeout_s=5.0)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
 async def test_setup_failures_name_the_role_and_the_reason(tmp_path: Path) -> None:
     specs = [
         DaemonSpec("badpath", impl="actor", options={"model": "/no/such/model-dir"}),
@@ -254,8 +252,6 @@ async def _exercise_two_ranks(ctl: Any, actor: Any, helper: Any, *, colocated: b
     return metrics[0]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
 async def test_two_rank_actors_on_fsdp2_colocated_with_a_reference_and_on_deepspeed(tmp_path: Path) -> None:
     specs = (
         two_ranks("fsdp", "actor_ref", {"backend": "fsdp2"})
