@@ -15,6 +15,7 @@ exactly the loss of one pass over the global batch. Without a LossScale it is a 
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -218,16 +219,16 @@ def compute_gae_advantage_return(
         return masked_whiten(advantages, mask), returns
 
 
-def _group_scores(scores: torch.Tensor, index: list[object]) -> dict[object, torch.Tensor]:
+def _group_scores(scores: torch.Tensor, index: Sequence[Hashable]) -> dict[Hashable, torch.Tensor]:
     if len(index) != scores.shape[0]:
         raise ValueError(f"index has {len(index)} entries for {scores.shape[0]} rows")
-    groups: dict[object, list[int]] = {}
+    groups: dict[Hashable, list[int]] = {}
     for row, key in enumerate(index):
         groups.setdefault(key, []).append(row)
     return {key: scores[rows] for key, rows in groups.items()}
 
 
-def _group_mean_std(scores: torch.Tensor, index: list[object]) -> tuple[torch.Tensor, torch.Tensor]:
+def _group_mean_std(scores: torch.Tensor, index: Sequence[Hashable]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row mean and unbiased std of the row's group; a group of one has mean 0 and std 1."""
     stats = {}
     for key, group in _group_scores(scores, index).items():
@@ -240,7 +241,7 @@ def _group_mean_std(scores: torch.Tensor, index: list[object]) -> tuple[torch.Te
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
-    index: list[object],
+    index: Sequence[Hashable],
     epsilon: float = 1e-6,
     norm_adv_by_std: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -256,7 +257,7 @@ def compute_grpo_outcome_advantage(
 
 
 def compute_rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: list[object]
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence[Hashable]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO: s·n/(n−1) − mean·n/(n−1) with the group of n (a group of one keeps its score)."""
     with torch.no_grad():
@@ -288,7 +289,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
 
 
 def compute_reinforce_pp_baseline_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: list[object]
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Sequence[Hashable]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: s − group mean over the response, then whitened over the batch."""
     mask = response_mask.to(token_level_rewards.dtype)

@@ -22,6 +22,7 @@ from hfrt.batch import Batch
 from hfrt.daemon import Daemon
 from hfrt.endpoints import Dispatch, endpoint
 
+from .advantage import AdvantageEndpoints  # compute_advantages (RANK0), in its own module
 from .common import (
     ModelOptions,
     build_dataclass,
@@ -97,8 +98,9 @@ def forward_columns(batch: Batch, endpoint: str, *more: str) -> dict[str, torch.
     return take(batch, names, endpoint)
 
 
-class ActorDaemon(Daemon):
-    """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, weight_sync_report (REPLICATE)."""
+class ActorDaemon(AdvantageEndpoints, Daemon):
+    """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, weight_sync_report (REPLICATE);
+    compute_advantages (RANK0, from roles/advantage.py)."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm"})
 

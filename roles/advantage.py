@@ -1,0 +1,151 @@
+"""Advantage computation as a role endpoint (a mixin the actor daemon inherits): rank 0 of the
+role pulls the whole batch — small [B, R] columns — so batch-wide statistics (whitening, group
+means over prompts split across ranks) are exact, and the controller never sees a tensor.
+
+It knows the estimators of hfrt.algos and the column names of a rollout; it knows nothing of the
+role it is mixed into, of engines or of the flow that calls it. The in-reward KL controller is
+the one piece of state: made on the first call that asks for it, updated on every such call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hfrt.algos import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_reinforce_pp_baseline_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    kl_penalty,
+    masked_mean,
+)
+from hfrt.batch import Batch
+from hfrt.endpoints import Dispatch, endpoint
+
+from .common import build_dataclass
+from .rows import merge, take
+
+ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
+
+
+@dataclass(frozen=True)
+class AdvantageParams:
+    """Keyword options of `compute_advantages`.
+
+    gamma / lam: discount and GAE λ. norm_adv_by_std: GRPO (True) or Dr.GRPO (False); epsilon:
+    GRPO's std guard. use_kl_in_reward: rewards = scores − β·KL(old ‖ ref) of type kl_penalty, β from
+    a `kl_ctrl` controller ("fixed": kl_coef; "adaptive": starts at kl_coef, aims at target_kl over
+    horizon samples). score_column: the token-level scores; index_column: the group key (a prompt's
+    uid); baseline_column: ReMax's per-row baseline reward (a non-tensor or [B] tensor column).
+    """
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std: bool = True
+    epsilon: float = 1e-6
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: str = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: float = 10000.0
+    score_column: str = "token_level_scores"
+    index_column: str = "uid"
+    baseline_column: str = "baseline_score"
+
+
+def make_kl_controller(p: AdvantageParams) -> FixedKLController | AdaptiveKLController:
+    if p.kl_ctrl == "fixed":
+        return FixedKLController(p.kl_coef)
+    if p.kl_ctrl == "adaptive":
+        return AdaptiveKLController(p.kl_coef, p.target_kl, p.horizon)
+    raise ValueError(f"unknown kl_ctrl {p.kl_ctrl!r}: use fixed or adaptive")
+
+
+def estimate(
+    estimator: str, rewards: torch.Tensor, mask: torch.Tensor, batch: Batch, p: AdvantageParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) of one estimator, reading what else it needs from `batch`."""
+    if estimator == "gae":
+        values = take(batch, ["values"], "compute_advantages(gae)")["values"].float()
+        return compute_gae_advantage_return(rewards, values, mask, p.gamma, p.lam)
+    if estimator == "reinforce_plus_plus":
+        return compute_reinforce_plus_plus_outcome_advantage(rewards, mask, p.gamma)
+    if estimator == "remax":
+        return compute_remax_outcome_advantage(rewards, _column(batch, p.baseline_column), mask)
+    if estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+        index = list(_non_tensor(batch, p.index_column))
+        if estimator == "grpo":
+            return compute_grpo_outcome_advantage(rewards, mask, index, p.epsilon, p.norm_adv_by_std)
+        if estimator == "rloo":
+            return compute_rloo_outcome_advantage(rewards, mask, index)
+        return compute_reinforce_pp_baseline_advantage(rewards, mask, index)
+    raise ValueError(f"unknown advantage estimator {estimator!r}: use one of {', '.join(ESTIMATORS)}")
+
+
+def _non_tensor(batch: Batch, name: str) -> list[Any]:
+    if name not in batch.non_tensor:
+        raise KeyError(f"compute_advantages needs a non-tensor column {name!r}; the batch has {batch.keys()}")
+    return list(batch.non_tensor[name])
+
+
+def _column(batch: Batch, name: str) -> torch.Tensor:
+    if name in batch.tensors:
+        return batch.tensors[name].float().reshape(-1)
+    return torch.tensor([float(v) for v in _non_tensor(batch, name)])
+
+
+def summary(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """{name/mean, name/max, name/min} over the masked positions (0s when nothing is masked in)."""
+    picked = values[mask.bool()]
+    if picked.numel() == 0:
+        return {f"{name}/mean": 0.0, f"{name}/max": 0.0, f"{name}/min": 0.0}
+    return {f"{name}/mean": float(picked.mean()), f"{name}/max": float(picked.max()), f"{name}/min": float(picked.min())}
+
+
+class AdvantageEndpoints:
+    """Mixin: `compute_advantages` (RANK0). The host class must be a hfrt Daemon."""
+
+    _kl_controller: FixedKLController | AdaptiveKLController | None = None
+
+    @endpoint(dispatch=Dispatch.RANK0)
+    def compute_advantages(self, batch: Batch, *extra: Batch, estimator: str = "gae", **params: Any) -> Batch:
+        """`advantages`, `returns` and `token_level_rewards` [B, R] (0 where response_mask is 0)
+        for the whole batch, by `estimator` (see ESTIMATORS; options: AdvantageParams). Meta
+        `metrics`: advantage / return / reward stats, `kl/mean` when old and reference log-probs
+        are present, and the in-reward KL coefficient when it is used."""
+        merged = merge(batch, extra)
+        p: AdvantageParams = build_dataclass(AdvantageParams, params, "compute_advantages")
+        cols = take(merged, ["response_mask", p.score_column], "compute_advantages")
+        mask, rewards = cols["response_mask"].float(), cols[p.score_column].float()
+        metrics: dict[str, float] = {}
+        if "old_log_probs" in merged.tensors and "ref_log_prob" in merged.tensors:
+            kl = kl_penalty(merged.tensors["old_log_probs"].float(), merged.tensors["ref_log_prob"].float(), p.kl_penalty)
+            metrics["kl/mean"] = float(masked_mean(kl, mask))
+        if p.use_kl_in_reward:
+            rewards, metrics = self._kl_in_reward(merged, rewards, mask, p, metrics)
+        advantages, returns = estimate(estimator, rewards, mask, merged, p)
+        advantages, returns = advantages * mask, returns * mask
+        metrics |= summary("advantages", advantages, mask) | summary("returns", returns, mask)
+        metrics["reward/token_sum_mean"] = float((rewards * mask).sum(-1).mean())
+        tensors = {"advantages": advantages, "returns": returns, "token_level_rewards": rewards * mask}
+        return Batch(tensors, meta={"metrics": metrics})
+
+    def _kl_in_reward(
+        self, batch: Batch, scores: torch.Tensor, mask: torch.Tensor, p: AdvantageParams, metrics: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        logp = take(batch, ["old_log_probs", "ref_log_prob"], "compute_advantages(use_kl_in_reward)")
+        if self._kl_controller is None:
+            self._kl_controller = make_kl_controller(p)
+        beta = self._kl_controller.value
+        rewards, current = apply_kl_penalty(scores, logp["old_log_probs"].float(), logp["ref_log_prob"].float(), mask, beta, p.kl_penalty)
+        self._kl_controller.update(current, n_steps=len(batch))
+        return rewards, metrics | {"actor/reward_kl_penalty": current, "actor/reward_kl_penalty_coeff": beta}
