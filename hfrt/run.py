@@ -85,6 +85,11 @@ def specs_for(roles: dict[str, dict[str, Any]]) -> list[DaemonSpec]:
     return specs
 
 
+def with_run_dir(config: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The flow's config with `run_dir` (where the run writes: metrics, logs) set to the run's folder."""
+    return {**config, "run_dir": str(run_dir)}
+
+
 async def run_flow(
     flow: Flow,
     *,
@@ -116,7 +121,7 @@ async def run_flow(
             await launcher.start(specs_for(roles or flow.roles), controller=ctl.address, key=key, on_exit=ctl.mark_gone)
         summary: dict[str, Any] = {}
         try:
-            summary = dict(await flow.run(ctl, config) or {})
+            summary = dict(await flow.run(ctl, with_run_dir(config, run_dir)) or {})
         finally:
             if launcher is not None and not keep_daemons:
                 await ctl.shutdown_daemons()
@@ -170,7 +175,7 @@ async def run_on_cluster(
     key_file = write_key_file(run_dir / "cluster.key", key)
     orphan = max(cluster.daemons.orphan_timeout_s, 600.0) if keep_daemons else None
     async with ClusterSession(cluster, run_dir=run_dir, key=key, key_file=key_file, orphan_timeout_s=orphan) as session:
-        summary = dict(await flow.run(session.controller, config) or {})
+        summary = dict(await flow.run(session.controller, with_run_dir(config, run_dir)) or {})
         if keep_daemons:
             summary["attach"] = str(await _detach(session))
     return summary

@@ -17,6 +17,8 @@ from typing import Any
 
 BUILTIN: dict[str, str] = {
     "ping": "hfrt.flows.ping",
+    "ppo": "hfrt.flows.ppo",
+    "grpo": "hfrt.flows.grpo",
 }
 
 FlowFn = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any] | None]]

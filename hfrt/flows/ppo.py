@@ -1,0 +1,91 @@
+"""The `ppo` flow: PPO with a critic and GAE on the built-in addition task, step by step as in the
+HybridFlow paper's pseudo-code: generate → (critic values ∥ reference log-probs ∥ reward scores)
+→ old log-probs → advantages (on the actor's rank 0) → (critic update ∥ actor update).
+
+The controller only moves handles: every tensor stays on the daemons. It knows role endpoints and
+their options; it knows nothing of engines, devices or how a daemon computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from .common import (
+    CALL_TIMEOUT_S,
+    FlowConfig,
+    MetricsLog,
+    StageTimer,
+    non_tensor,
+    prompts_handle,
+    reward_stats,
+    rollout_metrics,
+)
+from .tasks import REWARD, AdditionTask
+
+ENGINE = {"micro_batch_size": 32, "optim": {"lr": 2e-3}}
+#: The embedded default: one local daemon per role, the `tiny` preset, the task's rule reward.
+ROLES: dict[str, dict[str, Any]] = {
+    "actor": {"impl": "actor", "options": {"model": "tiny", "engine": ENGINE, "sampling": {"top_k": 0}}},
+    "critic": {"impl": "critic", "options": {"model": "tiny", "engine": ENGINE}},
+    "reference": {"impl": "reference", "options": {"model": "tiny", "engine": {"micro_batch_size": 32}}},
+    "reward": {"impl": "reward", "options": {"kind": "function", "function": REWARD}},
+}
+
+
+@dataclass(frozen=True)
+class PPOConfig(FlowConfig):
+    """FlowConfig plus GAE (gamma, lam) and the in-reward KL (kl_coef, kl_ctrl fixed|adaptive,
+    target_kl, kl_horizon; kl_coef 0 turns it off)."""
+
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.001
+    kl_ctrl: str = "fixed"
+    target_kl: float = 0.1
+    kl_horizon: float = 10000.0
+    cliprange_value: float = 0.5
+
+
+async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+    cfg = PPOConfig.read(config)
+    actor, critic, reference, reward = await asyncio.gather(
+        *(ctl.role(name, timeout_s=CALL_TIMEOUT_S) for name in ("actor", "critic", "reference", "reward"))
+    )
+    task = AdditionTask(cfg.seed, cfg.max_operand)
+    with MetricsLog(cfg.run_dir) as log:
+        for step in range(cfg.steps):
+            log.write({"step": step, **await ppo_step(ctl, cfg, task, actor, critic, reference, reward)})
+    return log.summary() | {"controller_bulk_bytes": ctl.stats()["controller_bulk_bytes"]}
+
+
+async def ppo_step(
+    ctl: Any, cfg: PPOConfig, task: AdditionTask, actor: Any, critic: Any, reference: Any, reward: Any
+) -> dict[str, Any]:
+    """One PPO step; returns its metrics."""
+    t = StageTimer()
+    kw = {"timeout_s": CALL_TIMEOUT_S}
+    prompts = prompts_handle(task.batch(cfg.prompts_per_step))
+    # Stage 1: generate responses
+    rollout = await t.one("generate", actor.generate(
+        prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, **kw))
+    # Stage 2: prepare experience — three roles at once
+    values, ref, scores = await t.together(
+        "stage2", values=critic.compute_values(rollout, **kw),
+        ref_log_prob=reference.compute_log_prob(rollout, **kw), reward=reward.score(rollout, **kw))
+    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))
+    adv = await t.one("advantages", actor.compute_advantages(
+        rollout, scores, values, old, ref, estimator="gae", gamma=cfg.gamma, lam=cfg.lam,
+        use_kl_in_reward=cfg.kl_coef > 0, kl_coef=cfg.kl_coef, kl_ctrl=cfg.kl_ctrl,
+        target_kl=cfg.target_kl, horizon=cfg.kl_horizon, **kw))
+    # Stage 3: actor and critic training, at once
+    schedule = {"ppo_epochs": cfg.ppo_epochs, "ppo_mini_batch_size": cfg.ppo_mini_batch_size}
+    [critic_m], [actor_m] = await t.together(
+        "update", critic_update=critic.update(rollout, values, adv, cliprange_value=cfg.cliprange_value, **schedule, **kw),
+        actor_update=actor.update(rollout, old, adv, **schedule, **kw))
+    return {
+        **reward_stats(non_tensor(scores, "score")), **adv.meta["metrics"], **critic_m, **actor_m,
+        **rollout_metrics(rollout.meta), **t.timings, "timing/step_s": t.step_s(),
+        "controller_bulk_bytes": ctl.stats()["controller_bulk_bytes"],
+    }

@@ -1,0 +1,59 @@
+"""The built-in synthetic verifiable task: single-digit addition prompts ("3+4=") with a numeric
+ground truth, made locally from a seed, and its rule reward.
+
+No torch and no I/O: the controller makes the prompts, and the reward daemon imports the reward
+by name (REWARD). It knows nothing of roles, handles or algorithms.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+#: What a reward role's `function` option names to score this task.
+REWARD = "hfrt.flows.tasks:addition_reward"
+#: Partial credit for an answer in the right form (a leading number) but wrong: it gives a
+#: random-init policy a signal to find the answer's form before it finds the answer.
+FORM_CREDIT = 0.1
+
+
+@dataclass
+class AdditionTask:
+    """Prompts "a+b=" with 0 <= a, b <= max_operand, drawn from a seeded generator (a fixed order
+    for a given seed); the ground truth is the sum as text."""
+
+    seed: int = 0
+    max_operand: int = 4
+    _rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def batch(self, count: int) -> dict[str, list[Any]]:
+        """`count` prompts as non-tensor columns: prompt, ground_truth, data_source."""
+        pairs = [(self._rng.randint(0, self.max_operand), self._rng.randint(0, self.max_operand)) for _ in range(count)]
+        return {
+            "prompt": [f"{a}+{b}=" for a, b in pairs],
+            "ground_truth": [str(a + b) for a, b in pairs],
+            "data_source": ["addition"] * count,
+        }
+
+
+def leading_number(text: str) -> int | None:
+    """The integer the text starts with (after spaces), or None."""
+    digits = ""
+    for ch in text.lstrip():
+        if not ch.isdigit():
+            break
+        digits += ch
+    return int(digits) if digits else None
+
+
+def addition_reward(response: str, ground_truth: Any) -> float:
+    """1 when the response starts with the right sum (the number ends where the digits do: "7",
+    "7 " and "7=" are right, "77" is not), FORM_CREDIT when it starts with another number, else 0."""
+    got = leading_number(response)
+    if got is None:
+        return 0.0
+    return 1.0 if got == int(str(ground_truth)) else FORM_CREDIT
