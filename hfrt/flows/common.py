@@ -53,7 +53,7 @@ class FlowConfig:
         unknown = sorted(set(config) - set(fields))
         if unknown:
             raise ValueError(f"unknown config key(s) {unknown}; this flow reads {sorted(fields)}")
-        values = {}
+        values: dict[str, Any] = {}
         for key, raw in config.items():
             kind = type(fields[key].default)
             if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
