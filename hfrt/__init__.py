@@ -8,8 +8,10 @@ from .controller import Controller
 from .daemon import Daemon, DaemonContext
 from .endpoints import Dispatch, endpoint
 from .errors import CallTimeout, DaemonGone, HfrtError, ProtocolMismatch, RemoteError, UnknownEndpoint
+from .protocols import BatchHandle, TensorHandle
 
 __all__ = [
+    "BatchHandle",
     "CallTimeout",
     "Controller",
     "Daemon",
@@ -19,6 +21,7 @@ __all__ = [
     "HfrtError",
     "ProtocolMismatch",
     "RemoteError",
+    "TensorHandle",
     "UnknownEndpoint",
     "endpoint",
 ]

@@ -235,7 +235,8 @@ class Controller(TensorPlaneControl):
         """
         info = self._daemons.get(identity)
         if info is None:
-            self._gone_before_hello[identity] = reason
+            first = self._gone_before_hello.get(identity)  # a Bye's reason beats a later exit code
+            self._gone_before_hello[identity] = reason if first is None else f"{first}; {reason}"
             self._notify_change()
             return
         if not info.alive:

@@ -15,6 +15,8 @@ from .codec import register_record
 #: msgpack ext codes.
 EXT_TENSOR_HANDLE = 1
 EXT_BATCH_HANDLE = 2
+#: owner of the shards of BatchHandle.inline(): no daemon (they hold no tensors)
+INLINE_OWNER = ""
 
 
 def _int(value: Any) -> bool:
@@ -150,6 +152,16 @@ class BatchHandle:
                 out.append(shard.narrow(lo, hi))
             offset += shard.rows
         return BatchHandle(tuple(out), dict(self.meta), (self,))
+
+    @classmethod
+    def inline(cls, non_tensor: dict[str, list[Any]], meta: dict[str, Any] | None = None) -> BatchHandle:
+        """A batch of per-row Python values only (prompts, ground truths, ids), made where it is
+        needed, e.g. in a flow: it holds no tensors, so it has no owner and nothing is pulled."""
+        lengths = {k: len(v) for k, v in non_tensor.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"inline batch columns differ in length: {lengths}")
+        rows = next(iter(lengths.values()), 0)
+        return cls((Shard(INLINE_OWNER, rows, {}, {k: list(v) for k, v in non_tensor.items()}),), dict(meta or {}))
 
     @staticmethod
     def concat(parts: list[BatchHandle]) -> BatchHandle:

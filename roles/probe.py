@@ -33,6 +33,11 @@ class ProbeDaemon(Daemon):
         )
 
     @endpoint(dispatch=Dispatch.SPLIT)
+    def make_from(self, rows: Batch) -> Batch:
+        """`make` from a batch whose non-tensor column `ids_list` holds the row ids."""
+        return self.make(list(rows.non_tensor["ids_list"]))
+
+    @endpoint(dispatch=Dispatch.SPLIT)
     def reshard(self, batch: Batch) -> Batch:
         """Take my rows of a batch (pulled from wherever they live) and own them from now on."""
         return Batch({k: v.clone() for k, v in batch.tensors.items()}, dict(batch.non_tensor), batch.meta)

@@ -148,3 +148,15 @@ async def test_tensor_parallel_replicas_receive_the_same_rows() -> None:
         assert [r["id"] for r in collected] == list(range(8))
         assert [r["rank"] for r in collected] == [0] * 4 + [2] * 4
         assert await tp.last_seen.call() == [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
+
+
+async def test_inline_batches_from_the_flow_split_across_ranks_without_owners() -> None:
+    async with local_cluster(probes(p=2)) as (ctl, _):
+        p = await ctl.role("p")
+        rows = BatchHandle.inline({"ids_list": list(range(5)), "text": [f"q{i}" for i in range(5)]}, {"task": "t"})
+        assert rows.owners == [""] and len(rows) == 5
+        made = await p.make_from(rows)
+        fetched = await ctl.fetch(made)
+        assert fetched["ids"].tolist() == list(range(5)) and fetched.meta == {"width": 4}
+        with pytest.raises(ValueError, match="differ in length"):
+            BatchHandle.inline({"a": [1, 2], "b": [1]})
