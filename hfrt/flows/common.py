@@ -32,17 +32,19 @@ class FlowConfig:
     steps: RL steps. prompts_per_step: prompts per step (each sampled `n` times where the flow
     samples groups). seed: of the synthetic task. max_operand: the task's largest addend.
     max_new_tokens / temperature: sampling. ppo_epochs / ppo_mini_batch_size: of both updates.
+    entropy_coeff: the actor's entropy bonus (keeps a small policy exploring).
     run_dir: set by `hfrt controller` (metrics.jsonl goes there); "" writes no file.
     """
 
-    steps: int = 40
+    steps: int = 150
     prompts_per_step: int = 16
     seed: int = 0
-    max_operand: int = 4
+    max_operand: int = 2
     max_new_tokens: int = 2
     temperature: float = 1.0
     ppo_epochs: int = 1
     ppo_mini_batch_size: int = 0
+    entropy_coeff: float = 0.01
     run_dir: str = ""
 
     @classmethod

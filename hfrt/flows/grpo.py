@@ -70,7 +70,7 @@ async def grpo_step(ctl: Any, cfg: GRPOConfig, task: AdditionTask, actor: Any, r
         rollout, scores, old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
     # Stage 3: actor training (no critic)
     loss = {"use_kl_loss": cfg.kl_loss_coef > 0, "kl_loss_coef": cfg.kl_loss_coef, "kl_loss_type": cfg.kl_loss_type,
-            "loss_agg_mode": cfg.loss_agg_mode, "ppo_epochs": cfg.ppo_epochs, "ppo_mini_batch_size": cfg.ppo_mini_batch_size}
+            "loss_agg_mode": cfg.loss_agg_mode, "entropy_coeff": cfg.entropy_coeff, "ppo_epochs": cfg.ppo_epochs, "ppo_mini_batch_size": cfg.ppo_mini_batch_size}
     [actor_m] = await t.one("update", actor.update(rollout, old, ref, adv, **loss, **kw))
     return {
         **reward_stats(non_tensor(scores, "score")), **adv.meta["metrics"], **actor_m,

@@ -83,7 +83,7 @@ async def ppo_step(
     schedule = {"ppo_epochs": cfg.ppo_epochs, "ppo_mini_batch_size": cfg.ppo_mini_batch_size}
     [critic_m], [actor_m] = await t.together(
         "update", critic_update=critic.update(rollout, values, adv, cliprange_value=cfg.cliprange_value, **schedule, **kw),
-        actor_update=actor.update(rollout, old, adv, **schedule, **kw))
+        actor_update=actor.update(rollout, old, adv, entropy_coeff=cfg.entropy_coeff, **schedule, **kw))
     return {
         **reward_stats(non_tensor(scores, "score")), **adv.meta["metrics"], **critic_m, **actor_m,
         **rollout_metrics(rollout.meta), **t.timings, "timing/step_s": t.step_s(),

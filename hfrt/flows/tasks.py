@@ -24,7 +24,7 @@ class AdditionTask:
     for a given seed); the ground truth is the sum as text."""
 
     seed: int = 0
-    max_operand: int = 4
+    max_operand: int = 2
     _rng: random.Random = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
