@@ -39,11 +39,8 @@ from .generate import GenerationEngine, HFGenerationEngine
 from .hybrid import HybridEngine
 from .models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
 from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
-from .rows import all_reduce, check_rows, merge, reduce_metrics, take
+from .rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
 from .updates import MakeLoss, UpdateSchedule, accumulate, forward_equal, run_updates
-
-#: Columns every forward pass reads (position_ids is used when present).
-FORWARD_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
 
 
 @dataclass(frozen=True)
@@ -91,11 +88,6 @@ def actor_loss(cfg: ActorLoss) -> MakeLoss:
         return loss_fn
 
     return make
-
-
-def forward_columns(batch: Batch, endpoint: str, *more: str) -> dict[str, torch.Tensor]:
-    names = [*FORWARD_COLUMNS, *more] + (["position_ids"] if "position_ids" in batch.tensors else [])
-    return take(batch, names, endpoint)
 
 
 class ActorDaemon(AdvantageEndpoints, Daemon):
@@ -169,7 +161,7 @@ class ActorDaemon(AdvantageEndpoints, Daemon):
     def compute_log_prob(self, batch: Batch, *extra: Batch, temperature: float | None = None) -> Batch:
         """Current-policy log-probs (`old_log_probs`) and `entropy` of the responses, 0 where masked."""
         batch = merge(batch, extra)
-        tensors = forward_columns(batch, "actor.compute_log_prob")
+        tensors = forward_inputs(batch, "actor.compute_log_prob")
         out = forward_equal(
             self.engine, tensors, "actor.compute_log_prob", temperature=self._temperature(batch, temperature),
             with_entropy=True,
@@ -190,7 +182,7 @@ class ActorDaemon(AdvantageEndpoints, Daemon):
         cfg: ActorLoss = build_dataclass(ActorLoss, rest, "actor.update")
         more = ["advantages", "old_log_probs"] + (["ref_log_prob"] if cfg.use_kl_loss else [])
         return run_updates(
-            self.engine, forward_columns(batch, "actor.update", *more), actor_loss(cfg), schedule,
+            self.engine, forward_inputs(batch, "actor.update", *more), actor_loss(cfg), schedule,
             prefix="actor", endpoint="actor.update", temperature=self._temperature(batch, cfg.temperature),
             with_entropy=cfg.entropy_coeff != 0,
         )

@@ -29,10 +29,8 @@ from .common import (
     role_errors,
 )
 from .engines import ForwardOutput, LossFn
-from .rows import merge, take
+from .rows import forward_inputs, merge
 from .updates import MakeLoss, UpdateSchedule, forward_equal, run_updates
-
-FORWARD_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
 
 
 @dataclass(frozen=True)
@@ -59,11 +57,6 @@ def critic_loss(cfg: CriticLoss) -> MakeLoss:
     return make
 
 
-def columns(batch: Batch, endpoint: str, *more: str) -> dict[str, torch.Tensor]:
-    names = [*FORWARD_COLUMNS, *more] + (["position_ids"] if "position_ids" in batch.tensors else [])
-    return take(batch, names, endpoint)
-
-
 class CriticDaemon(Daemon):
     """Endpoints: compute_values, update (SPLIT); save, load (REPLICATE)."""
 
@@ -81,7 +74,7 @@ class CriticDaemon(Daemon):
     @endpoint(dispatch=Dispatch.SPLIT)
     def compute_values(self, batch: Batch, *extra: Batch) -> Batch:
         """`values` [rows, R]: the value before each response token, 0 where masked."""
-        tensors = columns(merge(batch, extra), "critic.compute_values")
+        tensors = forward_inputs(merge(batch, extra), "critic.compute_values")
         out = forward_equal(self.engine, tensors, "critic.compute_values")
         assert out.values is not None
         return Batch({"values": out.values * tensors["response_mask"].to(out.values.dtype)})
@@ -92,7 +85,7 @@ class CriticDaemon(Daemon):
         fields. Returns metrics averaged over steps, the same on every rank."""
         schedule, rest = UpdateSchedule.split(loss)
         cfg: CriticLoss = build_dataclass(CriticLoss, rest, "critic.update")
-        tensors = columns(merge(batch, extra), "critic.update", "values", "returns")
+        tensors = forward_inputs(merge(batch, extra), "critic.update", "values", "returns")
         return run_updates(
             self.engine, tensors, critic_loss(cfg), schedule, prefix="critic", endpoint="critic.update"
         )

@@ -16,11 +16,17 @@ from hfrt.batch import Batch
 from hfrt.daemon import Daemon, DaemonContext
 from hfrt.endpoints import Dispatch, endpoint
 
-from .common import ModelOptions, build_engine, check_options, close_group, needs_group, prepare_process, role_errors
-from .rows import merge, take
+from .common import (
+    ModelOptions,
+    build_engine,
+    check_options,
+    close_group,
+    needs_group,
+    prepare_process,
+    role_errors,
+)
+from .rows import forward_inputs, merge
 from .updates import forward_equal
-
-FORWARD_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
 
 
 class FrozenPolicy:
@@ -31,8 +37,7 @@ class FrozenPolicy:
 
     def log_probs(self, batch: Batch, endpoint: str, temperature: float | None = None) -> torch.Tensor:
         """[rows, R] log-probs of `responses` at `temperature` (default: the rollout's, from meta), 0 where masked."""
-        names = [*FORWARD_COLUMNS] + (["position_ids"] if "position_ids" in batch.tensors else [])
-        tensors = take(batch, names, endpoint)
+        tensors = forward_inputs(batch, endpoint)
         temp = float(temperature if temperature is not None else batch.meta.get("temperature", 1.0))
         out = forward_equal(self.engine, tensors, endpoint, temperature=temp)
         assert out.log_probs is not None

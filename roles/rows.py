@@ -108,3 +108,13 @@ def equal_rows(tensors: Tensors, endpoint: str) -> tuple[Tensors, int]:
 
 def unpad(t: torch.Tensor, pad: int) -> torch.Tensor:
     return t[: t.shape[0] - pad] if pad else t
+
+
+#: Columns every forward pass reads (position_ids is used when present).
+FORWARD_COLUMNS = ("input_ids", "attention_mask", "responses", "response_mask")
+
+
+def forward_inputs(batch: Batch, endpoint: str, *more: str) -> dict[str, torch.Tensor]:
+    """The tensors a forward pass (plus the `more` columns) reads from `batch`, checked by `take`."""
+    names = [*FORWARD_COLUMNS, *more] + (["position_ids"] if "position_ids" in batch.tensors else [])
+    return take(batch, names, endpoint)

@@ -108,6 +108,17 @@ def lr_multiplier(optim: OptimConfig) -> Callable[[int], float]:
     return factor
 
 
+def optimizer_and_scheduler(
+    model: nn.Module, config: EngineConfig
+) -> tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None]:
+    """AdamW + its LR schedule for a trainable engine; for a frozen one, no grads and (None, None)."""
+    if not config.trainable:
+        model.requires_grad_(False)
+        return None, None
+    optimizer = build_optimizer(model.parameters(), config.optim)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(config.optim))
+
+
 def build_optimizer(params: Any, optim: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
         params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay, foreach=False

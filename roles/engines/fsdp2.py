@@ -21,7 +21,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from ..models import transformer_blocks
-from .base import EngineConfig, TrainEngine, build_optimizer, lr_multiplier, named_buckets
+from .base import EngineConfig, TrainEngine, named_buckets, optimizer_and_scheduler
 
 
 def _mp_policy(mixed_precision: str) -> MixedPrecisionPolicy:
@@ -42,13 +42,7 @@ class FSDP2Engine(TrainEngine):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         self._buckets = named_buckets(model, self.blocks)
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
-        if config.trainable:
-            self.optimizer = build_optimizer(model.parameters(), config.optim)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(config.optim))
-        else:
-            model.requires_grad_(False)
+        self.optimizer, self.scheduler = optimizer_and_scheduler(model, config)
 
     @property
     def forward_module(self) -> nn.Module:

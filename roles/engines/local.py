@@ -15,20 +15,14 @@ import torch
 from torch import nn
 
 from ..models import transformer_blocks
-from .base import EngineConfig, TrainEngine, build_optimizer, lr_multiplier, named_buckets
+from .base import EngineConfig, TrainEngine, named_buckets, optimizer_and_scheduler
 
 
 class LocalEngine(TrainEngine):
     def __init__(self, model: nn.Module, config: EngineConfig) -> None:
         super().__init__(model, config)
         self.model.to(self.device)
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
-        if config.trainable:
-            self.optimizer = build_optimizer(model.parameters(), config.optim)
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(config.optim))
-        else:
-            model.requires_grad_(False)
+        self.optimizer, self.scheduler = optimizer_and_scheduler(model, config)
 
     @property
     def forward_module(self) -> nn.Module:
