@@ -93,7 +93,7 @@ def collect(mode: Dispatch, slots: Sequence[RankSlot], results: Sequence[Any]) -
     if mode is Dispatch.REPLICATE:
         return list(results)
     seen: dict[int, Any] = {}
-    for slot, result in zip(slots, results):
+    for slot, result in zip(slots, results, strict=True):
         seen.setdefault(slot.dp_rank, result)  # tensor/pipeline replicas answer the same rows
     ordered = [seen[d] for d in sorted(seen)]
     if all(isinstance(r, list) for r in ordered):

@@ -18,7 +18,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _ATTR = "__hfrt_endpoint__"
 
 
-class Dispatch(str, enum.Enum):
+class Dispatch(enum.StrEnum):
     """How a call on a role group is spread over the group's ranks, and how replies come back."""
 
     #: every rank gets the same arguments; the result is the list of per-rank results.

@@ -38,14 +38,14 @@ class Message:
             raise ValueError(
                 f"{cls.NAME}: expected {len(cls.TYPES)} fields, got {len(values)}"
             )
-        for value, types in zip(values, cls.TYPES):
+        for value, types in zip(values, cls.TYPES, strict=True):
             if type(value) not in types and types is not _ANY:
                 cls._raise_type(values)
         return cls(*values)
 
     @classmethod
     def _raise_type(cls, values: list[Any]) -> None:
-        for name, value, types in zip(cls.FIELD_NAMES, values, cls.TYPES):
+        for name, value, types in zip(cls.FIELD_NAMES, values, cls.TYPES, strict=True):
             if type(value) not in types and types is not _ANY:
                 want = "|".join(sorted(t.__name__ for t in types))
                 raise ValueError(f"{cls.NAME}.{name}: expected {want}, got {type(value).__name__}")

@@ -12,11 +12,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from hfrt.controller import Controller
 from hfrt.deploy.base import DaemonSpec, expand
 from hfrt.deploy.local import LocalLauncher
 from hfrt.protocols import new_key
-
-from hfrt.controller import Controller
 
 STARTED_PIDS: set[int] = set()
 

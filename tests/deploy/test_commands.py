@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
 from hfrt.deploy import ClusterSpec, parse_spec, place
 from hfrt.deploy.cluster import advertised
 from hfrt.deploy.slurm import SlurmLauncher

@@ -7,8 +7,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from hfrt.deploy import ClusterSpec, LaunchError, parse_spec
 
+from hfrt.deploy import ClusterSpec, LaunchError, parse_spec
 from hfrt.flows import load_flow
 from hfrt.run import run_on_cluster
 from tests.deploy.conftest import daemon_pids

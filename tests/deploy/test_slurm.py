@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hfrt.deploy import LaunchError, load_spec
 
+from hfrt.deploy import LaunchError, load_spec
 from hfrt.flows import load_flow
 from hfrt.run import run_on_cluster
 from tests.deploy.conftest import Slurm, daemon_pids, squeue_names

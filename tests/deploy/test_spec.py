@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
 from hfrt.deploy import ClusterSpec, SpecError, load_spec, parse_spec, place
 
 pytestmark = pytest.mark.timeout(30)

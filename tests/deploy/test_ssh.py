@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hfrt.deploy import LaunchError, load_spec
 
+from hfrt.deploy import LaunchError, load_spec
 from hfrt.flows import Flow, load_flow
 from hfrt.run import run_on_cluster
 from tests.deploy.conftest import Sshd, daemon_pids, free_port

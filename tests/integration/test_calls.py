@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
-from hfrt.deploy.base import expand
 
 from hfrt import CallTimeout, RemoteError, UnknownEndpoint
+from hfrt.deploy.base import expand
 from tests.support import echo_specs, local_cluster, wait_for
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,10 +16,10 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from hfrt.deploy.base import DaemonSpec
-from hfrt.protocols import PROTOCOL_VERSION, Call, Heartbeat, Hello, Reply, Shutdown, Welcome, Wire, new_key
 
 from hfrt import DaemonGone, ProtocolMismatch
+from hfrt.deploy.base import DaemonSpec
+from hfrt.protocols import PROTOCOL_VERSION, Call, Heartbeat, Hello, Reply, Shutdown, Welcome, Wire, new_key
 from tests.support import STARTED_PIDS, echo_specs, local_cluster, pid_alive, wait_for
 
 pytestmark = pytest.mark.timeout(90)

@@ -128,10 +128,10 @@ async def test_bad_handles_get_clear_errors_and_the_daemon_keeps_serving() -> No
             "dtype mismatch": (dataclasses.replace(good, dtype="int64"), "says int64\\[4, 256\\] but a:0 stores float32\\[4, 256\\]"),
             "shape mismatch": (dataclasses.replace(good, shape=(8, 128)), "says float32\\[8, 128\\]"),
         }
-        for name, (bad, message) in cases.items():
+        for bad, message in cases.values():
             with pytest.raises(RemoteError, match=message):
                 await b.total.call_one(0, bad)
-        for bad, message in cases.values():
+        for bad, _ in cases.values():
             with pytest.raises(RemoteError, match="TransferError"):
                 await b.timed_pull.call_one(0, bad, "zmq", 1)
         assert await b.total.call_one(0, good) == float(sum(range(1024)))

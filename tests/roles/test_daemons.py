@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 import torch
+
+from hfrt import Controller, DaemonGone, RemoteError
 from hfrt.deploy.base import DaemonSpec, expand
 from hfrt.deploy.local import LocalLauncher
 from hfrt.protocols import new_key
-
-from hfrt import Controller, DaemonGone, RemoteError
 from tests.support import STARTED_PIDS, local_cluster
 
 from .daemon_helpers import prompt_handle

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
 from hfrt.roles.engines.base import lr_multiplier
 from hfrt.roles.models import ModelConfig, load_model

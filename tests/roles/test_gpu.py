@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
 from hfrt.roles.generate import HFGenerationEngine, SamplingParams
 from hfrt.roles.hybrid import HybridEngine

@@ -4,6 +4,7 @@ is released afterwards, and every transition reports its time and peak memory.""
 from __future__ import annotations
 
 import torch
+
 from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
 from hfrt.roles.generate import HFGenerationEngine, SamplingParams
 from hfrt.roles.hybrid import HybridEngine, PeakRSS

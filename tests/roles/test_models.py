@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from hfrt.roles.models import (
     ModelConfig,
     ModelLoadError,

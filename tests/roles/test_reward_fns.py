@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from hfrt.roles.reward_fns import RewardFunctionError, resolve, score_all, token_level_rewards
 
 

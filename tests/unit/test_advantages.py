@@ -48,7 +48,7 @@ def test_gae_with_gamma_09_lambda_095() -> None:
     row0 = [-0.275 + 0.855 * 0.6275, 0.6275, 0.5]
     # row 1: t2 masked → 0; t1 δ=2−.5=1.5 → 1.5; t0 δ=.9·.5−1=−.55 → −.55+.855·1.5=.7325
     row1 = [0.7325, 1.5, 0.0]
-    close(ret, [[a + v for a, v in zip(row0, [0.5, 0.25, 0.5])], [1.7325, 2.0, 9.0]])
+    close(ret, [[a + v for a, v in zip(row0, [0.5, 0.25, 0.5], strict=True)], [1.7325, 2.0, 9.0]])
     raw = T([row0, row1])
     flat = raw[MASK.bool()]
     close(compute_gae_advantage_return(REWARDS, VALUES, MASK, 0.9, 0.95)[0],

@@ -6,6 +6,9 @@ import pickle
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from hfrt.protocols import (
     Bye,
     Call,
@@ -24,8 +27,6 @@ from hfrt.protocols import (
     Wire,
     new_key,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 MESSAGES = [
     Hello(1, "actor", 0, 2, 0, 2, 1234, "node-1", "echo", {"ping": {"dispatch": "replicate", "concurrent": False}}, {}),

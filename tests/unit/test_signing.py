@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
+
 from hfrt.protocols import (
     BadSignature,
     Call,
