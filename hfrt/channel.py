@@ -94,6 +94,7 @@ class Channel:
         self._writing = False
         self._drain_scheduled = False
         self._draining = False
+        self._batch_left = 0  # messages of the batch being delivered that are still to come
         self._closed = False
         self._loop.add_reader(self._fd, self._drain)
         self._schedule_drain()
@@ -104,8 +105,8 @@ class Channel:
             self._drain()
 
     def has_input(self) -> bool:
-        """True when a message is waiting to be read."""
-        return readable(self.socket)
+        """True when a message is waiting: later in the batch being delivered, or on the socket."""
+        return self._batch_left > 0 or readable(self.socket)
 
     def send(self, frames: list[Any], peer: bytes = b"") -> None:
         """Send one message to `peer` (ROUTER) or the peer (DEALER).
@@ -209,9 +210,13 @@ class Channel:
     def _deliver(self, frames: list[bytes]) -> None:
         head = 1 if self._routed else 0
         if len(frames) > head + 1 and frames[head] == BATCH_MARK:
-            prefix = frames[:head]
-            for frame in frames[head + 1 :]:
-                self._on_message(prefix + [frame])
+            prefix, messages = frames[:head], frames[head + 1 :]
+            try:
+                for i, frame in enumerate(messages):
+                    self._batch_left = len(messages) - i - 1
+                    self._on_message(prefix + [frame])
+            finally:
+                self._batch_left = 0
         else:
             self._on_message(frames)
 

@@ -18,6 +18,7 @@ class EchoDaemon(Daemon):
     def __init__(self, context: DaemonContext) -> None:
         super().__init__(context)
         self.journal: list[Any] = []
+        self.gates: dict[str, asyncio.Event] = {}
 
     @endpoint
     def ping(self) -> str:
@@ -54,6 +55,17 @@ class EchoDaemon(Daemon):
             raise
         self.journal.append(["end", tag])
         return seconds
+
+    @endpoint
+    async def gate(self, name: str) -> str:
+        """Ordered: holds the daemon's queue until `release(name)` (a deterministic blocker for tests)."""
+        self.journal.append(["gate", name])
+        await self.gates.setdefault(name, asyncio.Event()).wait()
+        return name
+
+    @endpoint(concurrent=True)
+    def release(self, name: str) -> None:
+        self.gates.setdefault(name, asyncio.Event()).set()
 
     @endpoint
     def record(self, tag: Any) -> int:

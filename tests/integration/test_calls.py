@@ -112,17 +112,20 @@ async def test_oversized_result_is_refused_not_dropped() -> None:
 
 
 async def test_cancelling_a_queued_call_means_it_never_runs() -> None:
+    """Deterministic: the gate holds the queue until the test opens it, and the release is sent after
+    the Cancel on the same connection, so the daemon has seen the Cancel before the queue moves."""
     async with local_cluster(echo_specs(1)) as (ctl, _):
         echo = await ctl.role("echo")
-        blocker = echo.block.call_one(0, 2.0, "first")  # long enough for a loaded machine to send the cancel
+        gate = echo.gate.call_one(0, "g")
         victim = echo.record.call_one(0, "victim")
+        after = echo.record.call_one(0, "after")
         await asyncio.sleep(0.05)
         victim.cancel()
-        await blocker
-        await echo.ping.call_one(0)
+        await asyncio.sleep(0)  # let the Cancel leave before the release
+        await echo.release.call_one(0, "g")
+        assert await gate == "g" and await after == 2
         history = await echo.history.call_one(0)
-        assert ["record", "victim"] not in history
-        assert history == [["start", "first"], ["end", "first"]]
+        assert history == [["gate", "g"], ["record", "after"]]
 
 
 async def test_cancelling_a_running_async_call_cancels_it_on_the_daemon() -> None:
