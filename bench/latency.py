@@ -10,8 +10,8 @@ and knows nothing of RL.
 from __future__ import annotations
 
 import argparse
-import logging
 import asyncio
+import logging
 import statistics
 import subprocess
 import sys
@@ -20,14 +20,14 @@ from collections import deque
 from typing import Any
 
 import zmq
+
 from hfrt.bench.common import add_output_flags, emit, machine
+from hfrt.controller import Controller
 from hfrt.deploy.base import expand
 from hfrt.deploy.local import LocalLauncher
-from hfrt.protocols import Call, Wire, new_key
-
-from hfrt.controller import Controller
 from hfrt.log import configure as configure_logging
 from hfrt.loop import loop_factory, run
+from hfrt.protocols import Call, Wire, new_key
 
 #: Sync REQ/REP echo: the physical reference.
 RAW_SERVER = """

@@ -19,14 +19,13 @@ import subprocess
 import sys
 from typing import Any
 
+from hfrt.controller import Controller
 from hfrt.deploy.base import DaemonSpec
 from hfrt.deploy.local import LocalLauncher
-from hfrt.protocols import BatchHandle, new_key
-from hfrt.protocols.handles import Shard
-
-from hfrt.controller import Controller
 from hfrt.log import configure as configure_logging
 from hfrt.loop import run
+from hfrt.protocols import BatchHandle, new_key
+from hfrt.protocols.handles import Shard
 
 from .common import add_output_flags, emit, machine
 

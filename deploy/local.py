@@ -13,9 +13,8 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-from hfrt.protocols.signing import ENV_KEY
-
 from hfrt.log import get_logger
+from hfrt.protocols.signing import ENV_KEY
 
 from .base import DaemonSpec, OnExit
 from .proc import with_tail
