@@ -71,3 +71,11 @@ class Launcher(Protocol):
         Returns commands `hfrt stop` should run once the daemons have exited (e.g. scancel of an
         allocation this launcher made); usually none.
         """
+
+
+def placed_for(placed: dict[str, Any], spec: DaemonSpec) -> Any:
+    """The placement a launcher holds for `spec`, or a LaunchError naming the daemon."""
+    try:
+        return placed[spec.identity]
+    except KeyError:
+        raise LaunchError(f"{spec.identity}: not in this launcher's placement") from None

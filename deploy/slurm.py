@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from hfrt.log import get_logger
 
-from .base import DaemonSpec, LaunchError, OnExit
+from .base import DaemonSpec, LaunchError, OnExit, placed_for
 from .placement import Placed
 from .proc import end_processes, exit_reason, run_command, with_tail
 from .spec import ClusterSpec
@@ -84,10 +84,7 @@ class SlurmLauncher:
             raise
 
     def _placed(self, spec: DaemonSpec) -> Placed:
-        try:
-            return self.placed[spec.identity]
-        except KeyError:
-            raise LaunchError(f"{spec.identity}: not in this launcher's placement") from None
+        return placed_for(self.placed, spec)  # type: ignore[no-any-return]
 
     def _describe(self, placed: list[Placed]) -> str:
         return ", ".join(sorted({f"{p.spec.role} on {p.node.name}" for p in placed}))

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from hfrt.log import get_logger
 
-from .base import DaemonSpec, LaunchError, OnExit
+from .base import DaemonSpec, LaunchError, OnExit, placed_for
 from .placement import Placed
 from .proc import end_processes, exit_reason, tail
 from .spec import ClusterSpec, Node
@@ -110,10 +110,7 @@ class SshLauncher:
             raise
 
     def _placed(self, spec: DaemonSpec) -> Placed:
-        try:
-            return self.placed[spec.identity]
-        except KeyError:
-            raise LaunchError(f"{spec.identity}: not in this launcher's placement") from None
+        return placed_for(self.placed, spec)  # type: ignore[no-any-return]
 
     async def _start_one(self, placed: Placed, controller: str, key: bytes, on_exit: OnExit) -> None:
         node = placed.node

@@ -24,6 +24,7 @@ from hfrt.endpoints import Dispatch, endpoint
 
 from .advantage import AdvantageEndpoints  # compute_advantages (RANK0), in its own module
 from .common import (
+    CheckpointEndpoints,
     ModelOptions,
     build_dataclass,
     build_engine,
@@ -90,7 +91,7 @@ def actor_loss(cfg: ActorLoss) -> MakeLoss:
     return make
 
 
-class ActorDaemon(AdvantageEndpoints, Daemon):
+class ActorDaemon(AdvantageEndpoints, CheckpointEndpoints, Daemon):
     """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, weight_sync_report (REPLICATE);
     compute_advantages (RANK0, from roles/advantage.py)."""
 
@@ -186,16 +187,6 @@ class ActorDaemon(AdvantageEndpoints, Daemon):
             prefix="actor", endpoint="actor.update", temperature=self._temperature(batch, cfg.temperature),
             with_entropy=cfg.entropy_coeff != 0,
         )
-
-    @endpoint(dispatch=Dispatch.REPLICATE)
-    def save(self, path: str) -> str:
-        """Write a checkpoint folder (each rank its part; replaced atomically); returns its path."""
-        return str(self.engine.save(path))
-
-    @endpoint(dispatch=Dispatch.REPLICATE)
-    def load(self, path: str) -> dict[str, int]:
-        self.engine.load(path)
-        return {"steps": self.engine.steps}
 
     @endpoint(dispatch=Dispatch.REPLICATE)
     def weight_sync_report(self) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """What every model-holding role daemon shares: reading its options, preparing the process (torch
 threads, seed, the role's own torch.distributed group), checking a model fits, and turning any
-set-up failure into an error that names the role.
+set-up failure into an error that names the role; plus the save/load endpoints of a role whose
+state is one training engine.
 
 Options (DaemonContext.options, JSON) read here: `model`, `dtype`, `engine` (→ EngineConfig),
 `seed`, `threads`, `dist_master` ("host:port" of the role's group when world_size > 1),
 `memory_limit_mb` (what the fit check compares with; default: memory available now). It knows
-nothing of any role's endpoints, of RL losses, or of the wire.
+nothing of RL losses or of the wire.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from hfrt.daemon import DaemonContext
+from hfrt.endpoints import Dispatch, endpoint
 
 from .engines import EngineConfig, OptimConfig, TrainEngine, build_train_engine, init_distributed
 from .generate import SamplingParams
@@ -247,3 +249,19 @@ def close_group(joined: bool) -> None:
     if joined and dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+class CheckpointEndpoints:
+    """`save` / `load` for a role whose state is one training engine (`self.engine`)."""
+
+    engine: Any
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def save(self, path: str) -> str:
+        """Write a checkpoint folder (each rank its part; replaced atomically); returns its path."""
+        return str(self.engine.save(path))
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def load(self, path: str) -> dict[str, int]:
+        self.engine.load(path)
+        return {"steps": self.engine.steps}

@@ -19,6 +19,7 @@ from hfrt.daemon import Daemon
 from hfrt.endpoints import Dispatch, endpoint
 
 from .common import (
+    CheckpointEndpoints,
     ModelOptions,
     build_dataclass,
     build_engine,
@@ -57,7 +58,7 @@ def critic_loss(cfg: CriticLoss) -> MakeLoss:
     return make
 
 
-class CriticDaemon(Daemon):
+class CriticDaemon(CheckpointEndpoints, Daemon):
     """Endpoints: compute_values, update (SPLIT); save, load (REPLICATE)."""
 
     async def setup(self) -> None:
@@ -90,12 +91,3 @@ class CriticDaemon(Daemon):
             self.engine, tensors, critic_loss(cfg), schedule, prefix="critic", endpoint="critic.update"
         )
 
-    @endpoint(dispatch=Dispatch.REPLICATE)
-    def save(self, path: str) -> str:
-        """Write a checkpoint folder (each rank its part; replaced atomically); returns its path."""
-        return str(self.engine.save(path))
-
-    @endpoint(dispatch=Dispatch.REPLICATE)
-    def load(self, path: str) -> dict[str, int]:
-        self.engine.load(path)
-        return {"steps": self.engine.steps}

@@ -216,11 +216,15 @@ class TrainEngine(ABC):
     def forward_module(self) -> nn.Module:
         """The module to call for forward passes (a wrapper for some backends)."""
 
-    @abstractmethod
-    def _zero_grad(self) -> None: ...
+    #: the torch optimizer (None when frozen); engines that own theirs (DeepSpeed) override the hooks
+    optimizer: torch.optim.Optimizer | None = None
 
-    @abstractmethod
-    def _backward(self, loss: torch.Tensor) -> None: ...
+    def _zero_grad(self) -> None:
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
 
     @abstractmethod
     def _optimizer_step(self) -> float:

@@ -48,13 +48,6 @@ class FSDP2Engine(TrainEngine):
     def forward_module(self) -> nn.Module:
         return self.model
 
-    def _zero_grad(self) -> None:
-        assert self.optimizer is not None
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
     def _optimizer_step(self) -> float:
         assert self.optimizer is not None and self.scheduler is not None
         limit = self.config.optim.grad_clip

@@ -33,13 +33,6 @@ class LocalEngine(TrainEngine):
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _zero_grad(self) -> None:
-        assert self.optimizer is not None
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
     def _optimizer_step(self) -> float:
         assert self.optimizer is not None and self.scheduler is not None
         limit = self.config.optim.grad_clip
