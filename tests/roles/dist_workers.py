@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -73,10 +74,30 @@ def _entry(
     except BaseException:  # reported to the test, which fails with the traceback
         result = {"ok": False, "error": traceback.format_exc()}
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    _leave_group_and_exit(together=result["ok"])
+
+
+def _leave_group_and_exit(together: bool) -> None:
+    """Leave the gloo group together, then exit without running C++ static destructors.
+
+    A rank that tears its group down while its peer is still using it, or gloo's pair threads
+    being destroyed at interpreter exit, can abort the process ("terminate called without an
+    active exception") after its result is already written; `os._exit` after a barrier avoids both.
+    A rank that failed skips the barrier: its peer may be stuck in a collective it will never join.
+    """
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    code = 0
+    try:
+        if together and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_ranks(target: Callable[..., dict[str, Any]], world: int, out_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
