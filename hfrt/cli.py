@@ -15,19 +15,6 @@ from typing import Any
 BENCHES = {"latency": "hfrt.bench.latency", "transfer": "hfrt.bench.transfer", "transition": "hfrt.bench.transition"}
 
 
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"hfrt: --set expects key=value, got {item!r}")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
-
-
 def _parse_roles(items: list[str]) -> dict[str, dict[str, Any]] | None:
     if not items:
         return None
@@ -50,16 +37,16 @@ def _controller(args: argparse.Namespace) -> int:
     log.configure(args.log_level, args.log_format)
     try:
         flow = load_flow(args.flow)
+        run_dir, config, roles = _run_config(args, flow)
         attach = Attach.read(args.attach) if args.attach else None
-    except ValueError as exc:
+    except ValueError as exc:  # ConfigError included: all before any daemon starts
         print(f"hfrt controller: {exc}", file=sys.stderr)
         return 2
-    run_dir = Path(args.run_dir or Path("runs") / time.strftime(f"{Path(args.flow).stem}-%Y%m%d-%H%M%S"))
     if args.cluster:
-        return _controller_on_cluster(args, flow, run_dir)
+        return _controller_on_cluster(args, flow, run_dir, config)
     summary = run(
         run_flow(
-            flow, run_dir=run_dir, config=_parse_set(args.set), roles=_parse_roles(args.role),
+            flow, run_dir=run_dir, config=config, roles=_parse_roles(args.role) or roles,
             attach=attach, keep_daemons=args.keep_daemons, heartbeat_s=args.heartbeat,
             orphan_timeout_s=args.orphan_timeout,
         )
@@ -71,7 +58,31 @@ def _controller(args: argparse.Namespace) -> int:
     return 0
 
 
-def _controller_on_cluster(args: argparse.Namespace, flow: Any, run_dir: Path) -> int:
+def _run_config(args: argparse.Namespace, flow: Any) -> tuple[Path, dict[str, Any], dict[str, dict[str, Any]]]:
+    """The run folder, the flow's settings and its roles: a resumed run's saved config.json, then
+    --config, then --set; checked by the flow's Config and written to RUN_DIR/config.json."""
+    from hfrt import runconfig
+
+    base = None
+    if args.resume:
+        run_dir = Path(args.resume)
+        saved = run_dir / "config.json"
+        if not saved.is_file():
+            raise runconfig.ConfigError(f"--resume {run_dir}: no config.json there (not an hfrt run folder?)")
+        base = json.loads(saved.read_text())
+    else:
+        run_dir = Path(args.run_dir or Path("runs") / time.strftime(f"{Path(args.flow).stem}-%Y%m%d-%H%M%S"))
+    rc = runconfig.build(flow.roles, file=args.config, sets=args.set, base=base)
+    config = dict(rc.flow)
+    if args.resume:
+        config["resume"] = True
+    flow.check({**config, "run_dir": str(run_dir)})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(runconfig.RunConfig({k: v for k, v in config.items() if k != "resume"}, rc.roles).to_json())
+    return run_dir, config, rc.roles
+
+
+def _controller_on_cluster(args: argparse.Namespace, flow: Any, run_dir: Path, config: dict[str, Any]) -> int:
     from hfrt.deploy import LaunchError, SpecError, load_spec
     from hfrt.loop import run
     from hfrt.run import run_on_cluster
@@ -82,7 +93,7 @@ def _controller_on_cluster(args: argparse.Namespace, flow: Any, run_dir: Path) -
     _sigterm_as_sigint()
     try:
         cluster = load_spec(args.cluster)
-        summary = run(run_on_cluster(flow, cluster, run_dir=run_dir, config=_parse_set(args.set), keep_daemons=args.keep_daemons))
+        summary = run(run_on_cluster(flow, cluster, run_dir=run_dir, config=config, keep_daemons=args.keep_daemons))
     except SpecError as exc:
         print(f"hfrt controller: {exc}", file=sys.stderr)
         return 2
@@ -185,9 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("controller", help="run an algorithm script (flow) against role daemons")
-    c.add_argument("--flow", required=True, help="built-in flow name (ping) or path to a .py file defining `async def flow(ctl, config)`")
+    c.add_argument("--flow", required=True, help="built-in flow (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf, dapo, ping) or a .py file defining `async def flow(ctl, config)`")
     c.add_argument("--role", action="append", default=[], metavar="NAME=IMPL[:RANKS]", help="override the flow's roles, e.g. echo=echo:4 (repeatable)")
-    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="flow config override; VALUE parsed as JSON when it can be (repeatable)")
+    c.add_argument("--config", metavar="FILE", help="flow settings and role overrides (TOML or YAML); see README 'Configuring a run'")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one setting (dots nest: roles.actor.options.engine.optim.lr=1e-3); VALUE parsed as JSON when it can be (repeatable)")
+    c.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint (its config.json, then --config/--set)")
     c.add_argument("--attach", metavar="FILE", help="run against daemons already up, described by an attach.json")
     c.add_argument("--cluster", metavar="SPEC", help="launch the daemons a cluster spec (TOML) places, run the flow, stop them")
     c.add_argument("--keep-daemons", action="store_true", help="leave the launched daemons running and write RUN_DIR/attach.json")

@@ -93,7 +93,7 @@ def actor_loss(cfg: ActorLoss) -> MakeLoss:
 
 class ActorDaemon(AdvantageEndpoints, CheckpointEndpoints, Daemon):
     """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, weight_sync_report (REPLICATE);
-    compute_advantages (RANK0, from roles/advantage.py)."""
+    compute_advantages, advantage_state, load_advantage_state (RANK0, from roles/advantage.py)."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm"})
 
@@ -156,6 +156,7 @@ class ActorDaemon(AdvantageEndpoints, CheckpointEndpoints, Daemon):
         )
         texts = decode_responses(self.tokenizer, record["responses"], record["response_mask"])
         meta = reduce_metrics(metrics, "max") | {"temperature": params.temperature, "n": params.n}
+        meta |= length_stats(record["response_mask"], params.max_new_tokens)
         return rollout_batch(record, texts, prompts, params.n, meta)
 
     @endpoint(dispatch=Dispatch.SPLIT)
@@ -202,6 +203,20 @@ class ActorDaemon(AdvantageEndpoints, CheckpointEndpoints, Daemon):
         if isinstance(self.generator, HFGenerationEngine):
             return dict(self.generator.model.named_parameters())
         return None  # vLLM fuses and renames parameters: only checksums compare
+
+
+def length_stats(response_mask: torch.Tensor, max_new_tokens: int) -> dict[str, float]:
+    """Response length mean / max / min over every rank's rows, the tokens generated, and the
+    share of responses cut at max_new_tokens."""
+    lengths = response_mask.long().sum(-1).double()
+    rows, tokens, clipped = all_reduce([len(lengths), float(lengths.sum()), float((lengths >= max_new_tokens).sum())], "sum")
+    [longest] = all_reduce([float(lengths.max()) if len(lengths) else 0.0], "max")
+    [shortest] = all_reduce([float(lengths.min()) if len(lengths) else float(max_new_tokens)], "min")
+    return {
+        "response_length/mean": tokens / max(rows, 1), "response_length/max": longest,
+        "response_length/min": shortest, "response_length/clip_ratio": clipped / max(rows, 1),
+        "response_tokens": tokens,
+    }
 
 
 def compare_weights(train: Any, generation: dict[str, torch.Tensor] | None) -> dict[str, Any]:

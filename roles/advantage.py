@@ -139,12 +139,33 @@ class AdvantageEndpoints:
         tensors = {"advantages": advantages, "returns": returns, "token_level_rewards": rewards * mask}
         return Batch(tensors, meta={"metrics": metrics})
 
+    @endpoint(dispatch=Dispatch.RANK0)
+    def advantage_state(self) -> dict[str, Any]:
+        """The in-reward KL controller's state (for run checkpoints): {} before its first use."""
+        ctrl = self._kl_controller
+        if ctrl is None:
+            return {}
+        return {"kind": "adaptive" if isinstance(ctrl, AdaptiveKLController) else "fixed", "value": ctrl.value}
+
+    @endpoint(dispatch=Dispatch.RANK0)
+    def load_advantage_state(self, state: dict[str, Any]) -> None:
+        """Restore what advantage_state returned; the controller's other settings come from the
+        next call's options, its current coefficient from here."""
+        if not state:
+            self._kl_controller = None
+            return
+        kind = str(state["kind"])
+        self._kl_controller = make_kl_controller(AdvantageParams(kl_ctrl=kind, kl_coef=float(state["value"])))
+        self._kl_controller.value = float(state["value"])
+
     def _kl_in_reward(
         self, batch: Batch, scores: torch.Tensor, mask: torch.Tensor, p: AdvantageParams, metrics: dict[str, float]
     ) -> tuple[torch.Tensor, dict[str, float]]:
         logp = take(batch, ["old_log_probs", "ref_log_prob"], "compute_advantages(use_kl_in_reward)")
         if self._kl_controller is None:
             self._kl_controller = make_kl_controller(p)
+        elif isinstance(self._kl_controller, AdaptiveKLController) and p.kl_ctrl == "adaptive":
+            self._kl_controller.target, self._kl_controller.horizon = p.target_kl, p.horizon
         beta = self._kl_controller.value
         rewards, current = apply_kl_penalty(scores, logp["old_log_probs"].float(), logp["ref_log_prob"].float(), mask, beta, p.kl_penalty)
         self._kl_controller.update(current, n_steps=len(batch))

@@ -2,7 +2,9 @@
 
 A flow module defines `async def flow(ctl, config) -> dict | None` and may define
 `ROLES = {"role": {"impl": "...", "world_size": N, "options": {...}}}`, the daemons it needs when
-the controller launches them itself. The loader knows module conventions, not algorithms.
+the controller launches them itself, and `Config`, a class whose `Config.read(dict)` checks the
+flow's settings (`hfrt controller` calls it before any daemon starts). The loader knows module
+conventions, not algorithms.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ BUILTIN: dict[str, str] = {
     "ping": "hfrt.flows.ping",
     "ppo": "hfrt.flows.ppo",
     "grpo": "hfrt.flows.grpo",
+    "rloo": "hfrt.flows.rloo",
+    "reinforce_pp": "hfrt.flows.reinforce_pp",
+    "remax": "hfrt.flows.remax",
+    "safe_rlhf": "hfrt.flows.safe_rlhf",
+    "dapo": "hfrt.flows.dapo",
 }
 
 FlowFn = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any] | None]]
@@ -29,6 +36,12 @@ class Flow:
     name: str
     run: FlowFn
     roles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    config_cls: Any = None
+
+    def check(self, config: dict[str, Any]) -> None:
+        """Raise ValueError naming the key when the flow's Config rejects `config`."""
+        if self.config_cls is not None:
+            self.config_cls.read(config)
 
 
 def load_flow(name_or_path: str) -> Flow:
@@ -53,4 +66,7 @@ def load_flow(name_or_path: str) -> Flow:
     roles = getattr(module, "ROLES", {})
     if not isinstance(roles, dict):
         raise ValueError(f"flow {name_or_path!r}: ROLES must be a dict of role → settings")
-    return Flow(name_or_path, run, roles)
+    config_cls = getattr(module, "Config", None)
+    if config_cls is not None and not callable(getattr(config_cls, "read", None)):
+        raise ValueError(f"flow {name_or_path!r}: Config must have a read(dict) classmethod")
+    return Flow(name_or_path, run, roles, config_cls)

@@ -1,5 +1,5 @@
 """What the built-in RL flows share: their config dataclass, prompt batches made in the controller,
-per-stage timing with the start-early / await-late helper, and the metrics.jsonl writer.
+per-stage timing with the start-early / await-late helper, and metric helpers.
 
 No torch: everything here handles futures, handles and plain numbers. It knows the flows' stages
 by name only; what each stage computes is the flow's business.
@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import statistics
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, TypeVar
 
 from hfrt.protocols import BatchHandle
 from hfrt.protocols.handles import Shard
@@ -27,13 +26,21 @@ CALL_TIMEOUT_S = 300.0
 
 @dataclass(frozen=True)
 class FlowConfig:
-    """Settings every built-in RL flow reads (`--set key=value`).
+    """Settings every built-in RL flow reads (`--config FILE`, `--set key=value`).
 
     steps: RL steps. prompts_per_step: prompts per step (each sampled `n` times where the flow
-    samples groups). seed: of the synthetic task. max_operand: the task's largest addend.
+    samples groups). seed: of the data order and of sampling (a step's sampling seed is fixed by
+    seed and step). data: a JSONL / Parquet file of prompts (see hfrt/flows/data.py); "" uses
+    the built-in addition task, whose largest addend is max_operand.
     max_new_tokens / temperature: sampling. ppo_epochs / ppo_mini_batch_size: of both updates.
     entropy_coeff: the actor's entropy bonus (keeps a small policy exploring).
-    run_dir: set by `hfrt controller` (metrics.jsonl goes there); "" writes no file.
+    val_every: a greedy validation pass every N steps and after the last (0: none) over
+    val_prompts prompts of val_data (default: data's first rows, or held-out addition prompts).
+    checkpoint_every: a checkpoint every N steps and after the last (0: none).
+    tensorboard: also write RUN_DIR/tensorboard. wandb_project: also log to W&B (needs wandb).
+    progress: "auto" (a bar on a terminal, nothing otherwise), "on" or "off". trace: write
+    RUN_DIR/trace.json (Chrome trace of every call).
+    run_dir / resume: set by `hfrt controller` (--run-dir, --resume); run_dir "" writes no file.
     """
 
     steps: int = 150
@@ -45,7 +52,33 @@ class FlowConfig:
     ppo_epochs: int = 1
     ppo_mini_batch_size: int = 0
     entropy_coeff: float = 0.01
+    data: str = ""
+    val_data: str = ""
+    val_every: int = 0
+    val_prompts: int = 32
+    checkpoint_every: int = 0
+    tensorboard: bool = True
+    wandb_project: str = ""
+    progress: str = "auto"
+    trace: bool = True
     run_dir: str = ""
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts_per_step", "max_new_tokens", "ppo_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"config {name}={getattr(self, name)!r}: must be at least 1")
+        for name in ("ppo_mini_batch_size", "val_every", "val_prompts", "checkpoint_every", "max_operand"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"config {name}={getattr(self, name)!r}: must not be negative")
+        if self.temperature < 0:
+            raise ValueError(f"config temperature={self.temperature!r}: must not be negative")
+        if self.progress not in ("auto", "on", "off"):
+            raise ValueError(f"config progress={self.progress!r}: use auto, on or off")
+        for name in ("data", "val_data"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"config {name}={path!r}: no such file")
 
     @classmethod
     def read(cls: type[C], config: Mapping[str, Any]) -> C:
@@ -127,43 +160,6 @@ class StageTimer:
         return time.perf_counter() - self._start
 
 
-class MetricsLog:
-    """RUN_DIR/metrics.jsonl: one JSON object per step, flushed as it is written."""
-
-    def __init__(self, run_dir: str) -> None:
-        self.path = Path(run_dir) / "metrics.jsonl" if run_dir else None
-        self._file: TextIO | None = None
-        self.rewards: list[float] = []
-
-    def __enter__(self) -> MetricsLog:
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._file is not None:
-            self._file.close()
-
-    def write(self, record: dict[str, Any]) -> None:
-        self.rewards.append(float(record["reward/mean"]))
-        if self._file is not None:
-            self._file.write(json.dumps(record, default=float) + "\n")
-            self._file.flush()
-
-    def summary(self) -> dict[str, Any]:
-        """First / last mean reward, and the means of the first and last quarter of the steps."""
-        r = self.rewards
-        if not r:
-            return {"steps": 0}
-        q = max(1, len(r) // 4)
-        return {
-            "steps": len(r), "reward_first": r[0], "reward_last": r[-1],
-            "reward_first_quarter": statistics.fmean(r[:q]), "reward_last_quarter": statistics.fmean(r[-q:]),
-            "metrics": str(self.path) if self.path else None,
-        }
-
-
 def reward_stats(scores: list[float]) -> dict[str, float]:
     """reward/mean, max, min and accuracy (share of scores >= 1) of one step's samples."""
     return {
@@ -173,5 +169,30 @@ def reward_stats(scores: list[float]) -> dict[str, float]:
 
 
 def rollout_metrics(meta: Mapping[str, Any]) -> dict[str, float]:
-    """The actor's generation timings and memory from a rollout's meta, under `rollout/`."""
-    return {f"rollout/{k}": float(v) for k, v in meta.items() if k.startswith(("timing/", "memory/"))}
+    """The actor's generation timings and memory from a rollout's meta (under `rollout/`), and its
+    response-length statistics."""
+    out = {f"rollout/{k}": float(v) for k, v in meta.items() if k.startswith(("timing/", "memory/"))}
+    return out | {k: float(v) for k, v in meta.items() if k.startswith("response_length/") or k == "response_tokens"}
+
+
+def throughput(metrics: Mapping[str, Any], step_s: float) -> dict[str, float]:
+    """perf/tokens_per_s: response tokens generated per second of the whole step."""
+    tokens = float(metrics.get("response_tokens", 0.0))
+    return {"perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0}
+
+
+async def get_roles(ctl: Any, *names: str) -> dict[str, Any]:
+    """The role groups a flow needs, waited for together."""
+    groups = await asyncio.gather(*(ctl.role(name, timeout_s=CALL_TIMEOUT_S) for name in names))
+    return dict(zip(names, groups, strict=True))
+
+
+def step_metrics(timer: StageTimer, scores: BatchHandle, rollout: BatchHandle, *parts: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's record: reward stats from the scores' `score` column, what each part (advantage,
+    update metrics) returned, rollout lengths and timings, stage timings and throughput."""
+    record: dict[str, Any] = reward_stats(non_tensor(scores, "score"))
+    for part in parts:
+        record.update(part)
+    record |= rollout_metrics(rollout.meta) | timer.timings
+    step_s = timer.step_s()
+    return record | {"timing/step_s": step_s} | throughput(record, step_s)

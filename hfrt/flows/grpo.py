@@ -8,22 +8,14 @@ The controller only moves handles. It knows role endpoints and their options, no
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from .common import (
-    CALL_TIMEOUT_S,
-    FlowConfig,
-    MetricsLog,
-    StageTimer,
-    non_tensor,
-    prompts_handle,
-    reward_stats,
-    rollout_metrics,
-)
+from hfrt.protocols import BatchHandle
+
+from .common import CALL_TIMEOUT_S, FlowConfig, StageTimer, get_roles, step_metrics
 from .ppo import ROLES as PPO_ROLES
-from .tasks import AdditionTask
+from .trainer import Trainer, sampling_seed
 
 #: The embedded default: PPO's roles without the critic.
 ROLES: dict[str, dict[str, Any]] = {name: s for name, s in PPO_ROLES.items() if name != "critic"}
@@ -42,26 +34,23 @@ class GRPOConfig(FlowConfig):
     loss_agg_mode: str = "token-mean"
 
 
+Config = GRPOConfig
+
+
 async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
     cfg = GRPOConfig.read(config)
-    actor, reference, reward = await asyncio.gather(
-        *(ctl.role(name, timeout_s=CALL_TIMEOUT_S) for name in ("actor", "reference", "reward"))
-    )
-    task = AdditionTask(cfg.seed, cfg.max_operand)
-    with MetricsLog(cfg.run_dir) as log:
-        for step in range(cfg.steps):
-            log.write({"step": step, **await grpo_step(ctl, cfg, task, actor, reference, reward)})
-    return log.summary() | {"controller_bulk_bytes": ctl.stats()["controller_bulk_bytes"]}
+    roles = await get_roles(ctl, "actor", "reference", "reward")
+    return await Trainer(ctl, cfg, roles).run(lambda step, prompts: grpo_step(cfg, step, prompts, **roles))
 
 
-async def grpo_step(ctl: Any, cfg: GRPOConfig, task: AdditionTask, actor: Any, reference: Any, reward: Any) -> dict[str, Any]:
-    """One GRPO step; returns its metrics."""
+async def grpo_step(cfg: GRPOConfig, step: int, prompts: BatchHandle, *, actor: Any, reference: Any, reward: Any) -> dict[str, Any]:
+    """One GRPO step on a batch of prompts; returns its metrics."""
     t = StageTimer()
     kw = {"timeout_s": CALL_TIMEOUT_S}
-    prompts = prompts_handle(task.batch(cfg.prompts_per_step))
     # Stage 1: generate n responses per prompt (samples of a prompt share its uid)
     rollout = await t.one("generate", actor.generate(
-        prompts, n=cfg.n, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, **kw))
+        prompts, n=cfg.n, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+        seed=sampling_seed(cfg, step), **kw))
     # Stage 2: prepare experience — the reference and the reward at once
     ref, scores = await t.together(
         "stage2", ref_log_prob=reference.compute_log_prob(rollout, **kw), reward=reward.score(rollout, **kw))
@@ -69,11 +58,14 @@ async def grpo_step(ctl: Any, cfg: GRPOConfig, task: AdditionTask, actor: Any, r
     adv = await t.one("advantages", actor.compute_advantages(
         rollout, scores, old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
     # Stage 3: actor training (no critic)
-    loss = {"use_kl_loss": cfg.kl_loss_coef > 0, "kl_loss_coef": cfg.kl_loss_coef, "kl_loss_type": cfg.kl_loss_type,
-            "loss_agg_mode": cfg.loss_agg_mode, "entropy_coeff": cfg.entropy_coeff, "ppo_epochs": cfg.ppo_epochs, "ppo_mini_batch_size": cfg.ppo_mini_batch_size}
-    [actor_m] = await t.one("update", actor.update(rollout, old, ref, adv, **loss, **kw))
+    [actor_m] = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **kw))
+    return step_metrics(t, scores, rollout, adv.meta["metrics"], actor_m)
+
+
+def actor_loss_options(cfg: GRPOConfig) -> dict[str, Any]:
+    """The actor update's loss options for GRPO-style flows (KL as a loss term, no critic)."""
     return {
-        **reward_stats(non_tensor(scores, "score")), **adv.meta["metrics"], **actor_m,
-        **rollout_metrics(rollout.meta), **t.timings, "timing/step_s": t.step_s(),
-        "controller_bulk_bytes": ctl.stats()["controller_bulk_bytes"],
+        "use_kl_loss": cfg.kl_loss_coef > 0, "kl_loss_coef": cfg.kl_loss_coef, "kl_loss_type": cfg.kl_loss_type,
+        "loss_agg_mode": cfg.loss_agg_mode, "entropy_coeff": cfg.entropy_coeff,
+        "ppo_epochs": cfg.ppo_epochs, "ppo_mini_batch_size": cfg.ppo_mini_batch_size,
     }

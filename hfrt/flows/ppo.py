@@ -8,21 +8,14 @@ their options; it knows nothing of engines, devices or how a daemon computes.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from .common import (
-    CALL_TIMEOUT_S,
-    FlowConfig,
-    MetricsLog,
-    StageTimer,
-    non_tensor,
-    prompts_handle,
-    reward_stats,
-    rollout_metrics,
-)
-from .tasks import REWARD, AdditionTask
+from hfrt.protocols import BatchHandle
+
+from .common import CALL_TIMEOUT_S, FlowConfig, StageTimer, get_roles, step_metrics
+from .tasks import REWARD
+from .trainer import Trainer, sampling_seed
 
 ENGINE = {"micro_batch_size": 32, "optim": {"lr": 2e-3}}
 #: The embedded default: one local daemon per role, the `tiny` preset, the task's rule reward.
@@ -47,29 +40,31 @@ class PPOConfig(FlowConfig):
     kl_horizon: float = 10000.0
     cliprange_value: float = 0.5
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kl_ctrl not in ("fixed", "adaptive"):
+            raise ValueError(f"config kl_ctrl={self.kl_ctrl!r}: use fixed or adaptive")
+
+
+Config = PPOConfig
+
 
 async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
     cfg = PPOConfig.read(config)
-    actor, critic, reference, reward = await asyncio.gather(
-        *(ctl.role(name, timeout_s=CALL_TIMEOUT_S) for name in ("actor", "critic", "reference", "reward"))
-    )
-    task = AdditionTask(cfg.seed, cfg.max_operand)
-    with MetricsLog(cfg.run_dir) as log:
-        for step in range(cfg.steps):
-            log.write({"step": step, **await ppo_step(ctl, cfg, task, actor, critic, reference, reward)})
-    return log.summary() | {"controller_bulk_bytes": ctl.stats()["controller_bulk_bytes"]}
+    roles = await get_roles(ctl, "actor", "critic", "reference", "reward")
+    trainer = Trainer(ctl, cfg, roles, trained=("actor", "critic"))
+    return await trainer.run(lambda step, prompts: ppo_step(cfg, step, prompts, **roles))
 
 
 async def ppo_step(
-    ctl: Any, cfg: PPOConfig, task: AdditionTask, actor: Any, critic: Any, reference: Any, reward: Any
+    cfg: PPOConfig, step: int, prompts: BatchHandle, *, actor: Any, critic: Any, reference: Any, reward: Any
 ) -> dict[str, Any]:
-    """One PPO step; returns its metrics."""
+    """One PPO step on a batch of prompts; returns its metrics."""
     t = StageTimer()
     kw = {"timeout_s": CALL_TIMEOUT_S}
-    prompts = prompts_handle(task.batch(cfg.prompts_per_step))
     # Stage 1: generate responses
     rollout = await t.one("generate", actor.generate(
-        prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, **kw))
+        prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=sampling_seed(cfg, step), **kw))
     # Stage 2: prepare experience — three roles at once
     values, ref, scores = await t.together(
         "stage2", values=critic.compute_values(rollout, **kw),
@@ -84,8 +79,4 @@ async def ppo_step(
     [critic_m], [actor_m] = await t.together(
         "update", critic_update=critic.update(rollout, values, adv, cliprange_value=cfg.cliprange_value, **schedule, **kw),
         actor_update=actor.update(rollout, old, adv, entropy_coeff=cfg.entropy_coeff, **schedule, **kw))
-    return {
-        **reward_stats(non_tensor(scores, "score")), **adv.meta["metrics"], **critic_m, **actor_m,
-        **rollout_metrics(rollout.meta), **t.timings, "timing/step_s": t.step_s(),
-        "controller_bulk_bytes": ctl.stats()["controller_bulk_bytes"],
-    }
+    return step_metrics(t, scores, rollout, adv.meta["metrics"], critic_m, actor_m)

@@ -39,6 +39,15 @@ class AdditionTask:
             "data_source": ["addition"] * count,
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the prompt stream is (the generator's state), as JSON-able data for checkpoints."""
+        version, internal, gauss = self._rng.getstate()
+        return {"seed": self.seed, "max_operand": self.max_operand, "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        version, internal, gauss = state["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+
 
 def leading_number(text: str) -> int | None:
     """The integer the text starts with (after spaces), or None."""

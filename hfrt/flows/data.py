@@ -1,0 +1,144 @@
+"""Where a flow's prompts come from: the built-in addition task, or a local JSONL / Parquet file of
+rows `{"prompt": ..., "ground_truth": ..., "data_source": ...}` read in a seeded, reshuffled-per-
+epoch order whose position is saved in checkpoints.
+
+A row's `prompt` is a string or a chat (a list of {"role", "content"} messages). The ground truth
+may also sit where verl's preprocessed data puts it, `reward_model.ground_truth`; `data_source`
+defaults to the file's stem, and a dict `extra_info` column is passed through. Nothing here
+imports torch or knows of roles: a source hands out plain columns.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Protocol
+
+from .tasks import AdditionTask
+
+COLUMNS = ("prompt", "ground_truth", "data_source", "extra_info")
+
+
+class PromptSource(Protocol):
+    """An endless stream of prompt rows whose position can be saved and restored."""
+
+    def batch(self, count: int) -> dict[str, list[Any]]:
+        """The next `count` rows as non-tensor columns (at least prompt, ground_truth, data_source)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class DatasetError(ValueError):
+    """A data file that cannot be used, naming the file and the row."""
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Every row of a .jsonl / .json (a list) / .parquet file, normalised to COLUMNS."""
+    file = Path(path)
+    if not file.is_file():
+        raise DatasetError(f"data file {file} does not exist")
+    suffix = file.suffix.lower()
+    if suffix == ".jsonl":
+        raw = []
+        for number, line in enumerate(file.read_text().splitlines(), start=1):
+            if line.strip():
+                try:
+                    raw.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise DatasetError(f"{file}:{number}: not JSON ({exc.msg})") from None
+    elif suffix == ".json":
+        raw = json.loads(file.read_text())
+        if not isinstance(raw, list):
+            raise DatasetError(f"{file}: a .json data file must hold a list of rows")
+    elif suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise DatasetError(f"{file}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+        raw = pq.read_table(file).to_pylist()
+    else:
+        raise DatasetError(f"{file}: unknown data file type {suffix!r}; use .jsonl, .json or .parquet")
+    rows = [_normalise(row, file, number) for number, row in enumerate(raw, start=1)]
+    if not rows:
+        raise DatasetError(f"{file}: no rows")
+    return rows
+
+
+def _normalise(row: Any, file: Path, number: int) -> dict[str, Any]:
+    where = f"{file}: row {number}"
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected an object, got {type(row).__name__}")
+    prompt = row.get("prompt")
+    if isinstance(prompt, str):
+        pass
+    elif isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt):
+        prompt = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+    else:
+        raise DatasetError(f"{where}: 'prompt' must be a string or a list of {{role, content}} messages, got {prompt!r:.80}")
+    truth = row.get("ground_truth")
+    if truth is None and isinstance(row.get("reward_model"), dict):
+        truth = row["reward_model"].get("ground_truth")
+    extra = row.get("extra_info") or {}
+    if not isinstance(extra, dict):
+        raise DatasetError(f"{where}: 'extra_info' must be an object")
+    return {
+        "prompt": prompt,
+        "ground_truth": "" if truth is None else str(truth),
+        "data_source": str(row.get("data_source") or file.stem),
+        "extra_info": {str(k): v for k, v in extra.items() if isinstance(v, str | int | float | bool) or v is None},
+    }
+
+
+class FileDataset:
+    """A data file's rows, visited epoch after epoch, each epoch in a new order drawn from
+    (seed, epoch) — so a resumed run sees exactly the rows the interrupted one would have."""
+
+    def __init__(self, path: str | Path, seed: int = 0, shuffle: bool = True) -> None:
+        self.path = str(path)
+        self.rows = read_rows(path)
+        self.seed, self.shuffle = seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._order_of(0)
+
+    def _order_of(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def batch(self, count: int) -> dict[str, list[Any]]:
+        picked = []
+        for _ in range(count):
+            if self.position == len(self._order):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._order_of(self.epoch)
+            picked.append(self.rows[self._order[self.position]])
+            self.position += 1
+        return {name: [row[name] for row in picked] for name in COLUMNS}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "rows": len(self.rows), "epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["rows"]) != len(self.rows):
+            raise DatasetError(f"{self.path}: the checkpoint was taken over {state['rows']} rows, the file has {len(self.rows)}")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._order_of(self.epoch)
+
+
+def make_source(data: str, *, seed: int, max_operand: int) -> PromptSource:
+    """The training prompts: a data file, or the built-in addition task when `data` is ""."""
+    return FileDataset(data, seed) if data else AdditionTask(seed, max_operand)
+
+
+def validation_rows(data: str, *, seed: int, max_operand: int, count: int) -> dict[str, list[Any]]:
+    """A fixed validation set: the first `count` rows of a data file (all when count is 0), or
+    `count` addition prompts from a seed the training stream does not use."""
+    if data:
+        rows = read_rows(data)[: count or None]
+        return {name: [row[name] for row in rows] for name in COLUMNS}
+    return AdditionTask(seed + 7919, max_operand).batch(count or 32)

@@ -1,0 +1,115 @@
+"""The step loop every built-in RL flow shares: prompts from the data source, the flow's own step
+function, a validation pass every `val_every` steps, metrics per step, checkpoints every
+`checkpoint_every` steps, and resume from the run's latest checkpoint.
+
+A flow supplies `step(step_index, prompts) -> metrics`; the loop supplies everything around it.
+It knows role groups by name ("actor" for validation and the advantage state, "reward" for
+validation scores) and the FlowConfig fields; it knows nothing of what a step computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from hfrt.protocols import BatchHandle
+
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .common import CALL_TIMEOUT_S, FlowConfig, non_tensor, prompts_handle
+from .data import make_source, validation_rows
+from .report import MetricsLog
+
+StepFn = Callable[[int, BatchHandle], Awaitable[dict[str, Any]]]
+
+
+class FlowState(Protocol):
+    """A flow's own state that must survive a resume (e.g. Safe-RLHF's Lagrange multiplier)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Trainer:
+    """Runs `cfg.steps` steps of a flow over `roles`; `trained` names the roles whose weights and
+    optimizer state go into checkpoints (e.g. actor and critic)."""
+
+    def __init__(
+        self,
+        ctl: Any,
+        cfg: FlowConfig,
+        roles: Mapping[str, Any],
+        *,
+        trained: Sequence[str] = ("actor",),
+        state: FlowState | None = None,
+    ) -> None:
+        self.ctl, self.cfg, self.roles = ctl, cfg, dict(roles)
+        self.trained = {name: self.roles[name] for name in trained}
+        self.state = state
+        self.source = make_source(cfg.data, seed=cfg.seed, max_operand=cfg.max_operand)
+        self.start_step = 0
+
+    async def run(self, step_fn: StepFn) -> dict[str, Any]:
+        cfg = self.cfg
+        with MetricsLog(cfg.run_dir) as log:
+            if cfg.resume:
+                await self._resume(log)
+            for step in range(self.start_step, cfg.steps):
+                prompts = prompts_handle(self.source.batch(cfg.prompts_per_step))
+                record = {"step": step, **await step_fn(step, prompts)}
+                if cfg.val_every and ((step + 1) % cfg.val_every == 0 or step + 1 == cfg.steps):
+                    record |= await self.validate()
+                record["controller_bulk_bytes"] = self.ctl.stats()["controller_bulk_bytes"]
+                log.write(record)
+                if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
+                    await self.save(step + 1)
+        summary = log.summary() | {"controller_bulk_bytes": self.ctl.stats()["controller_bulk_bytes"]}
+        if self.start_step:
+            summary["resumed_from_step"] = self.start_step
+        return summary
+
+    # -- validation ------------------------------------------------------------------------
+
+    async def validate(self) -> dict[str, float]:
+        """Greedy responses to the fixed validation prompts, scored by the reward role:
+        `val/reward_mean` and `val/accuracy` (share of scores >= 1)."""
+        cfg = self.cfg
+        rows = validation_rows(cfg.val_data or cfg.data, seed=cfg.seed, max_operand=cfg.max_operand, count=cfg.val_prompts)
+        actor, reward = self.roles["actor"], self.roles["reward"]
+        rollout = await actor.generate(
+            prompts_handle(rows), temperature=0.0, max_new_tokens=cfg.max_new_tokens, timeout_s=CALL_TIMEOUT_S
+        )
+        scores = [float(s) for s in non_tensor(await reward.score(rollout, timeout_s=CALL_TIMEOUT_S), "score")]
+        return {
+            "val/reward_mean": sum(scores) / len(scores),
+            "val/accuracy": sum(s >= 1.0 for s in scores) / len(scores),
+        }
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    async def save(self, steps_done: int) -> None:
+        state: dict[str, Any] = {"data": self.source.state_dict()}
+        if "actor" in self.roles and "advantage_state" in self.roles["actor"].endpoints:
+            state["advantage"] = await self.roles["actor"].advantage_state(timeout_s=CALL_TIMEOUT_S)
+        if self.state is not None:
+            state["flow"] = self.state.state_dict()
+        await save_checkpoint(self.cfg.run_dir, steps_done, self.trained, state, timeout_s=CALL_TIMEOUT_S)
+
+    async def _resume(self, log: MetricsLog) -> None:
+        ckpt = latest_checkpoint(self.cfg.run_dir)
+        if ckpt is None:
+            return  # nothing saved yet: start from step 0
+        await load_checkpoint(ckpt, self.trained, timeout_s=CALL_TIMEOUT_S)
+        self.source.load_state_dict(ckpt.state["data"])
+        if "advantage" in ckpt.state:
+            await self.roles["actor"].load_advantage_state(ckpt.state["advantage"], timeout_s=CALL_TIMEOUT_S)
+        if self.state is not None and "flow" in ckpt.state:
+            self.state.load_state_dict(ckpt.state["flow"])
+        self.start_step = ckpt.step
+        log.truncate(ckpt.step)
+
+
+def sampling_seed(cfg: FlowConfig, step: int) -> int:
+    """The generation seed of a step: fixed by (seed, step), so a resumed run samples as the
+    interrupted one would have."""
+    return cfg.seed * 1_000_003 + step
