@@ -1,4 +1,4 @@
-"""The `hfrt` command line: `controller`, `daemon`, `launch`, `stop` and `bench` subcommands (argparse).
+"""The `hfrt` command line: `controller`, `daemon`, `launch`, `stop`, `plot` and `bench` subcommands (argparse).
 
 It parses flags and hands off; it holds no runtime logic of its own.
 """
@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHES = {"latency": "hfrt.bench.latency", "transfer": "hfrt.bench.transfer", "transition": "hfrt.bench.transition"}
+BENCHES = {
+    "latency": "hfrt.bench.latency", "transfer": "hfrt.bench.transfer", "transition": "hfrt.bench.transition",
+    "step": "hfrt.bench.step",
+}
 
 
 def _parse_roles(items: list[str]) -> dict[str, dict[str, Any]] | None:
@@ -184,6 +187,18 @@ def _stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot(args: argparse.Namespace) -> int:
+    from hfrt.plot import plot_run
+
+    try:
+        out = plot_run(Path(args.run_dir), Path(args.out) if args.out else None)
+    except (OSError, ValueError, ImportError) as exc:
+        print(f"hfrt plot: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     import importlib
 
@@ -236,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", type=float, default=10.0, help="seconds to wait for daemons to check in and exit")
     s.add_argument("--log-level", default="warning", help="debug, info, warning or error")
 
+    pl = sub.add_parser("plot", help="draw a run's reward curve and stage timings as a PNG")
+    pl.add_argument("run_dir", help="a run folder (holding metrics.jsonl)")
+    pl.add_argument("--out", help="PNG path (default: RUN_DIR/metrics.png)")
+
     b = sub.add_parser("bench", help="run a benchmark (extra flags go to the benchmark; see --help there)")
     b.add_argument("which", choices=sorted(BENCHES), help="which benchmark")
     return p
@@ -248,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    handlers = {"controller": _controller, "daemon": _daemon, "launch": _launch, "stop": _stop}
+    handlers = {"controller": _controller, "daemon": _daemon, "launch": _launch, "stop": _stop, "plot": _plot}
     return handlers[args.command](args)
 
 
