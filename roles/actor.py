@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from .common import (
 from .engines import ForwardOutput, LossFn
 from .generate import GenerationEngine, HFGenerationEngine
 from .hybrid import HybridEngine
-from .models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+from .models import ModelConfig, export_model_dir, load_model, load_tokenizer, resolve_model_dir
 from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
 from .rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
 from .updates import MakeLoss, UpdateSchedule, accumulate, forward_equal, run_updates
@@ -92,7 +93,7 @@ def actor_loss(cfg: ActorLoss) -> MakeLoss:
 
 
 class ActorDaemon(AdvantageEndpoints, CheckpointEndpoints, Daemon):
-    """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, weight_sync_report (REPLICATE);
+    """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, export_hf, weight_sync_report (REPLICATE);
     compute_advantages, advantage_state, load_advantage_state (RANK0, from roles/advantage.py)."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm"})
@@ -188,6 +189,20 @@ class ActorDaemon(AdvantageEndpoints, CheckpointEndpoints, Daemon):
             prefix="actor", endpoint="actor.update", temperature=self._temperature(batch, cfg.temperature),
             with_entropy=cfg.entropy_coeff != 0,
         )
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def export_hf(self, path: str) -> str:
+        """Write the current policy as a Hugging Face model folder (the base model's config and
+        tokenizer, the trained weights as model.safetensors) that transformers and vLLM load.
+        Every rank takes part in gathering the weights; rank 0 writes."""
+        keep = self.context.rank == 0
+        weights: dict[str, torch.Tensor] = {}
+        for bucket in self.engine.state_dict_for_generation():
+            if keep:
+                weights.update({name: t.detach().to("cpu", copy=True) for name, t in bucket.items()})
+        if keep:
+            export_model_dir(resolve_model_dir(self.opts.model, self.opts.seed), weights, Path(path))
+        return str(path)
 
     @endpoint(dispatch=Dispatch.REPLICATE)
     def weight_sync_report(self) -> dict[str, Any]:

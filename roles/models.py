@@ -150,6 +150,30 @@ def write_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     tokenizer.save_pretrained(target)
 
 
+def export_model_dir(source: Path, weights: dict[str, torch.Tensor], target: Path) -> Path:
+    """A Hugging Face model folder at `target`: every file of `source` (config, generation config,
+    tokenizer) but its weights, plus `weights` as model.safetensors. Written into a staging
+    folder and renamed into place, so `target` is never half-written."""
+    from safetensors.torch import save_file
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        for item in source.iterdir():
+            if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".safetensors.index.json", ".gguf")):
+                shutil.copy2(item, staging / item.name)
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if target.exists():
+            target.rename(old)
+        staging.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def _convert_smollm2(target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -37,6 +37,7 @@ class FlowConfig:
     val_every: a greedy validation pass every N steps and after the last (0: none) over
     val_prompts prompts of val_data (default: data's first rows, or held-out addition prompts).
     checkpoint_every: a checkpoint every N steps and after the last (0: none).
+    export_hf: at the end, write the actor as a Hugging Face model folder, RUN_DIR/hf.
     tensorboard: also write RUN_DIR/tensorboard. wandb_project: also log to W&B (needs wandb).
     progress: "auto" (a bar on a terminal, nothing otherwise), "on" or "off". trace: write
     RUN_DIR/trace.json (Chrome trace of every call).
@@ -57,6 +58,7 @@ class FlowConfig:
     val_every: int = 0
     val_prompts: int = 32
     checkpoint_every: int = 0
+    export_hf: bool = True
     tensorboard: bool = True
     wandb_project: str = ""
     progress: str = "auto"

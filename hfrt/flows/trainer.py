@@ -1,6 +1,7 @@
 """The step loop every built-in RL flow shares: prompts from the data source, the flow's own step
 function, a validation pass every `val_every` steps, metrics per step, checkpoints every
-`checkpoint_every` steps, and resume from the run's latest checkpoint.
+`checkpoint_every` steps, resume from the run's latest checkpoint, and the actor's export as a
+Hugging Face folder at the end.
 
 A flow supplies `step(step_index, prompts) -> metrics`; the loop supplies everything around it.
 It knows role groups by name ("actor" for validation and the advantage state, "reward" for
@@ -10,6 +11,7 @@ validation scores) and the FlowConfig fields; it knows nothing of what a step co
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from hfrt.protocols import BatchHandle
@@ -64,6 +66,9 @@ class Trainer:
                 if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                     await self.save(step + 1)
         summary = log.summary() | {"controller_bulk_bytes": self.ctl.stats()["controller_bulk_bytes"]}
+        if cfg.export_hf and cfg.run_dir and "actor" in self.roles:
+            await self.roles["actor"].export_hf(str(Path(cfg.run_dir) / "hf"), timeout_s=CALL_TIMEOUT_S)
+            summary["hf_export"] = str(Path(cfg.run_dir) / "hf")
         if self.start_step:
             summary["resumed_from_step"] = self.start_step
         return summary
