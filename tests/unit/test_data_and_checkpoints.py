@@ -1,0 +1,142 @@
+"""Prompt sources (the addition task, JSONL / Parquet files) with their saved positions, and run
+checkpoints: atomic (a failed save changes nothing), pruned, found again by `latest`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hfrt.flows.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hfrt.flows.data import DatasetError, FileDataset, make_source, read_rows, validation_rows
+from hfrt.flows.report import MetricsLog
+from hfrt.flows.tasks import AdditionTask
+
+
+def test_addition_task_resumes_where_it_stopped() -> None:
+    task = AdditionTask(seed=3, max_operand=9)
+    task.batch(5)
+    saved = json.loads(json.dumps(task.state_dict()))  # survives the trip through state.json
+    expected = task.batch(4)
+    again = AdditionTask(seed=3, max_operand=9)
+    again.load_state_dict(saved)
+    assert again.batch(4) == expected
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_rows_are_normalised(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", [
+        {"prompt": "2+2=", "ground_truth": 4},
+        {"prompt": [{"role": "user", "content": "hi"}], "reward_model": {"ground_truth": "x"}, "data_source": "chat",
+         "extra_info": {"index": 3, "nested": {"dropped": 1}}},
+    ])
+    rows = read_rows(path)
+    assert rows[0] == {"prompt": "2+2=", "ground_truth": "4", "data_source": "train", "extra_info": {}}
+    assert rows[1]["prompt"] == [{"role": "user", "content": "hi"}]
+    assert rows[1]["ground_truth"] == "x" and rows[1]["data_source"] == "chat" and rows[1]["extra_info"] == {"index": 3}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"prompt": "a"}\nnot json\n', r"train.jsonl:2: not JSON"),
+        ('{"prompt": 5}\n', r"row 1: 'prompt' must be a string or a list"),
+        ('[1]\n', r"row 1: expected an object"),
+        ("", "no rows"),
+    ],
+)
+def test_bad_data_files_name_the_row(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "train.jsonl"
+    path.write_text(content)
+    with pytest.raises(DatasetError, match=message):
+        read_rows(path)
+
+
+def test_parquet_file(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is in the `flows` extra")
+    import pyarrow as pa
+
+    table = pa.table({"prompt": ["1+1=", "1+2="], "ground_truth": ["2", "3"], "data_source": ["p", "p"]})
+    pq.write_table(table, tmp_path / "train.parquet")
+    rows = read_rows(tmp_path / "train.parquet")
+    assert [r["ground_truth"] for r in rows] == ["2", "3"] and rows[0]["data_source"] == "p"
+
+
+def test_file_dataset_epochs_and_resume(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}", "ground_truth": str(i)} for i in range(5)])
+    data = FileDataset(path, seed=1)
+    first_epoch = data.batch(5)["prompt"]
+    assert sorted(first_epoch) == [f"p{i}" for i in range(5)]  # every row once per epoch
+    data.batch(3)  # into the second epoch, in a different order
+    assert data.state_dict()["epoch"] == 1 and data.state_dict()["position"] == 3
+    expected = data.batch(6)["prompt"]
+    fresh = FileDataset(path, seed=1)
+    fresh.load_state_dict(json.loads(json.dumps({"path": str(path), "rows": 5, "epoch": 1, "position": 3})))
+    assert fresh.batch(6)["prompt"] == expected
+    with pytest.raises(DatasetError, match="taken over 9 rows"):
+        fresh.load_state_dict({"rows": 9, "epoch": 0, "position": 0})
+
+
+def test_sources_by_config(tmp_path: Path) -> None:
+    assert isinstance(make_source("", seed=0, max_operand=2), AdditionTask)
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}"} for i in range(10)])
+    assert validation_rows(str(path), seed=0, max_operand=2, count=3)["prompt"] == ["p0", "p1", "p2"]
+    held_out = validation_rows("", seed=0, max_operand=9, count=8)
+    assert held_out == validation_rows("", seed=0, max_operand=9, count=8)  # fixed across calls
+    assert held_out["prompt"] != AdditionTask(0, 9).batch(8)["prompt"]  # not the training stream
+
+
+class FakeRole:
+    """Stands in for a role group's save/load endpoints (the logic under test is the controller's)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.loaded: list[str] = []
+
+    async def save(self, path: str, *, timeout_s: float) -> list[str]:
+        Path(path).mkdir(parents=True)
+        (Path(path) / "weights").write_text("w")
+        if self.fail:
+            raise RuntimeError("disk full")
+        return [path]
+
+    async def load(self, path: str, *, timeout_s: float) -> list[dict[str, int]]:
+        self.loaded.append(path)
+        return [{"steps": 1}]
+
+
+def test_checkpoints_are_atomic_and_pruned(tmp_path: Path) -> None:
+    actor = FakeRole()
+    for step in (2, 4, 6, 8):
+        asyncio.run(save_checkpoint(tmp_path, step, {"actor": actor}, {"data": {"position": step}}, timeout_s=5))
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None and ckpt.step == 8 and ckpt.state["data"] == {"position": 8}
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_00000004", "step_00000006", "step_00000008"]
+    with pytest.raises(RuntimeError, match="disk full"):
+        asyncio.run(save_checkpoint(tmp_path, 10, {"actor": FakeRole(fail=True)}, {}, timeout_s=5))
+    again = latest_checkpoint(tmp_path)
+    assert again is not None and again.step == 8  # the failed save left the last whole one in place
+    assert not (tmp_path / "checkpoints" / "step_00000010").exists()
+    asyncio.run(load_checkpoint(again, {"actor": actor}, timeout_s=5))
+    assert actor.loaded == [str(again.path / "actor")]
+    with pytest.raises(ValueError, match=r"holds role\(s\) \['actor'\]"):
+        asyncio.run(load_checkpoint(again, {}, timeout_s=5))
+
+
+def test_metrics_log_truncates_to_the_checkpoint(tmp_path: Path) -> None:
+    with MetricsLog(str(tmp_path)) as log:
+        for step in range(5):
+            log.write({"step": step, "reward/mean": step / 10})
+    (tmp_path / "metrics.jsonl").open("a").write('{"step": 5, "rew')  # a line cut short by kill -9
+    with MetricsLog(str(tmp_path)) as log:
+        log.truncate(3)
+        log.write({"step": 3, "reward/mean": 0.9})
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3] and log.rewards == [0.0, 0.1, 0.2, 0.9]

@@ -1,0 +1,117 @@
+"""Run configuration: --config files (TOML, YAML), --set overrides with dotted keys, role
+overrides merged into a flow's role table, and errors raised before any daemon starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hfrt import runconfig
+from hfrt.flows import load_flow
+from hfrt.flows.ppo import PPOConfig
+
+FLOW_ROLES = {
+    "actor": {"impl": "actor", "options": {"model": "tiny", "engine": {"micro_batch_size": 32, "optim": {"lr": 2e-3}}}},
+    "reward": {"impl": "reward", "options": {"kind": "function"}},
+}
+
+
+def test_parse_set_nests_dotted_keys_and_parses_json() -> None:
+    out = runconfig.parse_set(["steps=5", "roles.actor.options.engine.optim.lr=1e-3", "data=/x.jsonl", "flag=true"])
+    assert out == {"steps": 5, "roles": {"actor": {"options": {"engine": {"optim": {"lr": 1e-3}}}}}, "data": "/x.jsonl", "flag": True}
+    with pytest.raises(runconfig.ConfigError, match="key=value"):
+        runconfig.parse_set(["steps"])
+    with pytest.raises(runconfig.ConfigError, match="dots nest"):
+        runconfig.parse_set(["roles..x=1"])
+
+
+def test_layers_saved_then_file_then_set(tmp_path: Path) -> None:
+    toml = tmp_path / "run.toml"
+    toml.write_text('steps = 7\ntemperature = 0.5\n[roles.actor.options.engine.optim]\nlr = 5e-4\n[roles.actor]\nworld_size = 2\n')
+    base = {"flow": {"steps": 3, "seed": 9}, "roles": {"reward": {"options": {"function": "exact_match"}}}}
+    rc = runconfig.build(FLOW_ROLES, file=toml, sets=["steps=11"], base=base)
+    assert rc.flow == {"steps": 11, "seed": 9, "temperature": 0.5}
+    actor = rc.roles["actor"]
+    assert actor["world_size"] == 2 and actor["options"]["engine"] == {"micro_batch_size": 32, "optim": {"lr": 5e-4}}
+    assert rc.roles["reward"]["options"] == {"kind": "function", "function": "exact_match"}
+    assert FLOW_ROLES["actor"]["options"]["engine"]["optim"]["lr"] == 2e-3  # the flow's table is not mutated
+
+
+def test_yaml_file_and_new_role(tmp_path: Path) -> None:
+    yml = tmp_path / "run.yaml"
+    yml.write_text("steps: 4\nroles:\n  cost:\n    impl: reward\n    options: {kind: function}\n")
+    rc = runconfig.build(FLOW_ROLES, file=yml)
+    assert rc.flow == {"steps": 4} and rc.roles["cost"] == {"impl": "reward", "options": {"kind": "function"}}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[roles.critic]\nworld_size = 1\n", "the flow has no role 'critic', so its impl must be given"),
+        ("[roles.actor]\nworld_sise = 2\n", r"roles.actor: unknown key\(s\) \['world_sise'\]"),
+        ("[roles.actor]\nworld_size = 0\n", "roles.actor.world_size=0: expected a positive integer"),
+        ("steps = [1,\n", "run.toml"),
+    ],
+)
+def test_bad_files_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    bad = tmp_path / "run.toml"
+    bad.write_text(text)
+    with pytest.raises(runconfig.ConfigError, match=message):
+        runconfig.build(FLOW_ROLES, file=bad)
+
+
+def test_flow_config_values_are_checked() -> None:
+    flow = load_flow("ppo")
+    flow.check({"steps": 2})
+    for bad, message in [
+        ({"steps": 0}, "steps=0: must be at least 1"),
+        ({"kl_ctrl": "pid"}, "kl_ctrl='pid': use fixed or adaptive"),
+        ({"progress": "loud"}, "progress='loud'"),
+        ({"data": "/nonexistent/train.jsonl"}, "data='/nonexistent/train.jsonl': no such file"),
+        ({"temperature": "hot"}, "temperature='hot': expected float"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            flow.check(bad)
+    assert PPOConfig.read({"gamma": 1}).gamma == 1.0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "stepz=3"], r"unknown config key\(s\) \['stepz'\]"),
+        (["--set", "roles.actor.options.engine.optim.lr=1e-3", "--set", "roles.critik.world_size=2"], "roles.critik"),
+        (["--config", "/nonexistent.toml"], "config file /nonexistent.toml does not exist"),
+        (["--resume", "/nonexistent-run"], "no config.json there"),
+    ],
+)
+def test_controller_rejects_bad_config_before_starting_daemons(tmp_path: Path, args: list[str], message: str) -> None:
+    start = time.monotonic()
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "hfrt", "controller", "--flow", "ppo", "--run-dir", str(run_dir), *args],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "hfrt controller:" in out.stderr
+    import re
+
+    assert re.search(message, out.stderr), out.stderr
+    assert not (run_dir / "logs").exists(), "a daemon was started before the config was checked"
+    assert time.monotonic() - start < 30
+
+
+def test_controller_writes_the_resolved_config(tmp_path: Path) -> None:
+    """The ping flow (no model) shows config.json: flow settings and the merged role table."""
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "hfrt", "controller", "--flow", "ping", "--run-dir", str(run_dir), "--set", "rounds=5"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["flow"] == {"rounds": 5} and saved["roles"]["echo"]["world_size"] == 2
