@@ -53,7 +53,7 @@ class Trainer:
 
     async def run(self, step_fn: StepFn) -> dict[str, Any]:
         cfg = self.cfg
-        with MetricsLog(cfg.run_dir) as log:
+        with MetricsLog(cfg.run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project, progress=cfg.progress, total_steps=cfg.steps) as log:
             if cfg.resume:
                 await self._resume(log)
             for step in range(self.start_step, cfg.steps):
@@ -72,6 +72,11 @@ class Trainer:
         if self.start_step:
             summary["resumed_from_step"] = self.start_step
         return summary
+
+    def more_prompts(self, count: int) -> BatchHandle:
+        """The data source's next `count` prompts, for a step that needs more than it was given
+        (DAPO's dynamic sampling); they count in the source position that checkpoints save."""
+        return prompts_handle(self.source.batch(count))
 
     # -- validation ------------------------------------------------------------------------
 
