@@ -53,7 +53,7 @@ class Trainer:
 
     async def run(self, step_fn: StepFn) -> dict[str, Any]:
         cfg = self.cfg
-        with MetricsLog(cfg.run_dir) as log:
+        with MetricsLog(cfg.run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project, progress=cfg.progress, total_steps=cfg.steps) as log:
             if cfg.resume:
                 await self._resume(log)
             for step in range(self.start_step, cfg.steps):
