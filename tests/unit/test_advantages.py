@@ -170,3 +170,24 @@ def test_compute_advantages_endpoint_in_process() -> None:
         host.compute_advantages(rollout, estimator="nope")
     with pytest.raises(ValueError, match="unknown field"):
         host.compute_advantages(rollout, estimator="grpo", gama=1.0)
+
+
+def test_advantage_state_survives_a_checkpoint() -> None:
+    """The in-reward KL controller's coefficient goes into state.json and comes back exactly."""
+    from hfrt.batch import Batch
+    from hfrt.roles.advantage import AdvantageEndpoints
+
+    rollout = Batch({"response_mask": OUT_MASK, "token_level_scores": OUT_REWARDS}, {"uid": list(INDEX)})
+    logp = Batch({"old_log_probs": torch.zeros(6, 2), "ref_log_prob": torch.full((6, 2), -0.5)})
+    opts = {"estimator": "grpo", "use_kl_in_reward": True, "kl_coef": 0.1, "kl_ctrl": "adaptive", "target_kl": 1.0, "horizon": 60}
+    first = AdvantageEndpoints()
+    assert first.advantage_state() == {}
+    first.compute_advantages(rollout, logp, **opts)
+    saved = first.advantage_state()
+    assert saved == {"kind": "adaptive", "value": pytest.approx(0.1 * (1 - 0.2 * 6 / 60))}
+    resumed = AdvantageEndpoints()
+    resumed.load_advantage_state(saved)
+    a = first.compute_advantages(rollout, logp, **opts).meta["metrics"]["actor/reward_kl_penalty_coeff"]
+    b = resumed.compute_advantages(rollout, logp, **opts).meta["metrics"]["actor/reward_kl_penalty_coeff"]
+    assert a == b == saved["value"]  # not the initial 0.1: the resumed run goes on from the saved coefficient
+    assert first.advantage_state() == resumed.advantage_state()
