@@ -18,7 +18,7 @@ import pytest
 
 from tests.support import STARTED_PIDS
 
-STEPS = 8
+STEPS = 30  # long enough that the kill lands mid-run even on a fast machine (~0.25 s a step)
 
 
 def read_metrics(run_dir: Path) -> list[str]:
@@ -47,7 +47,7 @@ def test_kill_9_mid_run_then_resume(tmp_path: Path) -> None:
         while latest_step(run_dir) < 4 and first.poll() is None and time.monotonic() < deadline:
             daemons = psutil.Process(first.pid).children(recursive=True) or daemons
             STARTED_PIDS.update(d.pid for d in daemons)
-            time.sleep(0.2)
+            time.sleep(0.05)
         assert first.poll() is None, f"the run ended before it was killed: {first.communicate()[1][-3000:]}"
         assert latest_step(run_dir) >= 4, "no checkpoint at step 4 within 240 s"
         os.kill(first.pid, signal.SIGKILL)
