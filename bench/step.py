@@ -1,0 +1,169 @@
+"""Step benchmark: whole RL steps of the built-in flows (tiny preset, built-in addition task) on
+their default local daemons, and how much of stage 2 (critic values ∥ reference log-probs ∥
+reward) overlaps.
+
+Run: `hfrt bench step [--steps N] [--warmup K] [--flows ppo,grpo] [--json] [--out FILE]`. Each
+flow gets fresh daemons (hfrt.run.run_flow), K warm-up steps, then N measured steps through the
+flow's own step function; reported values are medians over the measured steps. In a step,
+StageTimer times each stage-2 call from the stage's start to its reply, so `stage2_max_s` ≈
+`stage2_wall_s` when the calls overlap and `stage2_sum_s` is what one-after-another would take
+only if overlap cost nothing; the serial reference (`stage2_serial_s`: the same calls awaited one
+at a time on a fresh rollout, in the same run) is the honest "no overlap" figure.
+With --json the last stdout line is one JSON object: the PPO run's stage2_wall_s, stage2_max_s,
+stage2_sum_s, stage2_serial_s, controller_bulk_bytes, tokens_per_s, step_s at the top level, and
+every flow's figures under "flows". It knows the flows' step functions and stage-2 endpoints,
+nothing of what they compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hfrt.bench.common import add_output_flags, emit, machine
+from hfrt.flows import Flow, grpo, ppo
+from hfrt.flows.common import CALL_TIMEOUT_S, FlowConfig, get_roles, prompts_handle
+from hfrt.flows.trainer import Trainer
+from hfrt.log import configure as configure_logging
+from hfrt.loop import run
+from hfrt.run import run_flow
+
+#: flow name → (default roles, config class, step function)
+FLOWS: dict[str, tuple[dict[str, dict[str, Any]], type[FlowConfig], Callable[..., Awaitable[dict[str, Any]]]]] = {
+    "ppo": (ppo.ROLES, ppo.PPOConfig, ppo.ppo_step),
+    "grpo": (grpo.ROLES, grpo.GRPOConfig, grpo.grpo_step),
+}
+#: stage-2 call name (as StageTimer records it) → (role, endpoint); a flow uses those whose role it has
+STAGE2 = {"values": ("critic", "compute_values"), "ref_log_prob": ("reference", "compute_log_prob"), "reward": ("reward", "score")}
+#: what the bench leaves out of each flow's defaults: no files, no bar, no trace
+QUIET = {"run_dir": "", "progress": "off", "tensorboard": False, "trace": False}
+
+
+def stage2_calls(roles: Mapping[str, Any]) -> list[str]:
+    return [name for name, (role, _) in STAGE2.items() if role in roles]
+
+
+async def serial_stage2(cfg: FlowConfig, roles: Mapping[str, Any], prompts: Any) -> float:
+    """One fresh rollout, then its stage-2 calls awaited one at a time: their summed time."""
+    n = {"n": cfg.n} if isinstance(cfg, grpo.GRPOConfig) else {}
+    rollout = await roles["actor"].generate(
+        prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, timeout_s=CALL_TIMEOUT_S, **n)
+    total = 0.0
+    for name in stage2_calls(roles):
+        role, endpoint = STAGE2[name]
+        start = time.perf_counter()
+        await getattr(roles[role], endpoint)(rollout, timeout_s=CALL_TIMEOUT_S)
+        total += time.perf_counter() - start
+    return total
+
+
+def bench_flow(name: str, steps: int, warmup: int) -> Flow:
+    """A flow that runs `warmup + steps` steps of `name` through its Trainer, keeps the measured
+    steps' metrics, then times the serial stage-2 reference `steps` times."""
+    roles_spec, config_cls, step_fn = FLOWS[name]
+
+    async def measure(ctl: Any, _config: dict[str, Any]) -> dict[str, Any]:
+        cfg = config_cls.read({**QUIET, "steps": warmup + steps})
+        roles = await get_roles(ctl, *roles_spec)
+        records: list[dict[str, Any]] = []
+
+        async def step(index: int, prompts: Any) -> dict[str, Any]:
+            record = await step_fn(cfg, index, prompts, **roles)
+            records.append(record)
+            return record
+
+        trainer = Trainer(ctl, cfg, roles)
+        await trainer.run(step)
+        serial = [await serial_stage2(cfg, roles, prompts_handle(trainer.source.batch(cfg.prompts_per_step)))
+                  for _ in range(steps)]
+        return {"records": records[warmup:], "serial": serial, "controller_bulk_bytes": ctl.stats()["controller_bulk_bytes"]}
+
+    return Flow(f"bench-step-{name}", measure, roles_spec)
+
+
+def summarize(records: list[dict[str, Any]], serial: list[float], calls: list[str], bulk: int) -> dict[str, Any]:
+    """Medians over the measured steps (ratios: medians of the per-step ratios)."""
+    def med(values: list[float]) -> float:
+        return round(statistics.median(values), 4)
+
+    walls = [r["timing/stage2_s"] for r in records]
+    maxes = [max(r[f"timing/{c}_s"] for c in calls) for r in records]
+    sums = [sum(r[f"timing/{c}_s"] for c in calls) for r in records]
+    timings = sorted({k for r in records for k in r if k.startswith("timing/")})
+    return {
+        "steps": len(records), "stage2_calls": calls,
+        "stage2_wall_s": med(walls), "stage2_max_s": med(maxes), "stage2_sum_s": med(sums),
+        "stage2_serial_s": med(serial),
+        "stage2_wall_over_max": med([w / m for w, m in zip(walls, maxes, strict=True)]),
+        "stage2_wall_over_sum": med([w / s for w, s in zip(walls, sums, strict=True)]),
+        "stage2_wall_over_serial": round(med(walls) / med(serial), 4),
+        "controller_bulk_bytes": bulk,
+        "tokens_per_s": med([r["perf/tokens_per_s"] for r in records]),
+        "response_tokens": med([r.get("response_tokens", 0.0) for r in records]),
+        "step_s": med([r["timing/step_s"] for r in records]),
+        "timings": {k.removeprefix("timing/"): med([r[k] for r in records if k in r]) for k in timings},
+        "reward_mean": med([r["reward/mean"] for r in records]),
+    }
+
+
+async def bench_one(name: str, steps: int, warmup: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"hfrt-bench-step-{name}-") as run_dir:
+        out = await run_flow(bench_flow(name, steps, warmup), run_dir=Path(run_dir), config={})
+    calls = [c for c in STAGE2 if f"timing/{c}_s" in out["records"][0]]
+    return summarize(out["records"], out["serial"], calls, int(out["controller_bulk_bytes"]))
+
+
+def table(flows: dict[str, dict[str, Any]]) -> list[str]:
+    """The human-readable report: one column per flow."""
+    names = list(flows)
+    rows: list[tuple[str, str]] = [
+        ("step_s", "step time (s)"), ("tokens_per_s", "response tokens / s"),
+        ("stage2_wall_s", "stage 2 wall (s)"), ("stage2_max_s", "stage 2 slowest call (s)"),
+        ("stage2_sum_s", "stage 2 sum of calls (s)"), ("stage2_serial_s", "stage 2 serial reference (s)"),
+        ("stage2_wall_over_max", "wall / slowest  (1 = perfect overlap)"),
+        ("stage2_wall_over_sum", "wall / sum"), ("stage2_wall_over_serial", "wall / serial reference"),
+        ("controller_bulk_bytes", "controller bulk bytes"),
+    ]
+    lines = [f"{'':<40}" + "".join(f"{n:>12}" for n in names)]
+    lines += [f"{label:<40}" + "".join(f"{flows[n][key]:>12}" for n in names) for key, label in rows]
+    stages = sorted({s for n in names for s in flows[n]["timings"]})
+    lines += [f"{'  timing/' + s + ' (s)':<40}" + "".join(f"{flows[n]['timings'].get(s, '-'):>12}" for n in names)
+              for s in stages]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hfrt bench step", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=5, help="measured steps per flow (medians are over these)")
+    p.add_argument("--warmup", type=int, default=1, help="steps run first and left out of the figures")
+    p.add_argument("--flows", default="ppo,grpo", help=f"comma-separated flows to run, from {','.join(FLOWS)}")
+    add_output_flags(p)
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.flows.split(",") if n.strip()]
+    unknown = [n for n in names if n not in FLOWS]
+    if unknown or not names or args.steps < 1 or args.warmup < 0:
+        p.error(f"need --steps >= 1, --warmup >= 0 and --flows from {','.join(FLOWS)} (unknown: {unknown})")
+    configure_logging("warning")
+
+    flows = {name: run(bench_one(name, args.steps, args.warmup)) for name in names}
+    top = flows.get("ppo", flows[names[0]])
+    keys = ("stage2_wall_s", "stage2_max_s", "stage2_sum_s", "stage2_serial_s", "controller_bulk_bytes", "tokens_per_s", "step_s")
+    result: dict[str, Any] = {
+        **{k: top[k] for k in keys}, "top_level_flow": "ppo" if "ppo" in flows else names[0],
+        "steps": args.steps, "warmup": args.warmup, "preset": "tiny", "task": "addition",
+        "flows": flows, **machine(),
+    }
+    for line in table(flows):
+        print(line)
+    emit(result, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
