@@ -5,6 +5,10 @@ means over prompts split across ranks) are exact, and the controller never sees 
 It knows the estimators of hfrt.algos and the column names of a rollout; it knows nothing of the
 role it is mixed into, of engines or of the flow that calls it. The in-reward KL controller is
 the one piece of state: made on the first call that asks for it, updated on every such call.
+
+Before the estimator the scores may be shaped, each at the last response token: a cost column
+weighted by −cost_coef (Safe-RLHF's Lagrangian reward, the flow owns λ) and DAPO's soft overlong
+penalty on the response length.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from hfrt.batch import Batch
 from hfrt.endpoints import Dispatch, endpoint
 
 from .common import build_dataclass
+from .reward_fns import token_level_rewards
 from .rows import merge, take
 
 ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
@@ -45,6 +50,10 @@ class AdvantageParams:
     a `kl_ctrl` controller ("fixed": kl_coef; "adaptive": starts at kl_coef, aims at target_kl over
     horizon samples). score_column: the token-level scores; index_column: the group key (a prompt's
     uid); baseline_column: ReMax's per-row baseline reward (a non-tensor or [B] tensor column).
+    cost_column / cost_coef: rewards = scores − cost_coef·costs, costs the token-level column
+    cost_column ("" : none; Safe-RLHF's reward − λ·cost, λ given per call as cost_coef).
+    overlong_buffer_len L / overlong_penalty_factor / max_response_len M (0: the response width):
+    a response of length l > M − L gets −(l − (M − L))/L·factor added to its score (DAPO; L 0: off).
     """
 
     gamma: float = 1.0
@@ -60,6 +69,11 @@ class AdvantageParams:
     score_column: str = "token_level_scores"
     index_column: str = "uid"
     baseline_column: str = "baseline_score"
+    cost_column: str = ""
+    cost_coef: float = 0.0
+    overlong_buffer_len: int = 0
+    overlong_penalty_factor: float = 1.0
+    max_response_len: int = 0
 
 
 def make_kl_controller(p: AdvantageParams) -> FixedKLController | AdaptiveKLController:
@@ -103,6 +117,30 @@ def _column(batch: Batch, name: str) -> torch.Tensor:
     return torch.tensor([float(v) for v in _non_tensor(batch, name)])
 
 
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, factor: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment per response: 0 up to max_len − buffer_len tokens, then
+    falling linearly to −factor at max_len: −(length − (max_len − buffer_len)) / buffer_len · factor."""
+    if not 0 < buffer_len <= max_len:
+        raise ValueError(f"overlong_buffer_len must be in (0, max_response_len={max_len}], got {buffer_len}")
+    exceed = lengths.float() - (max_len - buffer_len)
+    return (-exceed / buffer_len * factor).clamp(max=0.0)
+
+
+def shape_scores(batch: Batch, scores: torch.Tensor, mask: torch.Tensor, p: AdvantageParams) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scores minus cost_coef × the cost column, plus the overlong penalty at each last response
+    token (see AdvantageParams); each with its metrics. Unchanged when neither is asked for."""
+    metrics: dict[str, float] = {}
+    if p.cost_column:
+        costs = take(batch, [p.cost_column], "compute_advantages(cost_column)")[p.cost_column].float()
+        scores = scores - p.cost_coef * costs
+        metrics["cost/token_sum_mean"] = float((costs * mask).sum(-1).mean())
+    if p.overlong_buffer_len:
+        penalty = overlong_penalty(mask.sum(-1), p.max_response_len or mask.shape[1], p.overlong_buffer_len, p.overlong_penalty_factor)
+        scores = scores + token_level_rewards(penalty, mask)
+        metrics |= {"overlong/penalty_mean": float(penalty.mean()), "overlong/share": float((penalty < 0).float().mean())}
+    return scores, metrics
+
+
 def summary(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """{name/mean, name/max, name/min} over the masked positions (0s when nothing is masked in)."""
     picked = values[mask.bool()]
@@ -126,7 +164,7 @@ class AdvantageEndpoints:
         p: AdvantageParams = build_dataclass(AdvantageParams, params, "compute_advantages")
         cols = take(merged, ["response_mask", p.score_column], "compute_advantages")
         mask, rewards = cols["response_mask"].float(), cols[p.score_column].float()
-        metrics: dict[str, float] = {}
+        rewards, metrics = shape_scores(merged, rewards, mask, p)
         if "old_log_probs" in merged.tensors and "ref_log_prob" in merged.tensors:
             kl = kl_penalty(merged.tensors["old_log_probs"].float(), merged.tensors["ref_log_prob"].float(), p.kl_penalty)
             metrics["kl/mean"] = float(masked_mean(kl, mask))

@@ -13,6 +13,8 @@ from typing import Any
 
 #: What a reward role's `function` option names to score this task.
 REWARD = "hfrt.flows.tasks:addition_reward"
+#: What a cost role's `function` option names to score this task (Safe-RLHF's cost).
+COST = "hfrt.flows.tasks:addition_cost"
 #: Partial credit for an answer in the right form (a leading number) but wrong: it gives a
 #: random-init policy a signal to find the answer's form before it finds the answer.
 FORM_CREDIT = 0.1
@@ -66,3 +68,12 @@ def addition_reward(response: str, ground_truth: Any) -> float:
     if got is None:
         return 0.0
     return 1.0 if got == int(str(ground_truth)) else FORM_CREDIT
+
+
+def addition_cost(response: str, ground_truth: Any) -> float:
+    """Safe-RLHF's cost on this task: 1 when the response says more than the answer needs — it is
+    longer than the right sum's digits, or holds anything but digits ("7 ", "7=", "77", "x" cost 1;
+    "7", "3" and "" cost 0) — else 0. The reward does not care, so only the cost teaches the policy
+    to stop right after the number."""
+    too_long = len(response) > len(str(ground_truth))
+    return float(too_long or (response != "" and not response.isdigit()))
