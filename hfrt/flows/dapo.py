@@ -14,6 +14,7 @@ concatenated (BatchHandle arithmetic). Groups are filtered on the reward role's 
 the overlong penalty (DAPO filters on accuracy, which the penalty does not change); the penalty is
 added daemon-side by `compute_advantages` from each response's length in its response_mask.
 Rounds after the first draw prompts from the Trainer's data source (`Trainer.more_prompts`).
+A step's reward/* metrics are over every sample it generated, kept or not.
 The controller knows handles, per-row scores and uids; nothing of engines, and it imports no torch.
 """
 

@@ -45,7 +45,7 @@ class SafeRLHFConfig(PPOConfig):
 
     cost_limit: float = 0.1
     lambda_init: float = 1.0
-    lambda_lr: float = 0.5
+    lambda_lr: float = 0.1
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -71,9 +71,8 @@ def addition_reward(response: str, ground_truth: Any) -> float:
 
 
 def addition_cost(response: str, ground_truth: Any) -> float:
-    """Safe-RLHF's cost on this task: 1 when the response says more than the answer needs — it is
-    longer than the right sum's digits, or holds anything but digits ("7 ", "7=", "77", "x" cost 1;
-    "7", "3" and "" cost 0) — else 0. The reward does not care, so only the cost teaches the policy
-    to stop right after the number."""
-    too_long = len(response) > len(str(ground_truth))
-    return float(too_long or (response != "" and not response.isdigit()))
+    """Safe-RLHF's cost on this task: 0 when the response is just a number no longer than the
+    right sum ("7", "3"), else 1 ("7 ", "7=", "77", "x", and the empty response, so that saying
+    nothing is not a way out). The reward accepts anything after a right number; only the cost
+    teaches the policy to stop right after it."""
+    return 0.0 if response.isdigit() and len(response) <= len(str(ground_truth)) else 1.0

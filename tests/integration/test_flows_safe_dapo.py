@@ -88,7 +88,7 @@ def test_lagrange_multiplier_update_and_state() -> None:
 
 
 def test_addition_cost_and_config() -> None:
-    assert [addition_cost(r, "4") for r in ("4", "3", "", "44", "4 ", "x", "4=")] == [0, 0, 0, 1, 1, 1, 1]
+    assert [addition_cost(r, "4") for r in ("4", "3", "", "44", "4 ", "x", "4=")] == [0, 0, 1, 1, 1, 1, 1]
     assert addition_cost("12", 12) == 0.0 and addition_cost("123", "12") == 1.0
     assert SafeRLHFConfig.read({"cost_limit": 0}).cost_limit == 0.0
     with pytest.raises(ValueError, match="lambda_lr"):
