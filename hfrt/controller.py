@@ -4,7 +4,8 @@ Every call returns an asyncio future as soon as its message is sent, so independ
 by construction (start early, await late). A daemon that exits, is killed or stops beating fails
 every call pending on it within 2× the heartbeat interval, naming it. The controller never imports
 torch and knows nothing of any algorithm or of how daemons were started (launchers tell it when a
-process they own exits, through `mark_gone`).
+process they own exits, through `mark_gone`). After `record_calls()`, every settled call appends
+one span (daemon, endpoint, call id, sent, settled, status) to `trace` (hfrt.trace).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from .errors import CallTimeout, DaemonGone, ProtocolMismatch, RemoteError
 from .lifetimes import HandleTracker
 from .log import get_logger
 from .plane_control import TensorPlaneControl
+from .trace import MAX_SPANS, CallTrace
 
 #: A daemon silent for this many heartbeat intervals is declared dead; checks run 8 times per
 #: interval, so a death is noticed within (DEAD_AFTER + 1/8) intervals < 2 intervals.
@@ -76,13 +78,14 @@ class DaemonInfo:
 
 
 class _Pending:
-    __slots__ = ("daemon", "endpoint", "future", "timer")
+    __slots__ = ("daemon", "endpoint", "future", "timer", "sent")
 
-    def __init__(self, future: asyncio.Future[Any], daemon: DaemonInfo, endpoint: str) -> None:
+    def __init__(self, future: asyncio.Future[Any], daemon: DaemonInfo, endpoint: str, sent: float) -> None:
         self.future = future
         self.daemon = daemon
         self.endpoint = endpoint
         self.timer: asyncio.TimerHandle | None = None
+        self.sent = sent  # time.perf_counter() when the call went out (for the call trace)
 
 
 class Controller(TensorPlaneControl):
@@ -122,6 +125,8 @@ class Controller(TensorPlaneControl):
         self._watcher: asyncio.Task[None] | None = None
         self._zmq: zmq.Context[Any] | None = None
         self._log = get_logger(part="controller", session=self.session)
+        #: spans of the calls sent since record_calls() (None: not recording)
+        self.trace: CallTrace | None = None
         self._stats: dict[str, int] = {
             "calls_sent": 0,
             "replies": 0,
@@ -165,6 +170,7 @@ class Controller(TensorPlaneControl):
             self._watcher = None
         for call_id in list(self._calls):
             pending = self._calls.pop(call_id)
+            self._span(call_id, pending, "gone")
             _settle(pending.future, exc=DaemonGone(f"controller closed before {pending.endpoint} finished"))
         if self._channel is not None:
             self._channel.close()
@@ -247,6 +253,7 @@ class Controller(TensorPlaneControl):
         for call_id, pending in list(self._calls.items()):
             if pending.daemon is info:
                 del self._calls[call_id]
+                self._span(call_id, pending, "gone")
                 if pending.timer is not None:
                     pending.timer.cancel()
                 _settle(
@@ -256,6 +263,16 @@ class Controller(TensorPlaneControl):
         self._notify_change()
 
     # -- calls --------------------------------------------------------------------------------
+
+    def record_calls(self, max_spans: int = MAX_SPANS) -> CallTrace:
+        """From now on, record a span for every call this controller sends (the latest
+        `max_spans` are kept); `CallTrace.write(path)` turns them into a Chrome trace."""
+        self.trace = CallTrace(max_spans)
+        return self.trace
+
+    def _span(self, call_id: int, pending: _Pending, status: str) -> None:
+        if self.trace is not None:
+            self.trace.add(pending.daemon.identity, pending.endpoint, call_id, pending.sent, status)
 
     def submit(
         self,
@@ -279,8 +296,9 @@ class Controller(TensorPlaneControl):
         except (WireError, TypeError, ValueError, OverflowError) as exc:
             future.set_exception(type(exc)(f"{info.role}[{info.rank}].{endpoint}: cannot send arguments: {exc}"))
             return future
+        sent = time.perf_counter()
         if reply:
-            pending = _Pending(future, info, endpoint)
+            pending = _Pending(future, info, endpoint, sent)
             self._calls[call_id] = pending
             timeout = self.default_timeout_s if timeout_s is None else timeout_s
             if timeout is not None:
@@ -288,6 +306,8 @@ class Controller(TensorPlaneControl):
             future.add_done_callback(functools.partial(self._on_future_done, call_id))
         else:
             future.set_result(None)
+            if self.trace is not None:
+                self.trace.add(info.identity, endpoint, call_id, sent, "sent")
         self._stats["calls_sent"] += 1
         self._send_frames(info, frames)
         return future
@@ -296,6 +316,7 @@ class Controller(TensorPlaneControl):
         pending = self._calls.pop(call_id, None)
         if pending is None:
             return
+        self._span(call_id, pending, "timeout")
         info = pending.daemon
         self._send_to(info, Cancel(call_id))
         _settle(
@@ -308,6 +329,7 @@ class Controller(TensorPlaneControl):
             return
         pending = self._calls.pop(call_id, None)
         if pending is not None:
+            self._span(call_id, pending, "cancelled")
             if pending.timer is not None:
                 pending.timer.cancel()
             self._send_to(pending.daemon, Cancel(call_id))
@@ -347,6 +369,8 @@ class Controller(TensorPlaneControl):
         pending = self._calls.pop(msg.call_id, None)
         if pending is None:
             return  # cancelled, timed out, or from an earlier session
+        if self.trace is not None:
+            self.trace.add(pending.daemon.identity, pending.endpoint, msg.call_id, pending.sent, "ok")
         pending.daemon.last_seen = self._loop.time()
         if pending.timer is not None:
             pending.timer.cancel()
@@ -362,6 +386,7 @@ class Controller(TensorPlaneControl):
         if pending is None:
             self._log.warning("daemon_error", peer=ident.decode("utf-8", "replace"), type=msg.type, message=msg.message)
             return
+        self._span(msg.call_id, pending, "error")
         if pending.timer is not None:
             pending.timer.cancel()
         info = pending.daemon

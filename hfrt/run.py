@@ -23,6 +23,7 @@ from hfrt.protocols import load_key, new_key, write_key_file
 from .controller import Controller
 from .flows import Flow
 from .log import get_logger
+from .trace import CallTrace
 
 if TYPE_CHECKING:
     from hfrt.deploy.cluster import ClusterSession
@@ -90,6 +91,23 @@ def with_run_dir(config: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return {**config, "run_dir": str(run_dir)}
 
 
+def start_trace(ctl: Controller, config: dict[str, Any]) -> CallTrace | None:
+    """Record every call of the run unless the flow's config says `trace = false`."""
+    return ctl.record_calls() if config.get("trace", True) else None
+
+
+def save_trace(trace: CallTrace | None, run_dir: Path) -> dict[str, str]:
+    """Write RUN_DIR/trace.json (also after a failed flow: that is when it helps most); a write
+    that fails is logged, never raised over the flow's own outcome."""
+    if trace is None:
+        return {}
+    try:
+        return {"trace": str(trace.write(run_dir / "trace.json"))}
+    except OSError as exc:
+        get_logger(part="run").warning("trace_not_written", path=str(run_dir / "trace.json"), error=str(exc))
+        return {}
+
+
 async def run_flow(
     flow: Flow,
     *,
@@ -120,9 +138,11 @@ async def run_flow(
             )
             await launcher.start(specs_for(roles or flow.roles), controller=ctl.address, key=key, on_exit=ctl.mark_gone)
         summary: dict[str, Any] = {}
+        trace = start_trace(ctl, config)
         try:
             summary = dict(await flow.run(ctl, with_run_dir(config, run_dir)) or {})
         finally:
+            summary |= save_trace(trace, run_dir)
             if launcher is not None and not keep_daemons:
                 await ctl.shutdown_daemons()
                 await launcher.stop()
@@ -175,7 +195,12 @@ async def run_on_cluster(
     key_file = write_key_file(run_dir / "cluster.key", key)
     orphan = max(cluster.daemons.orphan_timeout_s, 600.0) if keep_daemons else None
     async with ClusterSession(cluster, run_dir=run_dir, key=key, key_file=key_file, orphan_timeout_s=orphan) as session:
-        summary = dict(await flow.run(session.controller, with_run_dir(config, run_dir)) or {})
+        trace = start_trace(session.controller, config)
+        try:
+            summary = dict(await flow.run(session.controller, with_run_dir(config, run_dir)) or {})
+        finally:
+            written = save_trace(trace, run_dir)
+        summary |= written
         if keep_daemons:
             summary["attach"] = str(await _detach(session))
     return summary

@@ -139,3 +139,134 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     shown = tty.getvalue()
     assert "4/4" in shown and "reward 0.400" in shown and "kl 0.0300" in shown and "tok/s 103" in shown
     assert "eta 0:00:00" in shown
+
+
+# -- Chrome trace -----------------------------------------------------------------------------------
+
+
+def test_chrome_events_rows_names_and_statuses(tmp_path: Path) -> None:
+    from hfrt.trace import LANE_TID, CallTrace
+
+    trace = CallTrace(max_spans=5)
+    o = trace.origin
+    trace.spans.extend([
+        ("actor:1", "generate", 1, o + 1.0, o + 3.0, "ok"),
+        ("actor:1", "compute_log_prob", 2, o + 2.0, o + 4.0, "ok"),  # queued behind generate: a 2nd row
+        ("actor:1", "_hfrt_free", 3, o + 2.5, o + 2.5, "sent"),  # no reply: an instant on the rank's row
+        ("critic:0", "update", 4, o + 5.0, o + 6.0, "error"),
+        ("actor:1", "update", 5, o + 5.0, o + 5.5, "ok"),  # the first row is free again
+    ])
+    trace.recorded = 7
+    data = json.loads(trace.write(tmp_path / "trace.json").read_text())
+    events = data["traceEvents"]
+    assert data["otherData"]["dropped"] == 2 and data["otherData"]["spans"] == 5
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert sorted(procs.values()) == ["actor", "critic"]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    spans = {e["args"]["call_id"]: e for e in events if e["ph"] in ("X", "i")}
+    assert [(procs[spans[i]["pid"]], spans[i]["tid"]) for i in (1, 2, 3, 4, 5)] == [
+        ("actor", 1), ("actor", 1 + LANE_TID), ("actor", 1), ("critic", 0), ("actor", 1)]
+    assert threads[(spans[1]["pid"], 1)] == "rank 1" and threads[(spans[4]["pid"], 0)] == "rank 0"
+    assert spans[1]["ph"] == "X" and spans[1]["name"] == "generate"
+    assert spans[1]["ts"] == pytest.approx(1e6) and spans[1]["dur"] == pytest.approx(2e6)
+    assert spans[3]["ph"] == "i" and "dur" not in spans[3]
+    assert spans[4]["args"] == {"call_id": 4, "status": "error"} and spans[4]["cname"] == "terrible"
+    assert "cname" not in spans[5]
+
+
+async def test_controller_records_every_call_it_sends() -> None:
+    from hfrt import CallTimeout, RemoteError
+    from tests.support import echo_specs, local_cluster
+
+    async with local_cluster(echo_specs(2)) as (ctl, _):
+        echo = await ctl.role("echo")
+        await echo.ping()  # not recorded: before record_calls
+        trace = ctl.record_calls()
+        assert await echo.ping() == ["pong", "pong"]
+        with pytest.raises(RemoteError):
+            await echo.fail.call_one(1)
+        with pytest.raises(CallTimeout):
+            await echo.block.call_one(0, 1.0, timeout_s=0.2)
+        echo.record.broadcast("x")
+        got = sorted((s[0], s[1], s[5]) for s in trace.spans)
+    assert got == [
+        ("echo:0", "block", "timeout"), ("echo:0", "ping", "ok"), ("echo:0", "record", "sent"),
+        ("echo:1", "fail", "error"), ("echo:1", "ping", "ok"), ("echo:1", "record", "sent"),
+    ]
+    for _, _, call_id, sent, settled, status in trace.spans:
+        assert call_id > 0 and trace.origin < sent <= settled
+        if status == "timeout":
+            assert settled - sent >= 0.2
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real two-step PPO run, shared by the tests that read what it wrote."""
+    run_dir = tmp_path_factory.mktemp("obs") / "run"
+    args = [sys.executable, "-m", "hfrt", "controller", "--flow", "ppo", "--run-dir", str(run_dir), "--set", "steps=2"]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=170)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert json.loads(out.stdout)["trace"] == str(run_dir / "trace.json")
+    assert out.stderr.count("step 1/2") == 0  # progress "auto" off a terminal: no bar in the log
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ppo_run_trace_has_every_stage_and_stage2_overlaps(ppo_run: Path) -> None:
+    events = json.loads((ppo_run / "trace.json").read_text())["traceEvents"]
+    roles = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    spans: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        if e["ph"] == "X":
+            spans.setdefault(f"{roles[e['pid']]}.{e['name']}", []).append(e)
+    for name in ("actor.generate", "critic.compute_values", "reference.compute_log_prob", "reward.score",
+                 "actor.compute_log_prob", "actor.compute_advantages", "actor.update", "critic.update"):
+        assert len(spans.get(name, [])) == 2, (name, sorted(spans))
+    assert all(e["args"]["status"] == "ok" for group in spans.values() for e in group)
+    for step in range(2):
+        stage2 = [spans[n][step] for n in ("critic.compute_values", "reference.compute_log_prob", "reward.score")]
+        latest_start = max(e["ts"] for e in stage2)
+        earliest_end = min(e["ts"] + e["dur"] for e in stage2)
+        assert latest_start < earliest_end, f"step {step}: stage-2 calls did not overlap: {stage2}"
+        assert spans["actor.generate"][step]["ts"] + spans["actor.generate"][step]["dur"] <= min(e["ts"] for e in stage2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ppo_run_writes_tensorboard_and_plots(ppo_run: Path) -> None:
+    records = [json.loads(x) for x in (ppo_run / "metrics.jsonl").read_text().splitlines()]
+    rewards = scalars_of(ppo_run / "tensorboard", "reward/mean")
+    assert rewards == [(r["step"], pytest.approx(r["reward/mean"])) for r in records]
+    out = subprocess.run([sys.executable, "-m", "hfrt", "plot", str(ppo_run)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(ppo_run / "metrics.png")
+    assert (ppo_run / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- hfrt plot ----------------------------------------------------------------------------------------
+
+
+def test_hfrt_plot_draws_a_png(tmp_path: Path) -> None:
+    lines = [json.dumps(r | {"val/reward_mean": 0.5} if r["step"] == 3 else r) for r in RECORDS]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 4, "rew')  # last line cut short
+    out = subprocess.run([sys.executable, "-m", "hfrt", "plot", str(tmp_path), "--out", str(tmp_path / "p" / "m.png")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    png = tmp_path / "p" / "m.png"
+    assert out.stdout.strip() == str(png)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_plot_refuses_a_missing_or_empty_log(tmp_path: Path) -> None:
+    from hfrt.plot import plot_run
+
+    with pytest.raises(ValueError, match="metrics.jsonl: no such file"):
+        plot_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no metric records"):
+        plot_run(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "hfrt", "plot", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no metric records" in out.stderr
+    assert not (tmp_path / "metrics.png").exists()
