@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import statistics
 import time
 from collections.abc import Awaitable, Mapping
@@ -77,6 +78,8 @@ class FlowConfig:
             raise ValueError(f"config temperature={self.temperature!r}: must not be negative")
         if self.progress not in ("auto", "on", "off"):
             raise ValueError(f"config progress={self.progress!r}: use auto, on or off")
+        if self.wandb_project and importlib.util.find_spec("wandb") is None:
+            raise ValueError(f"config wandb_project={self.wandb_project!r}: W&B logging needs wandb (pip install wandb)")
         for name in ("data", "val_data"):
             path = getattr(self, name)
             if path and not Path(path).is_file():
