@@ -36,8 +36,8 @@ from hfrt.run import run_flow
 
 #: flow name → (default roles, config class, step function)
 FLOWS: dict[str, tuple[dict[str, dict[str, Any]], type[FlowConfig], Callable[..., Awaitable[dict[str, Any]]]]] = {
-    "ppo": (ppo.ROLES, ppo.PPOConfig, ppo.ppo_step),
-    "grpo": (grpo.ROLES, grpo.GRPOConfig, grpo.grpo_step),
+    "ppo": (ppo.ROLES, ppo.Config, ppo.ppo_step),
+    "grpo": (grpo.ROLES, grpo.Config, grpo.grpo_step),
 }
 #: stage-2 call name (as StageTimer records it) → (role, endpoint); a flow uses those whose role it has
 STAGE2 = {"values": ("critic", "compute_values"), "ref_log_prob": ("reference", "compute_log_prob"), "reward": ("reward", "score")}
