@@ -205,7 +205,7 @@ def test_readme_cluster_examples_are_valid_specs(monkeypatch: pytest.MonkeyPatch
 
     for name in ("actor", "critic", "reference", "reward"):  # the role daemons issue 5 registers
         monkeypatch.setitem(roles.BUILTIN, name, roles.BUILTIN.get(name, f"hfrt.roles.{name}:Daemon"))
-    blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), re.S)
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", README.read_text(), re.S) if "[[nodes]]" in b]
     assert len(blocks) >= 2, "README should show an SSH and a Slurm spec"
     launchers = set()
     for block in blocks:

@@ -55,6 +55,7 @@ def test_user_flow_file_with_its_own_roles_and_config(tmp_path: Path) -> None:
     flow = tmp_path / "my_flow.py"
     flow.write_text(USER_FLOW)
     summary = summary_of(hfrt("controller", "--flow", str(flow), "--set", "word=hello", "--run-dir", str(tmp_path / "r")))
+    assert Path(summary.pop("trace")).is_file()  # every run writes its call trace
     assert summary == {"left": "hello", "right": ["pong", "pong"]}
 
 
@@ -66,7 +67,7 @@ def test_role_override_from_the_command_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["controller", "--flow", "nope"], "unknown flow 'nope': use one of grpo, ping, ppo"),
+        (["controller", "--flow", "nope"], "unknown flow 'nope': use one of dapo, grpo, ping, ppo, reinforce_pp, remax, rloo, safe_rlhf"),
         (["controller", "--flow", "missing.py"], "flow file missing.py does not exist"),
         (["controller", "--flow", "ping", "--set", "novalue"], "--set expects key=value"),
         (["controller", "--flow", "ping", "--attach", "absent.json"], "attach file absent.json"),

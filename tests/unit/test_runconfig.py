@@ -115,3 +115,18 @@ def test_controller_writes_the_resolved_config(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved["flow"] == {"rounds": 5} and saved["roles"]["echo"]["world_size"] == 2
+
+
+def test_readme_run_config_example(tmp_path: Path) -> None:
+    """The README's run.toml is a valid configuration for the ppo flow (its data file aside)."""
+    import re
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    [block] = [b for b in re.findall(r"```toml\n(.*?)```", readme.read_text(), re.S) if "# run.toml" in b]
+    (tmp_path / "run.toml").write_text(block)
+    flow = load_flow("ppo")
+    rc = runconfig.build(flow.roles, file=tmp_path / "run.toml", sets=["steps=300"])
+    assert rc.flow["steps"] == 300 and rc.roles["actor"]["world_size"] == 2
+    assert rc.roles["actor"]["options"]["engine"]["backend"] == "fsdp2"
+    assert rc.roles["actor"]["options"]["engine"]["micro_batch_size"] == 32  # the flow's own setting kept
+    flow.check({k: v for k, v in rc.flow.items() if k != "data"})
