@@ -88,14 +88,15 @@ def bench_flow(name: str, steps: int, warmup: int) -> Flow:
 
 
 def summarize(records: list[dict[str, Any]], serial: list[float], calls: list[str], bulk: int) -> dict[str, Any]:
-    """Medians over the measured steps (ratios: medians of the per-step ratios)."""
+    """Medians over the measured steps (ratios: medians of the per-step ratios); `timings` holds
+    every stage's and the actor's own generation timings (rollout/: generate, reshard_to_*)."""
     def med(values: list[float]) -> float:
         return round(statistics.median(values), 4)
 
     walls = [r["timing/stage2_s"] for r in records]
     maxes = [max(r[f"timing/{c}_s"] for c in calls) for r in records]
     sums = [sum(r[f"timing/{c}_s"] for c in calls) for r in records]
-    timings = sorted({k for r in records for k in r if k.startswith("timing/")})
+    timings = sorted({k for r in records for k in r if k.startswith(("timing/", "rollout/timing/"))})
     return {
         "steps": len(records), "stage2_calls": calls,
         "stage2_wall_s": med(walls), "stage2_max_s": med(maxes), "stage2_sum_s": med(sums),
@@ -107,7 +108,7 @@ def summarize(records: list[dict[str, Any]], serial: list[float], calls: list[st
         "tokens_per_s": med([r["perf/tokens_per_s"] for r in records]),
         "response_tokens": med([r.get("response_tokens", 0.0) for r in records]),
         "step_s": med([r["timing/step_s"] for r in records]),
-        "timings": {k.removeprefix("timing/"): med([r[k] for r in records if k in r]) for k in timings},
+        "timings": {k.replace("timing/", "", 1): med([r[k] for r in records if k in r]) for k in timings},
         "reward_mean": med([r["reward/mean"] for r in records]),
     }
 
@@ -133,7 +134,7 @@ def table(flows: dict[str, dict[str, Any]]) -> list[str]:
     lines = [f"{'':<40}" + "".join(f"{n:>12}" for n in names)]
     lines += [f"{label:<40}" + "".join(f"{flows[n][key]:>12}" for n in names) for key, label in rows]
     stages = sorted({s for n in names for s in flows[n]["timings"]})
-    lines += [f"{'  timing/' + s + ' (s)':<40}" + "".join(f"{flows[n]['timings'].get(s, '-'):>12}" for n in names)
+    lines += [f"{'  ' + s + ' (s)':<40}" + "".join(f"{flows[n]['timings'].get(s, '-'):>12}" for n in names)
               for s in stages]
     return lines
 
