@@ -18,6 +18,7 @@ COST = "hfrt.flows.tasks:addition_cost"
 #: Partial credit for an answer in the right form (a leading number) but wrong: it gives a
 #: random-init policy a signal to find the answer's form before it finds the answer.
 FORM_CREDIT = 0.1
+ASCII_DIGITS = frozenset("0123456789")
 
 
 @dataclass
@@ -52,10 +53,11 @@ class AdditionTask:
 
 
 def leading_number(text: str) -> int | None:
-    """The integer the text starts with (after spaces), or None."""
+    """The integer the text starts with (after spaces), or None. Only ASCII digits count:
+    str.isdigit is also true for '¹' or '٣', which int() refuses or reads differently."""
     digits = ""
     for ch in text.lstrip():
-        if not ch.isdigit():
+        if ch not in ASCII_DIGITS:
             break
         digits += ch
     return int(digits) if digits else None
@@ -75,4 +77,5 @@ def addition_cost(response: str, ground_truth: Any) -> float:
     right sum ("7", "3"), else 1 ("7 ", "7=", "77", "x", and the empty response, so that saying
     nothing is not a way out). The reward accepts anything after a right number; only the cost
     teaches the policy to stop right after it."""
-    return 0.0 if response.isdigit() and len(response) <= len(str(ground_truth)) else 1.0
+    plain_number = bool(response) and all(ch in ASCII_DIGITS for ch in response)
+    return 0.0 if plain_number and len(response) <= len(str(ground_truth)) else 1.0

@@ -140,3 +140,12 @@ def test_metrics_log_truncates_to_the_checkpoint(tmp_path: Path) -> None:
         log.write({"step": 3, "reward/mean": 0.9})
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3] and log.rewards == [0.0, 0.1, 0.2, 0.9]
+
+
+def test_task_reward_and_cost_read_ascii_digits_only() -> None:
+    """A byte-level policy can emit '¹' or '٣' (str.isdigit is true for both): no crash, no credit."""
+    from hfrt.flows.tasks import FORM_CREDIT, addition_cost, addition_reward
+
+    assert addition_reward("7 ", "7") == 1.0 and addition_reward("77", "7") == FORM_CREDIT
+    assert addition_reward("¹", "1") == 0.0 and addition_reward("٣", "3") == 0.0 and addition_reward("3¹", "3") == 1.0
+    assert addition_cost("7", "7") == 0.0 and addition_cost("¹", "1") == 1.0 and addition_cost("", "1") == 1.0
