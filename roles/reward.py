@@ -4,8 +4,11 @@ value model's output at the last response token). A second instance under anothe
 (`--role cost=reward`) is Safe-RLHF's cost model.
 
 Options (beyond roles/common.py's, which only `kind: model` reads): `kind` ("function" |
-"model"), `function`, and `token_column` / `score_column` (output names, default
-`token_level_scores` / `score`). A model-based reward reads the rollout's token columns, so it
+"model"), `function`, `token_column` / `score_column` (output names, default
+`token_level_scores` / `score`), and `error_score` (default 0.0): the score of a sample on which
+the rule function raises or returns no finite number — the run goes on, the row's
+`<score_column>_error` column says what went wrong and a warning is logged; null makes such a
+sample fail the call instead. A model-based reward reads the rollout's token columns, so it
 must share the actor's tokenizer. It knows nothing of advantages or of the actor.
 """
 
@@ -18,6 +21,7 @@ import torch
 from hfrt.batch import Batch
 from hfrt.daemon import Daemon
 from hfrt.endpoints import Dispatch, endpoint
+from hfrt.log import get_logger
 
 from .common import ModelOptions, build_engine, check_options, close_group, needs_group, prepare_process, role_errors
 from .engines import TrainEngine
@@ -52,7 +56,7 @@ def last_token_values(engine: TrainEngine, tensors: dict[str, torch.Tensor], mic
 class RewardDaemon(Daemon):
     """Endpoint: score (SPLIT) → Batch {token_level_scores [rows, R]}, non-tensor {score}."""
 
-    OPTIONS = frozenset({"kind", "function", "token_column", "score_column"})
+    OPTIONS = frozenset({"kind", "function", "token_column", "score_column", "error_score"})
 
     async def setup(self) -> None:
         with role_errors(self.context):
@@ -61,6 +65,10 @@ class RewardDaemon(Daemon):
             self.kind = str(ctx.options.get("kind", "function"))
             self.token_column = str(ctx.options.get("token_column", "token_level_scores"))
             self.score_column = str(ctx.options.get("score_column", "score"))
+            error_score = ctx.options.get("error_score", 0.0)
+            if error_score is not None and (isinstance(error_score, bool) or not isinstance(error_score, int | float)):
+                raise ValueError(f"role {ctx.role!r}: option error_score={error_score!r} must be a number or null")
+            self.error_score = None if error_score is None else float(error_score)
             if self.kind == "function":
                 self._joined = prepare_process(ctx, needs_group=False)
                 self.function_name = str(ctx.options.get("function", "exact_match"))
@@ -82,11 +90,18 @@ class RewardDaemon(Daemon):
         """Scores of the responses: rule functions read `response` (+ `ground_truth` and any other
         non-tensor column they name), a reward model the token columns. Needs `response_mask`."""
         merged = merge(batch, extra)
-        scores = self._function_scores(merged) if self.kind == "function" else self._model_scores(merged)
+        errors: list[str] = []
+        if self.kind == "function":
+            scores = self._function_scores(merged, errors)
+        else:
+            scores = self._model_scores(merged)
         mask = take(merged, ["response_mask"], f"{self.context.role}.score")["response_mask"]
-        return Batch({self.token_column: token_level_rewards(scores, mask)}, {self.score_column: scores})
+        columns: dict[str, list[Any]] = {self.score_column: scores}
+        if errors:
+            columns[f"{self.score_column}_error"] = errors
+        return Batch({self.token_column: token_level_rewards(scores, mask)}, columns)
 
-    def _function_scores(self, batch: Batch) -> list[float]:
+    def _function_scores(self, batch: Batch, errors: list[str]) -> list[float]:
         if "response" not in batch.non_tensor:
             raise KeyError(f"{self.context.role}.score needs a non-tensor column 'response'; the batch has {list(batch.non_tensor)}")
         rows = len(batch)
@@ -94,9 +109,16 @@ class RewardDaemon(Daemon):
         others = {k: v for k, v in batch.non_tensor.items() if k not in TEXT_COLUMNS}
         infos = [{k: v[i] for k, v in others.items()} for i in range(rows)]
         try:
-            return score_all(self.function, batch.non_tensor["response"], truths, infos, name=self.function_name)
+            scores = score_all(
+                self.function, batch.non_tensor["response"], truths, infos, name=self.function_name,
+                error_score=self.error_score, errors=errors,
+            )
         except RewardFunctionError as exc:
             raise RewardFunctionError(f"role {self.context.role!r} (rank {self.context.rank}): {exc}") from exc
+        bad = [message for message in errors if message]
+        if bad:
+            get_logger(part="reward", role=self.context.role, rank=self.context.rank).warning("bad_samples_scored", count=len(bad), error_score=self.error_score, first=bad[0])
+        return scores
 
     def _model_scores(self, batch: Batch) -> list[float]:
         names = [*MODEL_COLUMNS] + (["position_ids"] if "position_ids" in batch.tensors else [])

@@ -152,26 +152,40 @@ def score_all(
     ground_truths: Sequence[Any],
     infos: Sequence[Mapping[str, Any]] | None = None,
     name: str | None = None,
+    *,
+    error_score: float | None = None,
+    errors: list[str] | None = None,
 ) -> list[float]:
-    """fn over every sample; an exception or non-finite / non-number result names fn and the sample."""
+    """fn over every sample. A sample on which fn raises or returns a non-finite / non-number
+    value is an error naming fn and the sample: raised (error_score None), or scored
+    `error_score` with the message appended to `errors` ("" for the samples that scored)."""
     label = name or getattr(fn, "__qualname__", repr(fn))
     infos = infos if infos is not None else [{}] * len(responses)
     scores = []
     for index, (response, truth, info) in enumerate(zip(responses, ground_truths, infos, strict=True)):
         try:
-            value = fn(response, truth, **_accepted(fn, info))
-        except Exception as exc:
-            raise RewardFunctionError(
-                f"reward function {label} raised on sample {index}: {type(exc).__name__}: {exc}"
-            ) from exc
-        if isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise RewardFunctionError(
-                f"reward function {label} returned {value!r} for sample {index}, not a finite number"
-            )
-        scores.append(float(value))
+            scores.append(_one_score(fn, label, index, response, truth, info))
+            problem = ""
+        except RewardFunctionError as exc:
+            if error_score is None:
+                raise
+            scores.append(float(error_score))
+            problem = str(exc)
+        if errors is not None:
+            errors.append(problem)
     return scores
+
+
+def _one_score(fn: RewardFn, label: str, index: int, response: str, truth: Any, info: Mapping[str, Any]) -> float:
+    try:
+        value = fn(response, truth, **_accepted(fn, info))
+    except Exception as exc:
+        raise RewardFunctionError(f"reward function {label} raised on sample {index}: {type(exc).__name__}: {exc}") from exc
+    if isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RewardFunctionError(f"reward function {label} returned {value!r} for sample {index}, not a finite number")
+    return float(value)
 
 
 def token_level_rewards(scores: Sequence[float] | torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -193,9 +193,12 @@ async def get_roles(ctl: Any, *names: str) -> dict[str, Any]:
 
 
 def step_metrics(timer: StageTimer, scores: BatchHandle, rollout: BatchHandle, *parts: Mapping[str, Any]) -> dict[str, Any]:
-    """A step's record: reward stats from the scores' `score` column, what each part (advantage,
+    """A step's record: reward stats from the scores' `score` column (and `reward/errors`, the
+    samples the reward function failed on and scored its error_score), what each part (advantage,
     update metrics) returned, rollout lengths and timings, stage timings and throughput."""
     record: dict[str, Any] = reward_stats(non_tensor(scores, "score"))
+    errors = non_tensor(scores, "score_error")
+    record["reward/errors"] = float(sum(1 for message in errors if message))
     for part in parts:
         record.update(part)
     record |= rollout_metrics(rollout.meta) | timer.timings

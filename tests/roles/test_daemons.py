@@ -67,6 +67,10 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Any
         DaemonSpec("reference", impl="reference"),
         DaemonSpec("critic", impl="critic", options={"engine": TRAIN}),
         DaemonSpec("reward", impl="reward", options={"kind": "function", "function": f"{folder}/my_reward.py:score"}),
+        DaemonSpec(  # a bad sample fails the call instead of scoring error_score
+            "strict", impl="reward",
+            options={"kind": "function", "function": f"{folder}/my_reward.py:score", "error_score": None},
+        ),
         DaemonSpec(
             "cost", impl="reward",
             options={"kind": "model", "seed": 7, "token_column": "token_level_costs", "score_column": "cost"},
@@ -213,15 +217,18 @@ async def test_setup_failures_name_the_role_and_the_reason(tmp_path: Path) -> No
 async def test_errors_come_back_naming_the_role_and_the_daemon_keeps_serving(
     cluster: Any, roles: dict[str, Any], rollout: Any
 ) -> None:
-    reward, actor = roles["reward"], roles["actor"]
-    boom = await actor.generate(prompt_handle(["2+2="], ground_truth=["boom"]), max_new_tokens=2)
-    with pytest.raises(RemoteError, match=r"reward\[0\]\.score raised RewardFunctionError: role 'reward'.*raised on sample 0"):
-        await reward.score(boom)
+    reward, actor, strict = roles["reward"], roles["actor"], await cluster.role("strict")
+    boom = await actor.generate(prompt_handle(["2+2=", "1+1="], ground_truth=["boom", "2"]), max_new_tokens=2)
+    scored = await cluster.fetch(await reward.score(boom))  # the run survives a bad sample ...
+    assert scored["score"][0] == 0.0 and "raised on sample 0: ValueError: cannot score '2+2='" in scored["score_error"][0]
+    assert scored["score_error"][1] == "" and scored["score"][1] > 0  # ... and the good one is scored
+    with pytest.raises(RemoteError, match=r"strict\[0\]\.score raised RewardFunctionError: role 'strict'.*raised on sample 0"):
+        await strict.score(boom)
     with pytest.raises(RemoteError, match=r"actor\[0\]\.update raised ValueError: actor.update: unknown field\(s\) \['clip_ratio'\]"):
         await actor.update(rollout, clip_ratio=0.2)
     with pytest.raises(RemoteError, match=r"needs tensor column\(s\) \['advantages', 'old_log_probs'\]"):
         await actor.update(rollout)
-    assert len(await reward.score(rollout)) == 6  # both keep serving
+    assert len(await strict.score(rollout)) == 6  # both keep serving
     assert len(await actor.compute_log_prob(rollout)) == 6
 
 

@@ -60,3 +60,16 @@ def test_scores_go_on_the_last_response_token() -> None:
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
     rewards = token_level_rewards([2.0, -1.0, 5.0], mask)
     assert rewards.tolist() == [[0, 0, 2.0, 0], [-1.0, 0, 0, 0], [0, 0, 0, 0]]
+
+
+def test_a_bad_sample_can_score_error_score_instead_of_failing() -> None:
+    def fn(response: str, ground_truth: object) -> float:
+        return 1.0 / len(response)  # raises on the empty response
+
+    errors: list[str] = []
+    scores = score_all(fn, ["ab", "", "abcd"], [0, 0, 0], name="inverse", error_score=-1.0, errors=errors)
+    assert scores == [0.5, -1.0, 0.25]
+    assert errors[0] == "" and errors[2] == ""
+    assert "inverse raised on sample 1: ZeroDivisionError" in errors[1]
+    with pytest.raises(RewardFunctionError, match="sample 1"):
+        score_all(fn, ["ab", ""], [0, 0], name="inverse")
