@@ -159,7 +159,7 @@ def score_all(
     """fn over every sample. A sample on which fn raises or returns a non-finite / non-number
     value is an error naming fn and the sample: raised (error_score None), or scored
     `error_score` with the message appended to `errors` ("" for the samples that scored)."""
-    label = name or getattr(fn, "__qualname__", repr(fn))
+    label: str = name or str(getattr(fn, "__qualname__", repr(fn)))
     infos = infos if infos is not None else [{}] * len(responses)
     scores = []
     for index, (response, truth, info) in enumerate(zip(responses, ground_truths, infos, strict=True)):
