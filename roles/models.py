@@ -150,6 +150,17 @@ def write_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     tokenizer.save_pretrained(target)
 
 
+def replace_folder(staging: Path, final: Path) -> None:
+    """Put a fully written `staging` folder in the place of `final` (an old `final` is moved
+    aside first and deleted only once the new one is in place)."""
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    staging.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def export_model_dir(source: Path, weights: dict[str, torch.Tensor], target: Path) -> Path:
     """A Hugging Face model folder at `target`: every file of `source` (config, generation config,
     tokenizer) but its weights, plus `weights` as model.safetensors. Written into a staging
@@ -163,12 +174,7 @@ def export_model_dir(source: Path, weights: dict[str, torch.Tensor], target: Pat
             if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".safetensors.index.json", ".gguf")):
                 shutil.copy2(item, staging / item.name)
         save_file({k: v.contiguous() for k, v in weights.items()}, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        old = target.with_name(f".{target.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if target.exists():
-            target.rename(old)
-        staging.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_folder(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -33,7 +33,7 @@ from torch import nn
 
 from hfrt.algos import LossScale, entropy_from_logits
 
-from ..models import ValueModel
+from ..models import ValueModel, replace_folder
 
 Batch = Mapping[str, torch.Tensor]
 
@@ -384,7 +384,7 @@ class TrainEngine(ABC):
         if self.dp_rank == 0:
             meta = {"backend": self.config.backend, "steps": self.steps, "dp_size": self.dp_size}
             (staging / "hfrt_engine.json").write_text(json.dumps(meta | {"config": asdict(self.config)}))
-            _replace_folder(staging, final)
+            replace_folder(staging, final)
         self._barrier()
         return final
 
@@ -403,15 +403,6 @@ class TrainEngine(ABC):
     def _barrier(self) -> None:
         if self.dp_size > 1:
             dist.barrier()
-
-
-def _replace_folder(staging: Path, final: Path) -> None:
-    old = final.with_name(f".{final.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    staging.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def default_device() -> torch.device:
