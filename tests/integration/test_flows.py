@@ -68,3 +68,23 @@ def test_flow_config_checks_keys_and_types() -> None:
         GRPOConfig.read({"steps": "many"})
     with pytest.raises(ValueError, match="expected int"):
         GRPOConfig.read({"n": True})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_ppo_on_a_jsonl_file_with_validation(tmp_path: Path) -> None:
+    """Prompts from a data file (5 rows, 4 a step: the second step wraps into epoch 1), a greedy
+    validation pass on a second file every step, and the data position in the checkpoint."""
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"{a}+1=", "ground_truth": str(a + 1)}) + "\n" for a in range(5)))
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps({"prompt": f"{a}+0=", "reward_model": {"ground_truth": str(a)}}) + "\n" for a in range(3)))
+    run_dir = tmp_path / "run"
+    summary = run_flow("ppo", run_dir, "steps=2", "prompts_per_step=4", f"data={train}", f"val_data={val}",
+                       "val_every=1", "checkpoint_every=2", "export_hf=false")
+    assert summary["steps"] == 2
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for record in records:
+        assert 0.0 <= record["val/reward_mean"] <= 1.0 and 0.0 <= record["val/accuracy"] <= 1.0
+    state = json.loads((run_dir / "checkpoints" / "step_00000002" / "state.json").read_text())
+    assert state["data"] == {"path": str(train), "rows": 5, "epoch": 1, "position": 3}
