@@ -1,9 +1,10 @@
 """The `dapo` flow: DAPO (Yu et al. 2025) on the built-in addition task — GRPO groups of n samples
-per prompt with clip-higher (ratio clipped to [1 − 0.2, 1 + 0.28]), token-mean loss, no KL, soft
+per prompt with clip-higher (ratio clipped to [1 − 0.2, 1 + 0.28]), token-mean loss, no KL term
+(kl/mean is still logged), soft
 overlong punishment and dynamic sampling. A step::
 
     repeat (at most max_gen_batches rounds, each on prompts_per_step new prompts):
-        generate n per prompt → reward scores (∥ reference log-probs when kl_loss_coef > 0)
+        generate n per prompt → (reward scores ∥ reference log-probs, for kl/mean and the KL loss)
         keep the groups whose scores are not all equal
     until prompts_per_step groups are kept; trim to prompts_per_step groups
     old log-probs → advantages (GRPO, + overlong penalty, on the actor's rank 0) → actor update
@@ -32,9 +33,9 @@ from .grpo import ROLES as GRPO_ROLES
 from .grpo import GRPOConfig, actor_loss_options
 from .trainer import Trainer, sampling_seed
 
-#: The embedded default: the actor and the rule reward (no reference: DAPO drops the KL term;
-#: add a `reference` role when setting kl_loss_coef > 0).
-ROLES: dict[str, dict[str, Any]] = {name: s for name, s in GRPO_ROLES.items() if name != "reference"}
+#: The embedded default: GRPO's roles. DAPO drops the KL term (kl_loss_coef 0); the reference is
+#: still there so every step logs kl/mean — how far the policy has moved — beside the reward.
+ROLES: dict[str, dict[str, Any]] = dict(GRPO_ROLES)
 Rows = tuple[int, int]
 
 
@@ -71,7 +72,7 @@ Config = DAPOConfig
 
 async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
     cfg = DAPOConfig.read(config)
-    roles = await get_roles(ctl, "actor", "reward", *(["reference"] if cfg.kl_loss_coef > 0 else []))
+    roles = await get_roles(ctl, "actor", "reward", "reference")
     trainer = Trainer(ctl, cfg, roles)
     return await trainer.run(lambda step, prompts: dapo_step(cfg, step, prompts, trainer.more_prompts, **roles))
 

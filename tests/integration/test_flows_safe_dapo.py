@@ -62,7 +62,7 @@ def test_dapo_two_steps_keeps_only_groups_with_varied_rewards(tmp_path: Path) ->
     for r in recs:
         for key in ("reward/mean", "timing/step_s", "actor/pg_loss", "dapo/overlong_penalty_mean", "advantages/mean"):
             assert key in r, key
-        assert "kl/mean" not in r  # no reference role: DAPO has no KL term by default
+        assert "kl/mean" in r and "actor/kl_loss" not in r  # KL logged, not in the loss (kl_loss_coef 0)
         assert r["controller_bulk_bytes"] == 0
         assert 0 < r["dapo/kept_groups"] <= 4 and 1 <= r["dapo/gen_batches"] <= 4
         assert r["dapo/generated_groups"] == 4 * r["dapo/gen_batches"]
