@@ -7,6 +7,10 @@ then `checkpoints/latest` (a one-line file) is replaced with os.replace. A run k
 leaves either the previous checkpoint or the new one, never half of one. Daemons write to the
 path the controller names, so on several hosts RUN_DIR must be on a shared filesystem.
 
+RNG state: the controller's only generator is the data source's, saved as its position; the
+built-in flows give every rollout an explicit seed derived from (seed, step), so a resumed run
+samples what the interrupted one would have without saving the daemons' torch generators.
+
 It knows role handles and file layout; what a role's state holds is the role's business.
 """
 
