@@ -76,6 +76,8 @@ def _run_config(args: argparse.Namespace, flow: Any) -> tuple[Path, dict[str, An
     else:
         run_dir = Path(args.run_dir or Path("runs") / time.strftime(f"{Path(args.flow).stem}-%Y%m%d-%H%M%S"))
     rc = runconfig.build(flow.roles, file=args.config, sets=args.set, base=base)
+    if rc.roles != flow.roles and not args.attach:  # the built-in tables are checked by the test suite
+        runconfig.check_role_options(rc.roles)
     config = dict(rc.flow)
     if args.resume:
         config["resume"] = True

@@ -62,6 +62,12 @@ class Daemon:
             raise RuntimeError("this daemon is not being served (no tensor plane)")
         return self._plane()
 
+    @classmethod
+    def check_config(cls, context: DaemonContext) -> None:
+        """Raise ValueError naming what is wrong with `context.options`, loading nothing.
+        `hfrt controller` runs it for the roles a user configured before any daemon starts
+        (hfrt.roles.check); setup should call it too, so both read options the same way."""
+
     async def setup(self) -> None:
         """Load models and build engines; runs before the daemon says hello."""
 

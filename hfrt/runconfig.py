@@ -138,3 +138,24 @@ def _check_role(name: str, settings: Mapping[str, Any]) -> None:
         raise ConfigError(f"roles.{name}.impl must be a string")
     if not isinstance(settings.get("options", {}), Mapping):
         raise ConfigError(f"roles.{name}.options must be a table")
+
+
+def check_role_options(roles: Mapping[str, Mapping[str, Any]], timeout_s: float = 120.0) -> None:
+    """Have every role's implementation check its options (hfrt.roles.check, in a child process
+    so this one never imports torch); raise ConfigError listing every problem."""
+    import subprocess
+    import sys
+
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "hfrt.roles.check"], input=json.dumps(roles), capture_output=True, text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"checking the role options took over {timeout_s:.0f} s") from None
+    if out.returncode != 0:
+        raise ConfigError(f"could not check the role options: {out.stderr.strip()[-2000:]}")
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    if found:
+        raise ConfigError("; ".join(found))
+

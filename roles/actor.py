@@ -20,7 +20,7 @@ import torch
 
 from hfrt.algos import LossScale, PolicyLossConfig, agg_loss, kl_penalty, policy_loss
 from hfrt.batch import Batch
-from hfrt.daemon import Daemon
+from hfrt.daemon import Daemon, DaemonContext
 from hfrt.endpoints import Dispatch, endpoint
 
 from .advantage import AdvantageEndpoints  # compute_advantages (RANK0), in its own module
@@ -29,6 +29,7 @@ from .common import (
     ModelOptions,
     build_dataclass,
     build_engine,
+    check_backend,
     check_options,
     close_group,
     needs_group,
@@ -97,11 +98,23 @@ class ActorDaemon(AdvantageEndpoints, CheckpointEndpoints, Daemon):
     compute_advantages, advantage_state, load_advantage_state (RANK0, from roles/advantage.py)."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm"})
+    GENERATORS = ("hf", "vllm")
+
+    @classmethod
+    def check_config(cls, context: DaemonContext) -> None:
+        check_options(context, cls.OPTIONS)
+        check_backend(context, ModelOptions.read(context.options, trainable=True).engine)
+        sampling_params(context.options.get("sampling"))
+        kind = context.options.get("generator", "hf")
+        if kind not in cls.GENERATORS:
+            raise ValueError(f"unknown generator {kind!r}: use hf or vllm")
+        if not isinstance(context.options.get("vllm") or {}, dict):
+            raise ValueError("option vllm must be a table of VLLMConfig fields")
 
     async def setup(self) -> None:
         with role_errors(self.context):
             ctx = self.context
-            check_options(ctx, self.OPTIONS)
+            self.check_config(ctx)
             self.opts = ModelOptions.read(ctx.options, trainable=True)
             self._joined = prepare_process(ctx, needs_group=needs_group(ctx, self.opts.engine))
             self.tokenizer = load_tokenizer(self.opts.model, self.opts.seed)

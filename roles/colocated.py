@@ -13,10 +13,11 @@ options. It knows nothing beyond composing the two.
 from __future__ import annotations
 
 from hfrt.batch import Batch
+from hfrt.daemon import DaemonContext
 from hfrt.endpoints import Dispatch, endpoint
 
 from .actor import ActorDaemon
-from .common import role_errors
+from .common import ModelOptions, role_errors
 from .reference import FrozenPolicy, reference_options
 from .rows import merge
 
@@ -25,6 +26,12 @@ class ActorRefDaemon(ActorDaemon):
     """Actor endpoints plus compute_ref_log_prob (SPLIT) → Batch {ref_log_prob}."""
 
     OPTIONS = ActorDaemon.OPTIONS | {"reference"}
+
+    @classmethod
+    def check_config(cls, context: DaemonContext) -> None:
+        super().check_config(context)
+        overrides = dict(context.options.get("reference") or {})
+        reference_options(ModelOptions.read(context.options, trainable=True), overrides)
 
     async def setup(self) -> None:
         await super().setup()

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from hfrt.daemon import DaemonContext
 from hfrt.endpoints import Dispatch, endpoint
 
-from .engines import EngineConfig, OptimConfig, TrainEngine, build_train_engine, init_distributed
+from .engines import BACKENDS, EngineConfig, OptimConfig, TrainEngine, build_train_engine, init_distributed
 from .generate import SamplingParams
 from .models import ModelConfig, load_model, resolve_model_dir
 
@@ -73,7 +73,10 @@ def engine_config(raw: Mapping[str, Any] | None, *, trainable: bool = True) -> E
         optim["betas"] = tuple(optim["betas"])
     values["optim"] = build_dataclass(OptimConfig, optim, "engine.optim")
     values.setdefault("trainable", trainable)
-    return build_dataclass(EngineConfig, values, "engine")  # type: ignore[no-any-return]
+    config: EngineConfig = build_dataclass(EngineConfig, values, "engine")
+    if config.backend not in BACKENDS:
+        raise ValueError(f"engine: unknown training backend {config.backend!r}: use one of {', '.join(BACKENDS)}")
+    return config
 
 
 def sampling_params(base: SamplingParams | Mapping[str, Any] | None = None, **overrides: Any) -> SamplingParams:

@@ -15,7 +15,7 @@ import torch
 
 from hfrt.algos import LossScale, masked_mean, value_loss
 from hfrt.batch import Batch
-from hfrt.daemon import Daemon
+from hfrt.daemon import Daemon, DaemonContext
 from hfrt.endpoints import Dispatch, endpoint
 
 from .common import (
@@ -23,6 +23,7 @@ from .common import (
     ModelOptions,
     build_dataclass,
     build_engine,
+    check_backend,
     check_options,
     close_group,
     needs_group,
@@ -61,10 +62,15 @@ def critic_loss(cfg: CriticLoss) -> MakeLoss:
 class CriticDaemon(CheckpointEndpoints, Daemon):
     """Endpoints: compute_values, update (SPLIT); save, load (REPLICATE)."""
 
+    @classmethod
+    def check_config(cls, context: DaemonContext) -> None:
+        check_options(context, ())
+        check_backend(context, ModelOptions.read(context.options, trainable=True).engine)
+
     async def setup(self) -> None:
         with role_errors(self.context):
             ctx = self.context
-            check_options(ctx, ())
+            self.check_config(ctx)
             self.opts = ModelOptions.read(ctx.options, trainable=True)
             self._joined = prepare_process(ctx, needs_group=needs_group(ctx, self.opts.engine))
             self.engine = build_engine(ctx, self.opts, value_head=True)

@@ -47,10 +47,15 @@ class FrozenPolicy:
 class ReferenceDaemon(Daemon):
     """Endpoint: compute_log_prob (SPLIT) → Batch {ref_log_prob}."""
 
+    @classmethod
+    def check_config(cls, context: DaemonContext) -> None:
+        check_options(context, ())
+        ModelOptions.read(context.options, trainable=False)
+
     async def setup(self) -> None:
         with role_errors(self.context):
             ctx = self.context
-            check_options(ctx, ())
+            self.check_config(ctx)
             opts = ModelOptions.read(ctx.options, trainable=False)
             self._joined = prepare_process(ctx, needs_group=needs_group(ctx, opts.engine))
             self.policy = FrozenPolicy(ctx, opts)

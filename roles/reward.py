@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from hfrt.batch import Batch
-from hfrt.daemon import Daemon
+from hfrt.daemon import Daemon, DaemonContext
 from hfrt.endpoints import Dispatch, endpoint
 from hfrt.log import get_logger
 
@@ -58,16 +58,29 @@ class RewardDaemon(Daemon):
 
     OPTIONS = frozenset({"kind", "function", "token_column", "score_column", "error_score"})
 
+    @classmethod
+    def check_config(cls, context: DaemonContext) -> None:
+        options = context.options
+        check_options(context, cls.OPTIONS)
+        error_score = options.get("error_score", 0.0)
+        if error_score is not None and (isinstance(error_score, bool) or not isinstance(error_score, int | float)):
+            raise ValueError(f"option error_score={error_score!r} must be a number or null")
+        kind = options.get("kind", "function")
+        if kind == "function":
+            resolve(str(options.get("function", "exact_match")))
+        elif kind == "model":
+            ModelOptions.read(options, trainable=False)
+        else:
+            raise ValueError(f"unknown reward kind {kind!r}: use function or model")
+
     async def setup(self) -> None:
         with role_errors(self.context):
             ctx = self.context
-            check_options(ctx, self.OPTIONS)
+            self.check_config(ctx)
             self.kind = str(ctx.options.get("kind", "function"))
             self.token_column = str(ctx.options.get("token_column", "token_level_scores"))
             self.score_column = str(ctx.options.get("score_column", "score"))
             error_score = ctx.options.get("error_score", 0.0)
-            if error_score is not None and (isinstance(error_score, bool) or not isinstance(error_score, int | float)):
-                raise ValueError(f"role {ctx.role!r}: option error_score={error_score!r} must be a number or null")
             self.error_score = None if error_score is None else float(error_score)
             if self.kind == "function":
                 self._joined = prepare_process(ctx, needs_group=False)

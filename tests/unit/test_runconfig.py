@@ -87,6 +87,8 @@ def test_flow_config_values_are_checked() -> None:
         (["--set", "roles.actor.options.engine.optim.lr=1e-3", "--set", "roles.critik.world_size=2"], "roles.critik"),
         (["--config", "/nonexistent.toml"], "config file /nonexistent.toml does not exist"),
         (["--resume", "/nonexistent-run"], "no config.json there"),
+        (["--set", "roles.actor.options.engine.optim.lrr=1e-3"], r"roles.actor: engine.optim: unknown field\(s\) \['lrr'\]"),
+        (["--set", "roles.reward.options.function=nope"], "roles.reward: unknown reward function 'nope'"),
     ],
 )
 def test_controller_rejects_bad_config_before_starting_daemons(tmp_path: Path, args: list[str], message: str) -> None:
@@ -130,3 +132,31 @@ def test_readme_run_config_example(tmp_path: Path) -> None:
     assert rc.roles["actor"]["options"]["engine"]["backend"] == "fsdp2"
     assert rc.roles["actor"]["options"]["engine"]["micro_batch_size"] == 32  # the flow's own setting kept
     flow.check({k: v for k, v in rc.flow.items() if k != "data"})
+
+
+def test_role_options_are_checked_without_loading_models() -> None:
+    """Each implementation's check_config, as the controller runs it before launch."""
+    from hfrt.roles.check import problems
+
+    ok = {
+        "actor": {"impl": "actor", "world_size": 2, "options": {"engine": {"backend": "fsdp2"}, "sampling": {"top_k": 5}}},
+        "critic": {"impl": "critic", "options": {"engine": {"optim": {"lr": 1e-4}}}},
+        "reference": {"impl": "reference"},
+        "cost": {"impl": "reward", "options": {"kind": "function", "function": "hfrt.flows.tasks:addition_cost"}},
+        "both": {"impl": "actor_ref", "options": {"reference": {"dtype": "float32"}}},
+    }
+    assert problems(ok) == []
+    bad = {
+        "actor": {"impl": "actor", "options": {"generator": "sglang"}},
+        "critic": {"impl": "critic", "world_size": 2},
+        "reward": {"impl": "reward", "options": {"kind": "model", "engine": {"backend": "megatron"}}},
+        "both": {"impl": "actor_ref", "options": {"reference": {"modle": "x"}}},
+        "ghost": {"impl": "no.such.module:Daemon"},
+    }
+    found = problems(bad)
+    assert len(found) == 5
+    assert found[0] == "roles.actor: unknown generator 'sglang': use hf or vllm"
+    assert found[1].startswith("roles.critic: engine backend 'local' cannot train with world_size 2")
+    assert "roles.reward:" in found[2] and "megatron" in found[2]
+    assert found[3].startswith("roles.both: option reference: unknown field(s) ['modle']")
+    assert found[4].startswith("roles.ghost: No module named 'no'")
