@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hfrt.protocols import BatchHandle
-from hfrt.protocols.handles import Shard
 
 C = TypeVar("C", bound="FlowConfig")
 #: how long one call of a flow may take before the flow gives up (a step on CPU takes seconds)
@@ -107,8 +106,7 @@ class FlowConfig:
 def prompts_handle(columns: Mapping[str, list[Any]]) -> BatchHandle:
     """A batch of non-tensor columns made in the controller: one shard that no daemon owns, so the
     receiving ranks read their rows straight out of the handle."""
-    rows = len(next(iter(columns.values())))
-    return BatchHandle((Shard("controller:0", rows, {}, {k: list(v) for k, v in columns.items()}),))
+    return BatchHandle.inline(dict(columns))
 
 
 def non_tensor(handle: BatchHandle, name: str) -> list[Any]:

@@ -50,6 +50,7 @@ class Trainer:
         self.state = state
         self.source = make_source(cfg.data, seed=cfg.seed, max_operand=cfg.max_operand)
         self.start_step = 0
+        self._val_rows: dict[str, list[Any]] | None = None  # read once, on the first validation
 
     async def run(self, step_fn: StepFn) -> dict[str, Any]:
         cfg = self.cfg
@@ -59,11 +60,11 @@ class Trainer:
             for step in range(self.start_step, cfg.steps):
                 prompts = prompts_handle(self.source.batch(cfg.prompts_per_step))
                 record = {"step": step, **await step_fn(step, prompts)}
-                if cfg.val_every and ((step + 1) % cfg.val_every == 0 or step + 1 == cfg.steps):
+                if due(cfg.val_every, step, cfg.steps):
                     record |= await self.validate()
                 record["controller_bulk_bytes"] = self.ctl.stats()["controller_bulk_bytes"]
                 log.write(record)
-                if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
+                if due(cfg.checkpoint_every, step, cfg.steps):
                     await self.save(step + 1)
         summary = log.summary() | {"controller_bulk_bytes": self.ctl.stats()["controller_bulk_bytes"]}
         if cfg.export_hf and cfg.run_dir and "actor" in self.roles:
@@ -84,7 +85,11 @@ class Trainer:
         """Greedy responses to the fixed validation prompts, scored by the reward role:
         `val/reward_mean` and `val/accuracy` (share of scores >= 1)."""
         cfg = self.cfg
-        rows = validation_rows(cfg.val_data or cfg.data, seed=cfg.seed, max_operand=cfg.max_operand, count=cfg.val_prompts)
+        if self._val_rows is None:
+            self._val_rows = validation_rows(
+                cfg.val_data or cfg.data, seed=cfg.seed, max_operand=cfg.max_operand, count=cfg.val_prompts
+            )
+        rows = self._val_rows
         actor, reward = self.roles["actor"], self.roles["reward"]
         rollout = await actor.generate(
             prompts_handle(rows), temperature=0.0, max_new_tokens=cfg.max_new_tokens, timeout_s=CALL_TIMEOUT_S
@@ -117,6 +122,12 @@ class Trainer:
             self.state.load_state_dict(ckpt.state["flow"])
         self.start_step = ckpt.step
         log.truncate(ckpt.step)
+
+
+def due(every: int, step: int, steps: int) -> bool:
+    """Whether something done every `every` steps (0: never) happens after step `step` (0-based):
+    after every `every`-th step and after the last."""
+    return bool(every) and ((step + 1) % every == 0 or step + 1 == steps)
 
 
 def sampling_seed(cfg: FlowConfig, step: int) -> int:
