@@ -12,7 +12,7 @@ import dataclasses
 import importlib.util
 import statistics
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -188,6 +188,39 @@ async def get_roles(ctl: Any, *names: str) -> dict[str, Any]:
     """The role groups a flow needs, waited for together."""
     groups = await asyncio.gather(*(ctl.role(name, timeout_s=CALL_TIMEOUT_S) for name in names))
     return dict(zip(names, groups, strict=True))
+
+
+#: metric-name prefixes reduced by max over ranks: the slowest rank sets a step's time, the largest
+#: footprint its memory need
+MAX_OVER_RANKS = ("timing/", "memory/", "rollout/timing/", "rollout/memory/")
+
+
+def reduce_rank_metrics(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """One metrics dict from the dicts a split endpoint returned, one per data-parallel rank
+    (e.g. `actor.update`, `critic.update`).
+
+    The rule by kind of metric:
+    - timing/* and memory/* (also under rollout/): max over ranks — the slowest rank sets the
+      step's time, the largest footprint the memory a rank needs.
+    - everything else: mean over ranks. The daemons already reduce what they return over the
+      group (roles/updates.py::run_updates all-reduces loss terms, grad_norm is the global norm,
+      lr and optimizer_steps are the same on every rank), so every rank reports the same value
+      and the mean returns it unchanged; a sum would count an already-global value (a loss, an
+      optimizer-step count) once per rank.
+    Every rank must report the same keys (a missing key is an error naming it and the rank).
+    """
+    if not per_rank:
+        raise ValueError("reduce_rank_metrics: no per-rank metrics (a role group with no ranks?)")
+    keys = set(per_rank[0])
+    for rank, metrics in enumerate(per_rank):
+        if set(metrics) != keys:
+            diff = sorted(set(metrics) ^ keys)
+            raise ValueError(f"reduce_rank_metrics: rank {rank} reports keys that differ from rank 0's: {diff}")
+    out: dict[str, float] = {}
+    for key in per_rank[0]:
+        values = [float(metrics[key]) for metrics in per_rank]
+        out[key] = max(values) if key.startswith(MAX_OVER_RANKS) else statistics.fmean(values)
+    return out
 
 
 def step_metrics(timer: StageTimer, scores: BatchHandle, rollout: BatchHandle, *parts: Mapping[str, Any]) -> dict[str, Any]:

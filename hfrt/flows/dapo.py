@@ -28,7 +28,7 @@ from typing import Any
 
 from hfrt.protocols import BatchHandle
 
-from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, step_metrics
+from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, reduce_rank_metrics, step_metrics
 from .grpo import ROLES as GRPO_ROLES
 from .grpo import GRPOConfig, actor_loss_options
 from .trainer import Trainer, sampling_seed
@@ -187,11 +187,11 @@ async def dapo_step(cfg: DAPOConfig, step: int, prompts: BatchHandle, more_promp
         overlong_buffer_len=cfg.overlong_buffer_len, overlong_penalty_factor=cfg.overlong_penalty_factor,
         max_response_len=cfg.max_new_tokens, **kw))
     loss = actor_loss_options(cfg) | {"clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high}
-    [actor_m] = await t.one("update", actor.update(rollout, old, *ref, adv, **loss, **kw))
+    actor_ranks = await t.one("update", actor.update(rollout, old, *ref, adv, **loss, **kw))
     adv_m = dict(adv.meta["metrics"])
     metrics["dapo/overlong_penalty_mean"] = adv_m.pop("overlong/penalty_mean", 0.0)
     metrics["dapo/kept_reward_mean"] = statistics.fmean(float(s) for s in non_tensor(scores, "score"))
-    return step_metrics(t, every_score, every_rollout, adv_m, actor_m, metrics)
+    return step_metrics(t, every_score, every_rollout, adv_m, reduce_rank_metrics(actor_ranks), metrics)
 
 
 def dapo_metrics(rounds: Sequence[Round]) -> dict[str, float]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from hfrt.protocols import BatchHandle
 
-from .common import CALL_TIMEOUT_S, FlowConfig, StageTimer, get_roles, step_metrics
+from .common import CALL_TIMEOUT_S, FlowConfig, StageTimer, get_roles, reduce_rank_metrics, step_metrics
 from .ppo import ROLES as PPO_ROLES
 from .trainer import Trainer, sampling_seed
 
@@ -72,8 +72,8 @@ async def grpo_step(cfg: GRPOConfig, step: int, prompts: BatchHandle, *, actor: 
     adv = await t.one("advantages", actor.compute_advantages(
         rollout, scores, old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
     # Stage 3: actor training (no critic)
-    [actor_m] = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **kw))
-    return step_metrics(t, scores, rollout, adv.meta["metrics"], actor_m)
+    actor_ranks = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **kw))
+    return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))
 
 
 def actor_loss_options(cfg: GRPOConfig) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from hfrt.protocols import BatchHandle
 
-from .common import CALL_TIMEOUT_S, FlowConfig, StageTimer, get_roles, step_metrics
+from .common import CALL_TIMEOUT_S, FlowConfig, StageTimer, get_roles, reduce_rank_metrics, step_metrics
 from .tasks import REWARD
 from .trainer import Trainer, sampling_seed
 
@@ -76,7 +76,8 @@ async def ppo_step(
         target_kl=cfg.target_kl, horizon=cfg.kl_horizon, **kw))
     # Stage 3: actor and critic training, at once
     schedule = {"ppo_epochs": cfg.ppo_epochs, "ppo_mini_batch_size": cfg.ppo_mini_batch_size}
-    [critic_m], [actor_m] = await t.together(
+    critic_ranks, actor_ranks = await t.together(
         "update", critic_update=critic.update(rollout, values, adv, cliprange_value=cfg.cliprange_value, **schedule, **kw),
         actor_update=actor.update(rollout, old, adv, entropy_coeff=cfg.entropy_coeff, **schedule, **kw))
-    return step_metrics(t, scores, rollout, adv.meta["metrics"], critic_m, actor_m)
+    return step_metrics(
+        t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(critic_ranks), reduce_rank_metrics(actor_ranks))

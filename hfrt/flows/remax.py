@@ -23,7 +23,7 @@ from typing import Any
 
 from hfrt.protocols import BatchHandle
 
-from .common import StageTimer, non_tensor, prompts_handle, step_metrics
+from .common import StageTimer, non_tensor, prompts_handle, reduce_rank_metrics, step_metrics
 from .grpo import actor_loss_options
 from .rloo import KW, RLOOConfig, experience, sample, train
 from .rloo import ROLES as RLOO_ROLES
@@ -70,9 +70,10 @@ async def remax_step(cfg: ReMaxConfig, step: int, prompts: BatchHandle, *, actor
     # rewards = scores − β·KL; advantages = reward-to-go − baseline
     adv = await t.one("advantages", actor.compute_advantages(rollout, scores, old, ref, baseline, **cfg.advantage_options(), **KW))
     # Stage 3: actor training (no critic)
-    [actor_m] = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **KW))
+    actor_ranks = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **KW))
     baseline_mean = statistics.fmean(float(s) for s in non_tensor(greedy_scores, "score"))
-    return step_metrics(t, scores, rollout, adv.meta["metrics"], actor_m, {"remax/baseline_mean": baseline_mean})
+    return step_metrics(
+        t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks), {"remax/baseline_mean": baseline_mean})
 
 
 async def scored(t: StageTimer, greedy: Any, *, reward: Any) -> tuple[BatchHandle, BatchHandle]:

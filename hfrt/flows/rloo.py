@@ -20,7 +20,7 @@ from typing import Any
 
 from hfrt.protocols import BatchHandle
 
-from .common import CALL_TIMEOUT_S, StageTimer, get_roles, step_metrics
+from .common import CALL_TIMEOUT_S, StageTimer, get_roles, reduce_rank_metrics, step_metrics
 from .grpo import ROLES as GRPO_ROLES
 from .grpo import GRPOConfig, actor_loss_options
 from .trainer import Trainer, sampling_seed
@@ -90,8 +90,8 @@ async def rloo_step(cfg: RLOOConfig, step: int, prompts: BatchHandle, *, actor: 
     # rewards = scores − β·KL, then each sample against the mean of its prompt's other samples
     adv = await t.one("advantages", actor.compute_advantages(rollout, scores, old, ref, **cfg.advantage_options(), **KW))
     # Stage 3: actor training (no critic)
-    [actor_m] = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **KW))
-    return step_metrics(t, scores, rollout, adv.meta["metrics"], actor_m)
+    actor_ranks = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **KW))
+    return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))
 
 
 def sample(actor: Any, cfg: RLOOConfig, step: int, prompts: BatchHandle) -> Awaitable[BatchHandle]:

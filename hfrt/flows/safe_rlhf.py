@@ -23,7 +23,7 @@ from typing import Any
 
 from hfrt.protocols import BatchHandle
 
-from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, step_metrics
+from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, reduce_rank_metrics, step_metrics
 from .ppo import ROLES as PPO_ROLES
 from .ppo import PPOConfig
 from .tasks import COST
@@ -110,8 +110,9 @@ async def safe_rlhf_step(
         kl_ctrl=cfg.kl_ctrl, target_kl=cfg.target_kl, horizon=cfg.kl_horizon, **kw))
     # Stage 3: actor and critic training, at once
     schedule = {"ppo_epochs": cfg.ppo_epochs, "ppo_mini_batch_size": cfg.ppo_mini_batch_size}
-    [critic_m], [actor_m] = await t.together(
+    critic_ranks, actor_ranks = await t.together(
         "update", critic_update=critic.update(rollout, values, adv, cliprange_value=cfg.cliprange_value, **schedule, **kw),
         actor_update=actor.update(rollout, old, adv, entropy_coeff=cfg.entropy_coeff, **schedule, **kw))
     safe = {"safe/lambda": coef, "cost/mean": mean_cost, "cost/limit": cfg.cost_limit}
-    return step_metrics(t, scores, rollout, adv.meta["metrics"], critic_m, actor_m, safe)
+    return step_metrics(
+        t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(critic_ranks), reduce_rank_metrics(actor_ranks), safe)
