@@ -1,5 +1,5 @@
-"""PPO-family math on [batch, response_len] tensors: policy, value, entropy, KL, aggregation,
-advantage estimators (GAE, GRPO, RLOO, REINFORCE++, ReMax) and in-reward KL controllers.
+"""PPO-family math on [batch, response_len] tensors: policy losses (clipped PPO, GSPO, CISPO,
+truncated importance sampling), value, entropy, KL, aggregation, advantage estimators (GAE, GRPO, RLOO, REINFORCE++, ReMax) and in-reward KL controllers.
 
 Pure torch functions, run daemon-side inside a training engine's loss function. They know
 nothing of engines, ranks or messages, and the controller must not import this module (torch).
@@ -11,6 +11,7 @@ not the mean over the whole step. Pass a `LossScale` (the step's global token an
 counts, and the data-parallel size) and `agg_loss` returns this micro-batch's *share*: summed
 over micro-batches and averaged over ranks (as FSDP/ZeRO average gradients), the shares give
 exactly the loss of one pass over the global batch. Without a LossScale it is a plain mean.
+Option names and allowed values are declared in hfrt.loss_options (torch-free).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+from hfrt.loss_options import AGG_MODES as AGG_MODES  # the aggregation modes agg_loss knows
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +29,8 @@ class LossScale:
     """What one micro-batch needs to know to contribute its share of a global-batch loss.
 
     global_tokens: response tokens (mask sum) in the whole step's batch, over all dp ranks.
-    global_seqs: sequences in the whole step's batch, over all dp ranks.
+    global_seqs: sequences with at least one response token in the whole step's batch, over all
+        dp ranks (rows whose mask is empty, such as equal-rows padding, do not count).
     dp_size: ranks whose gradients are averaged.
     """
 
@@ -37,8 +39,14 @@ class LossScale:
     dp_size: int = 1
 
 
+def zero_masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`values` with every position where mask is 0 set to 0 (NaN or inf there included:
+    `values * mask` would keep NaN)."""
+    return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    masked = values * mask
+    masked = zero_masked(values, mask)
     return masked.sum() if dim is None else masked.sum(dim=dim)
 
 
@@ -50,12 +58,17 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-    """Normalise to zero mean / unit variance over masked positions (advantage whitening)."""
+    """Normalise to zero mean / unit variance over masked positions (advantage whitening), with
+    the unbiased variance as torch.var. Fewer than 2 valid positions is an error, as in verl:
+    there is no variance to normalise by."""
+    count = int(mask.bool().sum())
+    if count < 2:
+        raise ValueError(
+            f"advantage whitening needs at least 2 response tokens in the batch, got {count}: "
+            "send more rows or longer responses (GAE and REINFORCE++ whiten over the whole batch)"
+        )
     mean = masked_mean(values, mask)
-    var = masked_mean((values - mean) ** 2, mask)
-    count = mask.sum()
-    if count > 1:
-        var = var * count / (count - 1)  # unbiased, as torch.var
+    var = masked_sum((values - mean) ** 2, mask) / (count - 1)
     whitened = (values - mean) * torch.rsqrt(var + 1e-8)
     return whitened if shift_mean else whitened + mean
 
@@ -67,49 +80,62 @@ def agg_loss(
     scale: LossScale | None = None,
     norm_horizon: int | None = None,
 ) -> torch.Tensor:
-    """Reduce a [batch, len] loss matrix to a scalar.
+    """Reduce a [batch, len] loss matrix to a scalar, as verl's agg_loss.
 
-    token-mean: mean over all response tokens (DAPO's global token normalisation).
+    token-mean: mean over all response tokens (DAPO's global token normalisation); a batch with
+        no response token gives 0 (with a LossScale a micro-batch of padding rows is legitimate).
     seq-mean-token-sum: per-sequence token sum, mean over sequences.
     seq-mean-token-mean: per-sequence token mean, mean over sequences (original GRPO).
-    seq-mean-token-sum-norm: per-sequence token sum divided by a constant horizon (default the
-        padded response length, or `norm_horizon`), mean over sequences (Dr. GRPO). verl divides
-        by the horizon only; dividing by the sequence count as well keeps the loss independent of
-        batch size.
+        Both seq-mean modes count only sequences with at least one response token.
+    seq-mean-token-sum-norm: sum over all response tokens divided by a constant horizon L (the
+        padded response length, or `norm_horizon`), with no division by the number of sequences
+        (Dr. GRPO, verl's definition): the loss grows with the batch.
+    seq-mean-token-sum-norm-mean: the same divided by the number of sequences as well (hfrt's
+        own), so the loss does not depend on the batch size.
+    Masked positions are zeroed before summing: NaN or inf there never reaches the loss.
     scale: see the module docstring; None means this call sees the whole batch.
     """
     mask = mask.to(loss_mat.dtype)
-    tokens = scale.global_tokens if scale else mask.sum().clamp(min=1)
-    seqs = scale.global_seqs if scale else max(loss_mat.shape[0], 1)
     factor = scale.dp_size if scale else 1
     if mode == "token-mean":
+        tokens = scale.global_tokens if scale else mask.sum().clamp(min=1)
         return masked_sum(loss_mat, mask) / tokens * factor
+    horizon = norm_horizon or loss_mat.shape[-1]
+    if mode == "seq-mean-token-sum-norm":
+        return masked_sum(loss_mat, mask) / horizon * factor
+    counts = mask.sum(dim=-1)
+    seqs = scale.global_seqs if scale else (counts > 0).sum().clamp(min=1)
     if mode == "seq-mean-token-sum":
         return masked_sum(loss_mat, mask, dim=-1).sum() / seqs * factor
     if mode == "seq-mean-token-mean":
-        per_seq = masked_sum(loss_mat, mask, dim=-1) / mask.sum(dim=-1).clamp(min=1)
+        per_seq = masked_sum(loss_mat, mask, dim=-1) / counts.clamp(min=1)
         return per_seq.sum() / seqs * factor
-    if mode == "seq-mean-token-sum-norm":
-        horizon = norm_horizon or loss_mat.shape[-1]
+    if mode == "seq-mean-token-sum-norm-mean":
         return masked_sum(loss_mat, mask) / (seqs * horizon) * factor
     raise ValueError(f"unknown loss aggregation mode {mode!r}; use one of {', '.join(AGG_MODES)}")
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyLossConfig:
-    """Clipped-surrogate settings.
+    """Policy-loss settings (hfrt.loss_options.ActorLoss documents each option).
 
-    clip_ratio_low / clip_ratio_high: the ratio is clipped to [1 - low, 1 + high] (DAPO's
-        clip-higher uses high > low).
-    clip_ratio_c: dual-clip bound for negative advantages (Ye et al. 2020); must exceed 1;
-        None disables dual clip.
-    agg_mode: loss aggregation (see agg_loss).
+    mode: vanilla | gspo | cispo. clip_ratio_low / clip_ratio_high: the ratio is clipped to
+        [1 - low, 1 + high] (DAPO's clip-higher uses high > low). clip_ratio_c: vanilla's
+        dual-clip bound for negative advantages (Ye et al. 2020), > 1; None disables it.
+    agg_mode / norm_horizon: loss aggregation (see agg_loss).
+    tis_cap: truncated importance sampling cap against the sampler's log-probs (None: off).
     """
 
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float | None = 3.0
     agg_mode: str = "token-mean"
+    mode: str = "vanilla"
+    tis_cap: float | None = None
+    norm_horizon: int | None = None
+
+
+Metrics = dict[str, torch.Tensor]
 
 
 def policy_loss(
@@ -119,9 +145,36 @@ def policy_loss(
     mask: torch.Tensor,
     config: PolicyLossConfig = PolicyLossConfig(),
     scale: LossScale | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate with asymmetric clip and optional dual clip → (loss, metrics)."""
-    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
+    rollout_log_probs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """The policy loss of `config.mode`, optionally truncated-IS weighted → (loss, metrics).
+
+    Inputs that carry no gradient (old log-probs, advantages, rollout log-probs) are zeroed on
+    masked positions first, so NaN there cannot reach the loss or its gradient."""
+    old_log_prob, advantages = zero_masked(old_log_prob, mask), zero_masked(advantages, mask)
+    losses_of = {"vanilla": vanilla_losses, "gspo": gspo_losses, "cispo": cispo_losses}
+    if config.mode not in losses_of:
+        raise ValueError(f"unknown policy_loss_mode {config.mode!r}; use one of {', '.join(losses_of)}")
+    losses, metrics = losses_of[config.mode](log_prob, old_log_prob, advantages, mask, config)
+    if config.tis_cap is not None:
+        if rollout_log_probs is None:
+            raise ValueError("tis_cap needs the sampler's log-probs (the rollout's rollout_log_probs column)")
+        weights, tis_metrics = tis_weights(old_log_prob, zero_masked(rollout_log_probs, mask), mask, config.tis_cap)
+        losses = losses * weights
+        metrics |= tis_metrics
+    return agg_loss(losses, mask, config.agg_mode, scale, config.norm_horizon), metrics
+
+
+def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    return (log_prob - old_log_prob).clamp(-20.0, 20.0)
+
+
+def vanilla_losses(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+    config: PolicyLossConfig,
+) -> tuple[torch.Tensor, Metrics]:
+    """PPO's clipped surrogate per token, asymmetric clip and optional dual clip."""
+    log_ratio = _log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
@@ -138,7 +191,57 @@ def policy_loss(
         lower_hit = (losses > bound) & (advantages < 0)
         metrics["actor/pg_clipfrac_lower"] = masked_mean(lower_hit.float(), mask).detach()
         losses = torch.where(advantages < 0, dual, losses)
-    return agg_loss(losses, mask, config.agg_mode, scale), metrics
+    return losses, metrics
+
+
+def gspo_losses(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+    config: PolicyLossConfig,
+) -> tuple[torch.Tensor, Metrics]:
+    """GSPO (Zheng et al. 2025) per token: s_i = exp(mean over sequence i's tokens of
+    (logp − old)); the token-level ratio s_i,t = sg(s_i)·exp(logp − sg(logp)) has s_i's value
+    and, summed over a sequence's tokens, s_i's gradient; clipped as PPO's ratio (no dual clip)."""
+    log_ratio = log_prob - old_log_prob
+    seq_log_ratio = masked_sum(log_ratio, mask, dim=-1) / mask.sum(dim=-1).clamp(min=1)
+    log_s = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    s = torch.exp(log_s.clamp(max=10.0))
+    unclipped = -advantages * s
+    clipped = -advantages * s.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
+    metrics = {
+        "actor/ppo_kl": masked_mean(-log_ratio, mask).detach(),
+        "actor/pg_clipfrac": masked_mean((clipped > unclipped).float(), mask).detach(),
+    }
+    return torch.maximum(unclipped, clipped), metrics
+
+
+def cispo_losses(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+    config: PolicyLossConfig,
+) -> tuple[torch.Tensor, Metrics]:
+    """CISPO (MiniMax-M1): −sg(clip(ratio, 1 − low, 1 + high))·A·logp — every token keeps a
+    gradient, the importance weight is clipped and detached."""
+    log_ratio = _log_ratio(log_prob, old_log_prob)
+    ratio = torch.exp(log_ratio)
+    weight = ratio.clamp(1 - config.clip_ratio_low, 1 + config.clip_ratio_high).detach()
+    metrics = {
+        "actor/ppo_kl": masked_mean(-log_ratio, mask).detach(),
+        "actor/pg_clipfrac": masked_mean((ratio != weight).float(), mask).detach(),
+    }
+    return -weight * advantages * log_prob, metrics
+
+
+def tis_weights(
+    old_log_prob: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, Metrics]:
+    """Truncated importance sampling between the trainer's and the sampler's probabilities:
+    min(exp(old − rollout), cap), detached; metrics: the mean weight and the share truncated."""
+    raw = torch.exp((old_log_prob - rollout_log_probs).detach().clamp(-20.0, 20.0))
+    weights = raw.clamp(max=cap)
+    metrics = {
+        "actor/tis_weight_mean": masked_mean(weights, mask).detach(),
+        "actor/tis_truncated_frac": masked_mean((raw > cap).float(), mask).detach(),
+    }
+    return weights, metrics
 
 
 def value_loss(
@@ -149,8 +252,11 @@ def value_loss(
     clip_range: float | None = 0.5,
     agg_mode: str = "token-mean",
     scale: LossScale | None = None,
+    norm_horizon: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """0.5 × max(unclipped, clipped) squared error, with the prediction clipped around old values."""
+    """0.5 × max(unclipped, clipped) squared error, with the prediction clipped around old values
+    (returns and old values are zeroed on masked positions first, as policy_loss's inputs)."""
+    returns, old_values = zero_masked(returns, mask), zero_masked(old_values, mask)
     losses = (values - returns) ** 2
     metrics: dict[str, torch.Tensor] = {}
     if clip_range is not None:
@@ -158,7 +264,7 @@ def value_loss(
         clipped_losses = (clipped_pred - returns) ** 2
         metrics["critic/vf_clipfrac"] = masked_mean((clipped_losses > losses).float(), mask).detach()
         losses = torch.maximum(losses, clipped_losses)
-    return 0.5 * agg_loss(losses, mask, agg_mode, scale), metrics
+    return 0.5 * agg_loss(losses, mask, agg_mode, scale, norm_horizon), metrics
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -325,7 +431,7 @@ def apply_kl_penalty(
     """rewards = scores − β·KL per token (KL of `kind`, 0 where masked), and the batch's current KL:
     the mean over sequences of each sequence's masked mean KL (what a KL controller reads)."""
     mask = response_mask.to(token_level_scores.dtype)
-    kld = kl_penalty(old_log_prob, ref_log_prob, kind) * mask
+    kld = zero_masked(kl_penalty(old_log_prob, ref_log_prob, kind), mask)
     current = float(masked_mean(kld, mask, dim=-1).mean())
     return token_level_scores - beta * kld, current
 

@@ -12,16 +12,17 @@ gives the loss options and computes advantages elsewhere.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hfrt.algos import LossScale, PolicyLossConfig, agg_loss, kl_penalty, policy_loss
+from hfrt.algos import LossScale, PolicyLossConfig, agg_loss, kl_penalty, policy_loss, zero_masked
 from hfrt.batch import Batch
 from hfrt.daemon import Daemon, DaemonContext
 from hfrt.endpoints import Dispatch, endpoint
+from hfrt.loss_options import ActorLoss as ActorLoss  # declared torch-free, checked before launch
+from hfrt.loss_options import check_update_options
 
 from .advantage import AdvantageEndpoints  # compute_advantages (RANK0), in its own module
 from .common import (
@@ -43,47 +44,35 @@ from .hybrid import HybridEngine
 from .models import ModelConfig, export_model_dir, load_model, load_tokenizer, resolve_model_dir
 from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
 from .rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
-from .updates import MakeLoss, UpdateSchedule, accumulate, forward_equal, run_updates
-
-
-@dataclass(frozen=True)
-class ActorLoss:
-    """The loss options of `update` (besides UpdateSchedule's epochs / mini-batches).
-
-    clip_ratio_low / high: PPO ratio clip [1 - low, 1 + high]; clip_ratio_c: dual clip (None: off).
-    entropy_coeff: entropy bonus weight. use_kl_loss: add kl_loss_coef × KL(policy ‖ reference)
-    of type kl_loss_type (needs the `ref_log_prob` column). loss_agg_mode: see hfrt.algos.agg_loss.
-    temperature: of the log-probs (default: the rollout's, from batch meta).
-    """
-
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float | None = 3.0
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    loss_agg_mode: str = "token-mean"
-    temperature: float | None = None
+from .updates import MakeLoss, accumulate, forward_equal, run_updates
 
 
 def actor_loss(cfg: ActorLoss) -> MakeLoss:
-    """Clipped policy loss − entropy bonus + KL loss, each term's share recorded."""
-    policy = PolicyLossConfig(cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c, cfg.loss_agg_mode)
+    """Policy loss of cfg.policy_loss_mode (TIS-weighted with tis_cap) − entropy bonus + KL loss,
+    each term's share recorded."""
+    policy = PolicyLossConfig(
+        cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c, cfg.loss_agg_mode,
+        mode=cfg.policy_loss_mode, tis_cap=cfg.tis_cap, norm_horizon=cfg.norm_horizon,
+    )
+
+    def aggregate(mat: torch.Tensor, mask: torch.Tensor, scale: LossScale) -> torch.Tensor:
+        return agg_loss(mat, mask, cfg.loss_agg_mode, scale, cfg.norm_horizon)
 
     def make(scale: LossScale, shares: dict[str, float]) -> LossFn:
         def loss_fn(out: ForwardOutput, mb: Any, _: LossScale) -> tuple[torch.Tensor, dict[str, Any]]:
             assert out.log_probs is not None
             mask = mb["response_mask"]
-            loss, metrics = policy_loss(out.log_probs, mb["old_log_probs"], mb["advantages"], mask, policy, scale)
+            loss, metrics = policy_loss(
+                out.log_probs, mb["old_log_probs"], mb["advantages"], mask, policy, scale, mb.get("rollout_log_probs")
+            )
             accumulate(shares, "actor/pg_loss", loss.detach())
             if cfg.entropy_coeff:
                 assert out.entropy is not None
-                entropy = agg_loss(out.entropy, mask, cfg.loss_agg_mode, scale)
+                entropy = aggregate(out.entropy, mask, scale)
                 loss = loss - cfg.entropy_coeff * entropy
                 accumulate(shares, "actor/entropy", entropy.detach())
             if cfg.use_kl_loss:
-                kl = agg_loss(kl_penalty(out.log_probs, mb["ref_log_prob"], cfg.kl_loss_type), mask, cfg.loss_agg_mode, scale)
+                kl = aggregate(kl_penalty(out.log_probs, zero_masked(mb["ref_log_prob"], mask), cfg.kl_loss_type), mask, scale)
                 loss = loss + cfg.kl_loss_coef * kl
                 accumulate(shares, "actor/kl_loss", kl.detach())
             return loss, metrics
@@ -191,12 +180,13 @@ class ActorDaemon(AdvantageEndpoints, CheckpointEndpoints, Daemon):
     @endpoint(dispatch=Dispatch.SPLIT)
     def update(self, batch: Batch, *extra: Batch, **loss: Any) -> dict[str, float]:
         """PPO epochs × mini-batches of optimizer steps on `advantages`, `old_log_probs` (and
-        `ref_log_prob` with use_kl_loss). Options: ActorLoss and UpdateSchedule fields. Returns
-        metrics averaged over steps, the same on every rank."""
+        `ref_log_prob` with use_kl_loss, `rollout_log_probs` with tis_cap). Options: ActorLoss and
+        UpdateSchedule fields (hfrt.loss_options). Returns metrics averaged over steps, the same on
+        every rank."""
         batch = merge(batch, extra)
-        schedule, rest = UpdateSchedule.split(loss)
-        cfg: ActorLoss = build_dataclass(ActorLoss, rest, "actor.update")
+        schedule, cfg = check_update_options("actor", loss)
         more = ["advantages", "old_log_probs"] + (["ref_log_prob"] if cfg.use_kl_loss else [])
+        more += ["rollout_log_probs"] if cfg.tis_cap is not None else []
         return run_updates(
             self.engine, forward_inputs(batch, "actor.update", *more), actor_loss(cfg), schedule,
             prefix="actor", endpoint="actor.update", temperature=self._temperature(batch, cfg.temperature),

@@ -8,7 +8,6 @@ returns or advantages are computed: the flow does that.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,11 +16,12 @@ from hfrt.algos import LossScale, masked_mean, value_loss
 from hfrt.batch import Batch
 from hfrt.daemon import Daemon, DaemonContext
 from hfrt.endpoints import Dispatch, endpoint
+from hfrt.loss_options import CriticLoss as CriticLoss  # declared torch-free, checked before launch
+from hfrt.loss_options import check_update_options
 
 from .common import (
     CheckpointEndpoints,
     ModelOptions,
-    build_dataclass,
     build_engine,
     check_backend,
     check_options,
@@ -32,15 +32,7 @@ from .common import (
 )
 from .engines import ForwardOutput, LossFn
 from .rows import forward_inputs, merge
-from .updates import MakeLoss, UpdateSchedule, forward_equal, run_updates
-
-
-@dataclass(frozen=True)
-class CriticLoss:
-    """Loss options of `update`: cliprange_value clips new values around the old ones (None: off)."""
-
-    cliprange_value: float | None = 0.5
-    loss_agg_mode: str = "token-mean"
+from .updates import MakeLoss, forward_equal, run_updates
 
 
 def critic_loss(cfg: CriticLoss) -> MakeLoss:
@@ -49,7 +41,8 @@ def critic_loss(cfg: CriticLoss) -> MakeLoss:
             assert out.values is not None
             mask = mb["response_mask"]
             loss, metrics = value_loss(
-                out.values, mb["returns"], mb["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode, scale
+                out.values, mb["returns"], mb["values"], mask, cfg.cliprange_value, cfg.loss_agg_mode, scale,
+                cfg.norm_horizon,
             )
             metrics["critic/vpred_mean"] = masked_mean(out.values.detach(), mask)
             return loss, metrics
@@ -89,9 +82,8 @@ class CriticDaemon(CheckpointEndpoints, Daemon):
     @endpoint(dispatch=Dispatch.SPLIT)
     def update(self, batch: Batch, *extra: Batch, **loss: Any) -> dict[str, float]:
         """Optimizer steps on `returns` with old `values`; options: CriticLoss and UpdateSchedule
-        fields. Returns metrics averaged over steps, the same on every rank."""
-        schedule, rest = UpdateSchedule.split(loss)
-        cfg: CriticLoss = build_dataclass(CriticLoss, rest, "critic.update")
+        fields (hfrt.loss_options). Returns metrics averaged over steps, the same on every rank."""
+        schedule, cfg = check_update_options("critic", loss)
         tensors = forward_inputs(merge(batch, extra), "critic.update", "values", "returns")
         return run_updates(
             self.engine, tensors, critic_loss(cfg), schedule, prefix="critic", endpoint="critic.update"

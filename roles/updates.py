@@ -13,44 +13,20 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from hfrt.algos import LossScale
 from hfrt.dispatch import chunk_bounds
+from hfrt.loss_options import UpdateSchedule as UpdateSchedule  # declared with the loss options
 
 from .engines import ForwardOutput, LossFn, TrainEngine
 from .rows import Tensors, all_reduce, equal_rows, reduce_metrics, unpad
 
 #: make_loss(scale, shares) → the loss function of one mini-batch
 MakeLoss = Callable[[LossScale, dict[str, float]], LossFn]
-
-
-@dataclass(frozen=True)
-class UpdateSchedule:
-    """How one `update` call walks its batch.
-
-    ppo_epochs: passes over the batch.
-    ppo_mini_batch_size: rows per optimizer step, counted over the whole role group (each rank
-        steps on its share); 0 means one step per epoch over the whole batch.
-    micro_batch_size: rows per forward/backward (gradient accumulation); None: the engine's.
-    """
-
-    ppo_epochs: int = 1
-    ppo_mini_batch_size: int = 0
-    micro_batch_size: int | None = None
-
-    @classmethod
-    def split(cls, options: Mapping[str, Any]) -> tuple[UpdateSchedule, dict[str, Any]]:
-        """(the schedule's fields from `options`, the remaining options)."""
-        names = {f.name for f in fields(cls)}
-        mine = {k: v for k, v in options.items() if k in names}
-        rest = {k: v for k, v in options.items() if k not in names}
-        schedule = cls(**mine)
-        if schedule.ppo_epochs < 1 or schedule.ppo_mini_batch_size < 0:
-            raise ValueError(f"ppo_epochs must be >= 1 and ppo_mini_batch_size >= 0, got {schedule}")
-        return schedule, rest
 
 
 def forward_equal(engine: TrainEngine, tensors: Tensors, endpoint: str, **kwargs: Any) -> ForwardOutput:
@@ -92,7 +68,7 @@ def run_updates(
     for _ in range(schedule.ppo_epochs):
         for lo, hi in bounds:
             mini = {k: v[lo:hi] for k, v in padded.items()}
-            tokens, seqs = all_reduce([float(mini["response_mask"].sum()), max(0, min(hi, real) - lo)])
+            tokens, seqs = all_reduce(counts(mini["response_mask"]))
             scale = LossScale(max(tokens, 1.0), max(seqs, 1.0), engine.dp_size)
             shares: dict[str, float] = {}
             metrics = engine.step(
@@ -110,6 +86,12 @@ def run_updates(
     out[f"{prefix}/optimizer_steps"] = float(steps)
     out[f"timing/update_{prefix}_s"] = reduce_metrics({"t": time.perf_counter() - start}, "max")["t"]
     return out
+
+
+def counts(response_mask: torch.Tensor) -> list[float]:
+    """[response tokens, rows with at least one response token] of one mini-batch: rows whose
+    mask is empty (equal-rows padding, or an empty response) count in neither."""
+    return [float(response_mask.sum()), float((response_mask.sum(dim=-1) > 0).sum())]
 
 
 def _named(prefix: str, key: str) -> str:

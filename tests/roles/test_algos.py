@@ -31,7 +31,10 @@ def test_agg_modes_match_their_definitions() -> None:
     assert torch.allclose(agg_loss(loss, mask, "token-mean"), (loss * mask).sum() / mask.sum())
     assert torch.allclose(agg_loss(loss, mask, "seq-mean-token-sum"), per_seq_sum.mean())
     assert torch.allclose(agg_loss(loss, mask, "seq-mean-token-mean"), (per_seq_sum / mask.sum(-1)).mean())
-    assert torch.allclose(agg_loss(loss, mask, "seq-mean-token-sum-norm"), per_seq_sum.mean() / 5)
+    # verl's Dr.GRPO mode: the token sum over a constant horizon, no division by the row count
+    assert torch.allclose(agg_loss(loss, mask, "seq-mean-token-sum-norm"), per_seq_sum.sum() / 5)
+    assert torch.allclose(agg_loss(loss, mask, "seq-mean-token-sum-norm", norm_horizon=8), per_seq_sum.sum() / 8)
+    assert torch.allclose(agg_loss(loss, mask, "seq-mean-token-sum-norm-mean"), per_seq_sum.mean() / 5)
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         agg_loss(loss, mask, "mean-of-everything")
 
