@@ -132,6 +132,7 @@ class Controller(TensorPlaneControl):
             "replies": 0,
             "errors": 0,
             "dropped_frames": 0,
+            "dropped_replies": 0,
             "controller_bulk_bytes": 0,
             "keys_freed": 0,
         }
@@ -353,7 +354,7 @@ class Controller(TensorPlaneControl):
     def _dispatch_message(self, ident: bytes, msg: Message) -> None:
         kind = type(msg)
         if kind is Reply:
-            self._on_reply(msg)  # type: ignore[arg-type]
+            self._on_reply(ident, msg)  # type: ignore[arg-type]
         elif kind is Error:
             self._on_error(ident, msg)  # type: ignore[arg-type]
         elif kind is Heartbeat:
@@ -365,10 +366,24 @@ class Controller(TensorPlaneControl):
         else:
             self._log.warning("unexpected_message", peer=ident.decode("utf-8", "replace"), kind=msg.NAME)
 
-    def _on_reply(self, msg: Reply) -> None:
-        pending = self._calls.pop(msg.call_id, None)
+    def _pending_from(self, ident: bytes, call_id: int, kind: str) -> _Pending | None:
+        """The pending call `call_id` if `ident` is the daemon it was sent to; a reply or error for
+        it from any other peer (even one holding the key) is dropped, logged and counted."""
+        pending = self._calls.get(call_id)
         if pending is None:
-            return  # cancelled, timed out, or from an earlier session
+            return None  # cancelled, timed out, or from an earlier session
+        if ident != pending.daemon.route:
+            self._stats["dropped_replies"] += 1
+            self._log.warning("dropped_reply", peer=ident.decode("utf-8", "replace"), kind=kind, call_id=call_id,
+                              sent_to=pending.daemon.identity)
+            return None
+        del self._calls[call_id]
+        return pending
+
+    def _on_reply(self, ident: bytes, msg: Reply) -> None:
+        pending = self._pending_from(ident, msg.call_id, "reply")
+        if pending is None:
+            return
         if self.trace is not None:
             self.trace.add(pending.daemon.identity, pending.endpoint, msg.call_id, pending.sent, "ok")
         pending.daemon.last_seen = self._loop.time()
@@ -382,9 +397,10 @@ class Controller(TensorPlaneControl):
 
     def _on_error(self, ident: bytes, msg: Error) -> None:
         self._stats["errors"] += 1
-        pending = self._calls.pop(msg.call_id, None) if msg.call_id else None
+        pending = self._pending_from(ident, msg.call_id, "error") if msg.call_id else None
         if pending is None:
-            self._log.warning("daemon_error", peer=ident.decode("utf-8", "replace"), type=msg.type, message=msg.message)
+            if msg.call_id not in self._calls:  # a forged one was logged as dropped_reply
+                self._log.warning("daemon_error", peer=ident.decode("utf-8", "replace"), type=msg.type, message=msg.message)
             return
         self._span(msg.call_id, pending, "error")
         if pending.timer is not None:
