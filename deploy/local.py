@@ -1,7 +1,8 @@
 """The local launcher: one `python -m hfrt daemon` subprocess per daemon on this machine.
 
 The cluster key goes to each child in $HFRT_KEY, never on its command line. A watcher per child
-reports an unexpected exit to the controller at once (faster than missed heartbeats).
+reports an unexpected exit to the controller at once (faster than missed heartbeats), and removes
+the tensor files a killed child left in /dev/shm (hfrt.shm).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
+from hfrt import shm
 from hfrt.log import get_logger
 from hfrt.protocols.signing import ENV_KEY
 
@@ -82,6 +84,7 @@ class LocalLauncher:
 
     async def _watch(self, identity: str, proc: asyncio.subprocess.Process, on_exit: OnExit) -> None:
         code = await proc.wait()
+        shm.remove_files_of(proc.pid)
         if not self._stopping:
             reason = f"process {proc.pid} exited with code {code}"
             if code < 0:
@@ -122,6 +125,8 @@ class LocalLauncher:
         for task in self._watchers:
             task.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
+        for proc in self.processes.values():
+            shm.remove_files_of(proc.pid)
         for f in self._logs:
             f.close()
         self._logs.clear()

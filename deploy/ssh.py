@@ -8,8 +8,9 @@ on a command line, so they do not show up in process listings on either side.
 The wrapper on the node reads the key and environment, starts the daemon with its output in a log
 file on the node, prints "hfrt-started PID HOST", and then watches stdin: end of input (the
 launcher stopped, was killed, or the connection died) terminates the daemon; the line "detach"
-leaves it running on its own (`hfrt launch`). When the daemon exits, its exit code becomes ssh's,
-and the last lines of its log go to ssh's stderr, which the launcher keeps in RUN_DIR/logs.
+leaves it running on its own (`hfrt launch`). When the daemon exits, the wrapper removes the
+tensor files it kept in /dev/shm (hfrt-PID-*: left behind when it was killed), its exit code becomes
+ssh's, and the last lines of its log go to ssh's stderr, which the launcher keeps in RUN_DIR/logs.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ echo "{started} $pid $(hostname)"
 watcher=$!
 wait $pid
 code=$?
+rm -f "${{HFRT_SHM_DIR:-/dev/shm}}/hfrt-$pid-"*
 kill $watcher 2>/dev/null
 [ $code -eq 0 ] || tail -n 20 {log} >&2
 exit $code

@@ -36,6 +36,7 @@ from hfrt.protocols import (
     WireError,
 )
 
+from . import shm
 from .channel import Channel
 from .errors import CallTimeout, DaemonGone, ProtocolMismatch, RemoteError
 from .lifetimes import HandleTracker
@@ -241,6 +242,8 @@ class Controller(TensorPlaneControl):
         expected: a clean exit (a Bye with code 0), logged at info rather than warning.
         """
         info = self._daemons.get(identity)
+        if info is not None:  # a killed daemon's /dev/shm tensor files, once its process is gone
+            shm.remove_files_of(info.pid, str(info.meta.get("host", "")))
         if info is None:
             first = self._gone_before_hello.get(identity)  # a Bye's reason beats a later exit code
             self._gone_before_hello[identity] = reason if first is None else f"{first}; {reason}"

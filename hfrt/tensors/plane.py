@@ -18,21 +18,12 @@ import zmq
 
 from hfrt.log import get_logger
 from hfrt.protocols import Call, Error, Limits, OutOfBand, Reply, TensorHandle, Wire, WireError
+from hfrt.shm import host_id
 
 if TYPE_CHECKING:
     import torch
 
     from .store import TensorStore
-
-
-def host_id() -> str:
-    """Same value ⇔ same kernel and same /dev/shm: boot id plus mount namespace."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return f"{boot}:{os.readlink('/proc/self/ns/mnt')}"
-    except OSError:
-        return socket.gethostname()
 
 
 def as_bytes(tensor: torch.Tensor) -> OutOfBand:

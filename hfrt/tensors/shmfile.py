@@ -5,7 +5,7 @@ so a reader maps only the page window holding the rows it wants, privately (copy
 reader may write to its tensor without touching the owner's), and checks the header against its
 handle. Pages are not pre-populated: MAP_POPULATE on a private writable mapping pre-faults every
 page for writing, which copies them all (measured: 3x slower than faulting on first read). It knows nothing of keys' lifetimes or
-of sockets.
+of sockets. File names, and removing the files of dead daemons, are hfrt.shm's (torch-free).
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from typing import Any
 import msgpack
 import torch
 
+from hfrt.shm import SHM_DIR as SHM_DIR
+from hfrt.shm import path_for as path_for
+from hfrt.shm import remove_stale as remove_stale
+
 HEADER = 4096
 MAGIC = b"HFRTSHM1"
 PAGE = mmap.PAGESIZE
-SHM_DIR = Path(os.environ.get("HFRT_SHM_DIR", "/dev/shm"))
 
 DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
@@ -39,10 +42,6 @@ def to_dtype(name: str) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise ValueError(f"unsupported tensor dtype {name!r}") from None
-
-
-def path_for(pid: int, key: str) -> Path:
-    return SHM_DIR / f"hfrt-{pid}-{key}"
 
 
 def write(path: Path, tensor: torch.Tensor) -> tuple[torch.Tensor, mmap.mmap]:
@@ -110,17 +109,3 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
-
-
-def remove_stale() -> int:
-    """Delete tensor files of processes that no longer exist; returns how many."""
-    removed = 0
-    for path in SHM_DIR.glob("hfrt-*-*"):
-        try:
-            pid = int(path.name.split("-")[1])
-        except ValueError:
-            continue
-        if not Path(f"/proc/{pid}").exists():
-            path.unlink(missing_ok=True)
-            removed += 1
-    return removed
