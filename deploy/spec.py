@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfrt.protocols import check_heartbeat_s
+
 from .reader import Reader, SpecError
 
 LAUNCHERS = ("local", "ssh", "slurm")
@@ -386,8 +388,12 @@ def _daemons(r: Reader, raw: Any) -> DaemonSettings:
         r.get(t, w, "log_dir", str, d.log_dir), r.get(t, w, "master_port", int, d.master_port),
         r.get(t, w, "torch_threads", int, d.torch_threads),
     )
-    if out.heartbeat_s <= 0 or out.hello_timeout_s <= 0:
-        r.problem(f"{w}: heartbeat_s and hello_timeout_s must be > 0")
+    try:
+        check_heartbeat_s(out.heartbeat_s, f"{w} heartbeat_s")
+    except ValueError as exc:
+        r.problem(str(exc))
+    if out.hello_timeout_s <= 0:
+        r.problem(f"{w}: hello_timeout_s must be > 0")
     return out
 
 

@@ -209,6 +209,8 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hfrt.heartbeat import heartbeat_flag  # the range both ends of the wire accept
+
     p = argparse.ArgumentParser(prog="hfrt", description="HybridFlow-style RL runtime on asyncio + ZeroMQ")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -222,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cluster", metavar="SPEC", help="launch the daemons a cluster spec (TOML) places, run the flow, stop them")
     c.add_argument("--keep-daemons", action="store_true", help="leave the launched daemons running and write RUN_DIR/attach.json")
     c.add_argument("--run-dir", help="where the run writes (default: runs/FLOW-TIMESTAMP)")
-    c.add_argument("--heartbeat", type=float, default=2.0, help="daemon heartbeat interval in seconds")
+    c.add_argument("--heartbeat", type=heartbeat_flag, default=2.0, help="daemon heartbeat interval in seconds")
     c.add_argument("--orphan-timeout", type=float, default=30.0, help="launched daemons exit after this many seconds without a controller")
     c.add_argument("--log-level", default="warning", help="debug, info, warning or error")
     c.add_argument("--log-format", default="console", choices=["console", "json"], help="log line format")
@@ -235,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--impl", default="", help="implementation: built-in name or module:Class (default: the role name)")
     d.add_argument("--controller", required=True, help="controller address, e.g. tcp://10.0.0.1:5555")
     d.add_argument("--key-file", help="file holding the hex cluster key (default: $HFRT_KEY, then $HFRT_KEY_FILE)")
-    d.add_argument("--heartbeat", type=float, default=2.0, help="heartbeat interval until the controller sets one")
+    d.add_argument("--heartbeat", type=heartbeat_flag, default=2.0, help="heartbeat interval until the controller sets one")
     d.add_argument("--orphan-timeout", type=float, default=60.0, help="exit after this many seconds without a controller (0: never)")
     d.add_argument("--max-frame-mb", type=int, default=64, help="largest frame accepted, in MiB")
     d.add_argument("--options", help="implementation options as a JSON object")

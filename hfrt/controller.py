@@ -34,6 +34,7 @@ from hfrt.protocols import (
     Welcome,
     Wire,
     WireError,
+    check_heartbeat_s,
 )
 
 from . import shm
@@ -109,7 +110,7 @@ class Controller(TensorPlaneControl):
     ) -> None:
         self.requested_address = address
         self.address = address
-        self.heartbeat_s = heartbeat_s
+        self.heartbeat_s = check_heartbeat_s(heartbeat_s, "controller heartbeat_s")
         self.default_timeout_s = default_timeout_s
         self.session = secrets.token_hex(8)
         self._wire = Wire(key, limits)

@@ -5,10 +5,16 @@ reports two events to the serving loop: "rehello" (a controller with a new sessi
 "orphaned" (no answer for orphan_timeout_s); if the loop does not stop within exit_grace_s after
 "orphaned", it ends the process itself so no daemon outlives its controller. It knows the wire
 protocol and zmq; it knows nothing of endpoints.
+
+It beats BEATS_PER_INTERVAL times per heartbeat interval, so a beat delayed by a starved thread
+(a loaded machine, a C extension holding the GIL) is covered by the next one before the controller
+judges silence. A beat that cannot be sent (queue full, controller gone) is dropped and logged; the
+thread never dies of it.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import threading
 import time
@@ -17,11 +23,23 @@ from typing import Any
 
 import zmq
 
-from hfrt.protocols import Heartbeat, Limits, Wire, WireError
+from hfrt.protocols import Heartbeat, Limits, Wire, WireError, check_heartbeat_s
 
 from .log import get_logger
 
 POLL_CAP_S = 0.05
+#: Beats sent per heartbeat interval (the controller declares death after DEAD_AFTER intervals).
+BEATS_PER_INTERVAL = 2
+#: Beats queued for an unreachable controller before new ones are dropped (stale beats prove nothing).
+SEND_HWM = 4
+
+
+def heartbeat_flag(text: str) -> float:
+    """argparse type for --heartbeat: a number of seconds in the range both ends accept."""
+    try:
+        return check_heartbeat_s(float(text), "--heartbeat")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--heartbeat: ")) from None
 
 
 class HeartbeatThread(threading.Thread):
@@ -43,7 +61,9 @@ class HeartbeatThread(threading.Thread):
         self._identity = identity
         self._address = address
         self._wire = Wire(key, limits)
-        self.interval_s = interval_s
+        self.interval_s = check_heartbeat_s(interval_s, f"{identity} heartbeat interval")
+        #: beats that could not be sent (dropped, the thread went on)
+        self.dropped = 0
         self.orphan_timeout_s = orphan_timeout_s
         self.session = ""
         self._notify = notify
@@ -52,7 +72,10 @@ class HeartbeatThread(threading.Thread):
         self._log = get_logger(daemon=identity, part="heartbeat")
 
     def welcome(self, session: str, interval_s: float) -> None:
-        """The serving loop got a Welcome: beat at the controller's interval, under its session."""
+        """The serving loop got a Welcome: beat at the controller's interval, under its session.
+
+        An interval outside the accepted range raises ValueError and changes nothing."""
+        interval_s = check_heartbeat_s(interval_s, "welcome.heartbeat_s")
         self.session = session
         self.interval_s = interval_s
 
@@ -63,6 +86,7 @@ class HeartbeatThread(threading.Thread):
         sock = self._zmq.socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, f"{self._identity}/hb".encode())
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, SEND_HWM)
         sock.connect(self._address)
         try:
             self._beat(sock)
@@ -78,9 +102,9 @@ class HeartbeatThread(threading.Thread):
         while not self._stopping.is_set():
             now = time.monotonic()
             if now >= next_beat:
-                sock.send_multipart(self._wire.pack(Heartbeat(self.session, seq, time.time())), zmq.NOBLOCK)
+                self._send_beat(sock, seq)
                 seq += 1
-                next_beat = now + self.interval_s
+                next_beat = now + self.interval_s / BEATS_PER_INTERVAL
             if sock.poll(int(1000 * min(POLL_CAP_S, max(0.0, next_beat - now)))):
                 while True:
                     try:
@@ -104,6 +128,15 @@ class HeartbeatThread(threading.Thread):
                 elif time.monotonic() - orphaned_at > self._exit_grace_s:
                     self._log.error("orphaned_forced_exit", grace_s=self._exit_grace_s)
                     os._exit(3)
+
+    def _send_beat(self, sock: zmq.Socket[Any], seq: int) -> None:
+        """Send one beat now, or drop it: a full queue or any other send error costs one beat."""
+        try:
+            sock.send_multipart(self._wire.pack(Heartbeat(self.session, seq, time.time())), zmq.NOBLOCK)
+        except Exception as exc:  # zmq.Again at the high-water mark, a closing context, ...
+            self.dropped += 1
+            if self.dropped & (self.dropped - 1) == 0:  # log the 1st, 2nd, 4th, 8th, ... drop
+                self._log.warning("heartbeat_dropped", dropped=self.dropped, error=f"{type(exc).__name__}: {exc}")
 
     def _read_echo(self, frames: list[bytes]) -> str | None:
         try:

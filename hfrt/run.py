@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from hfrt.deploy.base import DaemonSpec, expand
 from hfrt.deploy.local import LocalLauncher
-from hfrt.protocols import load_key, new_key, write_key_file
+from hfrt.protocols import check_heartbeat_s, load_key, new_key, write_key_file
 
 from .controller import Controller
 from .flows import Flow
@@ -47,7 +47,7 @@ class Attach:
         try:
             data = json.loads(p.read_text())
             return cls(
-                str(data["address"]), str(data["key_file"]), dict(data["roles"]), float(data.get("heartbeat_s", 2.0)),
+                str(data["address"]), str(data["key_file"]), dict(data["roles"]), check_heartbeat_s(data.get("heartbeat_s", 2.0), "heartbeat_s"),
                 str(data.get("bind", "")), [[str(a) for a in c] for c in data.get("cleanup", [])],
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:

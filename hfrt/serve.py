@@ -42,6 +42,7 @@ from hfrt.protocols import (
     Welcome,
     Wire,
     WireError,
+    check_heartbeat_s,
 )
 
 from .channel import Channel
@@ -70,6 +71,9 @@ class ServeConfig:
     orphan_timeout_s: float = 60.0
     shutdown_grace_s: float = 5.0
     limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        check_heartbeat_s(self.heartbeat_s, "ServeConfig.heartbeat_s")
 
 
 class _Queued:
@@ -265,8 +269,15 @@ class DaemonServer(TensorPlaneServing):
             self._log.error("protocol_mismatch", controller_version=msg.version, own_version=PROTOCOL_VERSION)
             self.stop(f"controller speaks protocol {msg.version}, daemon speaks {PROTOCOL_VERSION}", EXIT_PROTOCOL)
             return
+        try:
+            self._hb.welcome(msg.session, msg.heartbeat_s)
+        except ValueError as exc:
+            # The welcome is invalid: keep beating at our own interval (never flood, spin or fall
+            # silent) and adopt nothing, so the next echo of its session makes us say hello again.
+            self._log.error("bad_welcome", reason=str(exc), kept_heartbeat_s=self._hb.interval_s)
+            self._send(Error(0, "BadWelcome", f"{self.context.identity}: {exc}; keeping {self._hb.interval_s}s"))
+            return
         self._session = msg.session
-        self._hb.welcome(msg.session, msg.heartbeat_s)
         self._log.info("welcomed", session=msg.session, heartbeat_s=msg.heartbeat_s)
 
     def _on_controller_error(self, msg: Error) -> None:

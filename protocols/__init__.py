@@ -9,6 +9,8 @@ from __future__ import annotations
 from .codec import Codec, Limits, OutOfBand, register_record
 from .handles import BatchHandle, Shard, TensorHandle
 from .messages import (
+    HEARTBEAT_MAX_S,
+    HEARTBEAT_MIN_S,
     PROTOCOL_VERSION,
     Bye,
     Call,
@@ -20,6 +22,7 @@ from .messages import (
     Reply,
     Shutdown,
     Welcome,
+    check_heartbeat_s,
 )
 from .signing import KeyFileError, Signer, load_key, new_key, write_key_file
 from .wire import (
@@ -32,6 +35,8 @@ from .wire import (
 )
 
 __all__ = [
+    "HEARTBEAT_MAX_S",
+    "HEARTBEAT_MIN_S",
     "PROTOCOL_VERSION",
     "BadSignature",
     "Bye",
@@ -57,6 +62,7 @@ __all__ = [
     "Welcome",
     "Wire",
     "WireError",
+    "check_heartbeat_s",
     "load_key",
     "new_key",
     "register_record",

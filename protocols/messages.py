@@ -6,11 +6,31 @@ frames, signatures or sockets (see wire.py) nor of what the runtime does with it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 #: Bumped whenever a record's layout or meaning changes. Both ends check it at hello/welcome.
 PROTOCOL_VERSION = 1
+
+#: The heartbeat intervals (seconds) both ends accept. Below the minimum, daemons flood the
+#: controller and busy-spin their heartbeat threads; above the maximum, a dead daemon would go
+#: unnoticed for over ten minutes.
+HEARTBEAT_MIN_S = 0.05
+HEARTBEAT_MAX_S = 300.0
+
+
+def check_heartbeat_s(value: object, where: str) -> float:
+    """`value` as a float when it is a finite interval in [HEARTBEAT_MIN_S, HEARTBEAT_MAX_S];
+    otherwise a ValueError naming `where` (a flag, a spec field, a message field)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and HEARTBEAT_MIN_S <= value <= HEARTBEAT_MAX_S
+    ):
+        raise ValueError(
+            f"{where}: heartbeat interval must be a finite number of seconds in "
+            f"[{HEARTBEAT_MIN_S}, {HEARTBEAT_MAX_S}], got {value!r}"
+        )
+    return float(value)
 
 # A field's accepted exact Python types after msgpack decoding; _ANY accepts any decodable value.
 _Types = frozenset[type]

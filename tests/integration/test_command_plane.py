@@ -4,6 +4,7 @@ forged replies from key holders, heartbeat intervals out of range, frozen and st
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import subprocess
@@ -18,8 +19,8 @@ import zmq
 
 from hfrt import DaemonGone
 from hfrt.deploy.base import DaemonSpec
-from hfrt.protocols import PROTOCOL_VERSION, Error, Hello, Reply, Wire
-from tests.support import echo_specs, local_cluster, wait_for
+from hfrt.protocols import PROTOCOL_VERSION, Call, Error, Heartbeat, Hello, Reply, Welcome, Wire, new_key
+from tests.support import STARTED_PIDS, echo_specs, local_cluster, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -63,3 +64,71 @@ async def test_replies_from_any_peer_but_the_callee_are_dropped() -> None:
             assert ctl.stats()["pending_calls"] == 0
         finally:
             ctx.destroy(linger=0)
+
+
+class Beats:
+    """A bare controller ROUTER that echoes heartbeats and counts them per window."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.wire = Wire(key)
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind("tcp://127.0.0.1:0")
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def listen(self, seconds: float) -> tuple[int, list[tuple[bytes, Any]]]:
+        """(heartbeats, other messages) received during `seconds`, echoing every beat."""
+        beats, others = 0, []
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(max(1, int(left * 1000))):
+                continue
+            ident, *frames = self.sock.recv_multipart()
+            for part in (frames[1:] if frames[0] == b"" else [frames]):
+                msg = self.wire.unpack([part] if isinstance(part, bytes) else part)
+                if isinstance(msg, Heartbeat):
+                    beats += 1
+                    self.sock.send_multipart([ident, *self.wire.pack(Heartbeat("fake", msg.seq, 0.0))])
+                else:
+                    others.append((ident, msg))
+        return beats, others
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def test_daemon_refuses_a_welcome_with_a_bad_heartbeat_and_keeps_its_own() -> None:
+    fake = Beats(new_key())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfrt", "daemon", "--role", "echo", "--controller", fake.address,
+         "--heartbeat", "0.5", "--log-level", "critical"],
+        env=dict(os.environ, HFRT_KEY=fake.key.hex()),
+    )
+    STARTED_PIDS.add(proc.pid)
+    try:
+        deadline = time.monotonic() + 30
+        hellos: list[tuple[bytes, Any]] = []
+        while not hellos and time.monotonic() < deadline:
+            hellos = [m for m in fake.listen(0.2)[1] if isinstance(m[1], Hello)]
+        assert hellos, "the daemon never said hello"
+        ident = hellos[0][0]
+        for bad in [0.0, -1.0, math.nan, math.inf, 1e-9, 1e9]:
+            fake.sock.send_multipart([ident, *fake.wire.pack(Welcome(PROTOCOL_VERSION, "fake", bad))])
+        beats, others = fake.listen(2.0)
+        refusals = [m for _, m in others if isinstance(m, Error) and m.type == "BadWelcome"]
+        assert len(refusals) == 6 and "welcome.heartbeat_s: heartbeat interval must be" in refusals[0].message
+        assert 4 <= beats <= 12, f"{beats} beats in 2 s at a 0.5 s interval (2 a beat interval)"
+        fake.sock.send_multipart([ident, *fake.wire.pack(Welcome(PROTOCOL_VERSION, "fake", 0.1))])
+        beats, _ = fake.listen(1.0)
+        assert beats >= 12, f"a valid welcome (0.1 s) was not adopted: {beats} beats in 1 s"
+        fake.sock.send_multipart([ident, *fake.wire.pack(Call(7, "ping", [], {}, True))])
+        _, others = fake.listen(1.0)
+        assert any(isinstance(m, Reply) and m.value == "pong" for _, m in others)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+        fake.close()
