@@ -104,6 +104,13 @@ class Channel:
         if not self._closed and not self._draining:
             self._drain()
 
+    def drain_all(self, max_rounds: int = 64) -> None:
+        """Read and hand over what is waiting now, up to max_rounds × DRAIN_BATCH messages."""
+        for _ in range(max_rounds):
+            if self._closed or self._draining or not readable(self.socket):
+                return
+            self._drain()
+
     def has_input(self) -> bool:
         """True when a message is waiting: later in the batch being delivered, or on the socket."""
         return self._batch_left > 0 or readable(self.socket)

@@ -15,6 +15,7 @@ import functools
 import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -45,11 +46,17 @@ from .log import get_logger
 from .plane_control import TensorPlaneControl
 from .trace import MAX_SPANS, CallTrace
 
-#: A daemon silent for this many heartbeat intervals is declared dead; checks run 8 times per
-#: interval, so a death is noticed within (DEAD_AFTER + 1/8) intervals < 2 intervals.
+#: A daemon silent for this many heartbeat intervals is declared dead. Daemons beat twice per
+#: interval, so a live one is silent for at most half an interval plus its own scheduling delays;
+#: the check is timed to each daemon's deadline, so a death is declared 1.75 intervals after the
+#: last beat (plus the controller's own lateness), within the 2 intervals the protocol promises.
 DEAD_AFTER = 1.75
-CHECKS_PER_INTERVAL = 8
-
+#: A watcher that wakes more than this many intervals late was not running itself: it reads what
+#: waits on its socket, lets ZeroMQ's I/O thread catch up for SETTLE intervals, and only then judges.
+LATE_AFTER = 0.1
+SETTLE = 0.05
+#: Longest sleep of the watcher between judgements, in intervals (new daemons, changed deadlines).
+MAX_NAP = 0.5
 
 @dataclass(slots=True)
 class DaemonInfo:
@@ -269,10 +276,11 @@ class Controller(TensorPlaneControl):
 
     # -- calls --------------------------------------------------------------------------------
 
-    def record_calls(self, max_spans: int = MAX_SPANS) -> CallTrace:
-        """From now on, record a span for every call this controller sends (the latest
-        `max_spans` are kept); `CallTrace.write(path)` turns them into a Chrome trace."""
-        self.trace = CallTrace(max_spans)
+    def record_calls(self, max_spans: int = MAX_SPANS, path: str | Path | None = None) -> CallTrace:
+        """From now on, record a span for every call this controller sends: streamed to `path` as a
+        Chrome trace (`CallTrace.close()` ends it), or without one, the latest `max_spans` kept in
+        memory (`CallTrace.write(path)` saves them)."""
+        self.trace = CallTrace(max_spans, path)
         return self.trace
 
     def _span(self, call_id: int, pending: _Pending, status: str) -> None:
@@ -455,26 +463,37 @@ class Controller(TensorPlaneControl):
     async def _watch_liveness(self) -> None:
         """Declare daemons dead after DEAD_AFTER silent heartbeat intervals (runs until close).
 
-        Before judging, it reads whatever is already waiting on the socket, and it skips a round in
-        which it woke up late itself: when this process was busy, heartbeats that did arrive may not
-        have been read yet, and that is not a daemon's fault.
+        It wakes at the earliest deadline (last heard + DEAD_AFTER intervals) and, before judging,
+        reads everything already waiting on the socket. When it woke late, this process was busy
+        or descheduled: heartbeats may sit unread in the kernel or in ZeroMQ, and that is no
+        daemon's fault, so it reads again after a short settle before judging.
         """
-        period = self.heartbeat_s / CHECKS_PER_INTERVAL
-        expected = self._loop.time() + period
+        hb = self.heartbeat_s
         while True:
-            await asyncio.sleep(period)
-            now = self._loop.time()
-            late = now - expected > 0.5 * self.heartbeat_s
-            expected = now + period
-            if self._channel is not None:
-                self._channel.drain_now()
-            if late:
-                continue
-            now = self._loop.time()
-            limit = DEAD_AFTER * self.heartbeat_s
-            for info in list(self._daemons.values()):
-                if info.alive and now - info.last_seen > limit:
-                    self.mark_gone(info.identity, f"no heartbeat for {now - info.last_seen:.2f}s")
+            planned = min(self._next_deadline(), self._loop.time() + MAX_NAP * hb)
+            await asyncio.sleep(max(0.0, planned - self._loop.time()))
+            late = self._loop.time() - planned
+            self._read_waiting()
+            if late > LATE_AFTER * hb:
+                await asyncio.sleep(SETTLE * hb)
+                self._read_waiting()
+            self._judge_silence()
+
+    def _next_deadline(self) -> float:
+        limit = DEAD_AFTER * self.heartbeat_s
+        return min((d.last_seen + limit for d in self._daemons.values() if d.alive), default=float("inf"))
+
+    def _read_waiting(self) -> None:
+        """Hand over every message already waiting on the socket (heartbeats among them)."""
+        if self._channel is not None:
+            self._channel.drain_all()
+
+    def _judge_silence(self) -> None:
+        now = self._loop.time()
+        limit = DEAD_AFTER * self.heartbeat_s
+        for info in list(self._daemons.values()):
+            if info.alive and now - info.last_seen > limit:
+                self.mark_gone(info.identity, f"no heartbeat for {now - info.last_seen:.2f}s")
 
     # -- outgoing -----------------------------------------------------------------------------
 

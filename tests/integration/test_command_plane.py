@@ -132,3 +132,60 @@ def test_daemon_refuses_a_welcome_with_a_bad_heartbeat_and_keeps_its_own() -> No
         proc.kill()
         proc.wait()
         fake.close()
+
+
+def _silence(reason: str) -> float:
+    """The silence the controller judged, from its "no heartbeat for X.XXs" reason."""
+    return float(reason.split("no heartbeat for ")[1].split("s")[0])
+
+
+async def test_frozen_daemon_is_declared_dead_within_two_intervals_of_its_last_beat() -> None:
+    hb = 0.5
+    async with local_cluster(echo_specs(1), heartbeat_s=hb) as (ctl, launcher):
+        echo = await ctl.role("echo")
+        pending = echo.sleep.call_one(0, 30.0)
+        await asyncio.sleep(0.3)
+        pid = launcher.processes["echo:0"].pid
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            with pytest.raises(DaemonGone, match=r"no heartbeat for"):
+                await asyncio.wait_for(pending, 10)
+            waited = time.monotonic() - stopped
+        finally:
+            os.kill(pid, signal.SIGKILL)
+        info = ctl.daemons("echo")[0]
+        # Judged on the controller's own record of the last beat: robust to a slow test runner.
+        assert 1.75 * hb <= _silence(info.gone_reason) <= 2 * hb, info.gone_reason
+        assert waited <= 2 * hb + 0.5, f"pending call failed {waited:.2f}s after SIGSTOP"
+
+
+HOLDER = '''
+import ctypes, ctypes.util
+from hfrt import Daemon, endpoint
+_LIBC = ctypes.PyDLL(ctypes.util.find_library("c"))  # PyDLL: the call keeps the GIL
+class Holder(Daemon):
+    @endpoint
+    def hold_gil(self, seconds: float) -> float:
+        """Sleep in C without releasing the GIL: the heartbeat thread cannot run meanwhile."""
+        _LIBC.usleep(int(seconds * 1e6))
+        return seconds
+'''
+
+
+@pytest.mark.slow
+async def test_a_daemon_holding_the_gil_for_an_interval_is_not_declared_dead(tmp_path: Path) -> None:
+    """A synchronous endpoint in C that keeps the GIL for 1.1 intervals, started 0.8 intervals
+    after a beat: with one beat per interval the daemon would be silent 1.9 intervals (> 1.75)."""
+    module = tmp_path / "holder_role.py"
+    module.write_text(HOLDER)
+    hb = 0.5
+    async with local_cluster([DaemonSpec("holder", 0, 1, impl=f"{module}:Holder")], heartbeat_s=hb) as (ctl, _):
+        holder = await ctl.role("holder")
+        info = ctl.daemons("holder")[0]
+        for _ in range(3):
+            seen = info.last_seen
+            assert await wait_for(lambda: info.last_seen != seen, 5, interval_s=0.002)
+            await asyncio.sleep(0.8 * hb - (asyncio.get_running_loop().time() - info.last_seen))
+            assert await holder.hold_gil.call_one(0, 1.1 * hb) == 1.1 * hb
+        assert info.alive, info.gone_reason
