@@ -1,5 +1,5 @@
 """The custom flow printed in the README runs as printed: cut out of README.md, saved as a file,
-run with `hfrt controller --flow my_flow.py` on real daemons for two steps."""
+run with `hfrt controller --flow my_flow.py` on real daemons (two actor ranks) for two steps."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ def test_readme_flow_runs(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     out = subprocess.run(
         [sys.executable, "-m", "hfrt", "controller", "--flow", str(flow), "--run-dir", str(run_dir),
-         "--set", "steps=2", "--set", "n=2", "--set", "export_hf=false"],
+         "--set", "steps=2", "--set", "n=2", "--set", "export_hf=false",
+         # two actor ranks: the flow reduces the per-rank update metrics itself
+         "--set", "roles.actor.world_size=2", "--set", "roles.actor.options.engine.backend=fsdp2"],
         capture_output=True, text=True, timeout=220,
     )
     assert out.returncode == 0, out.stderr[-4000:]
@@ -44,6 +46,7 @@ def test_readme_flow_runs(tmp_path: Path) -> None:
     assert [r["step"] for r in records] == [0, 1]
     for r in records:
         assert "actor/kl_loss" in r and "advantages/mean" in r and r["timing/stage2_s"] > 0
+        assert r["actor/optimizer_steps"] == 1.0  # the group's count, not one per rank summed
     # the flow's own Config rejects what it does not know, before launch
     bad = subprocess.run(
         [sys.executable, "-m", "hfrt", "controller", "--flow", str(flow), "--run-dir", str(tmp_path / "bad"), "--set", "m=2"],
