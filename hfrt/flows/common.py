@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hfrt.loss_options import check_update_options
 from hfrt.protocols import BatchHandle
 
 C = TypeVar("C", bound="FlowConfig")
@@ -34,6 +35,10 @@ class FlowConfig:
     the built-in addition task, whose largest addend is max_operand.
     max_new_tokens / temperature: sampling. ppo_epochs / ppo_mini_batch_size: of both updates.
     entropy_coeff: the actor's entropy bonus (keeps a small policy exploring).
+    policy_loss_mode: the actor's policy loss (vanilla, gspo, cispo). tis_cap: truncated importance
+    sampling against the sampler's log-probs, weights capped at tis_cap (0: off).
+    actor_loss / critic_loss: more `update` options (hfrt.loss_options), merged last into every
+    actor / critic update call, e.g. `--set actor_loss.clip_ratio_c=10`; checked before launch.
     val_every: a greedy validation pass every N steps and after the last (0: none) over
     val_prompts prompts of val_data (default: data's first rows, or held-out addition prompts).
     checkpoint_every: a checkpoint every N steps and after the last (0: none).
@@ -53,6 +58,10 @@ class FlowConfig:
     ppo_epochs: int = 1
     ppo_mini_batch_size: int = 0
     entropy_coeff: float = 0.01
+    policy_loss_mode: str = "vanilla"
+    tis_cap: float = 0.0
+    actor_loss: dict[str, Any] = dataclasses.field(default_factory=dict)
+    critic_loss: dict[str, Any] = dataclasses.field(default_factory=dict)
     data: str = ""
     val_data: str = ""
     val_every: int = 0
@@ -75,6 +84,9 @@ class FlowConfig:
                 raise ValueError(f"config {name}={getattr(self, name)!r}: must not be negative")
         if self.temperature < 0:
             raise ValueError(f"config temperature={self.temperature!r}: must not be negative")
+        if self.tis_cap < 0:
+            raise ValueError(f"config tis_cap={self.tis_cap!r}: must not be negative (0: off)")
+        self.check_update_options()
         if self.progress not in ("auto", "on", "off"):
             raise ValueError(f"config progress={self.progress!r}: use auto, on or off")
         if self.wandb_project and importlib.util.find_spec("wandb") is None:
@@ -83,6 +95,39 @@ class FlowConfig:
             path = getattr(self, name)
             if path and not Path(path).is_file():
                 raise ValueError(f"config {name}={path!r}: no such file")
+
+    def actor_update_options(self) -> dict[str, Any]:
+        """Every actor.update option of this flow: the schedule, the entropy bonus, the policy
+        loss mode and TIS, then the flow's own (flow_actor_options), then the actor_loss table."""
+        base: dict[str, Any] = {
+            "ppo_epochs": self.ppo_epochs, "ppo_mini_batch_size": self.ppo_mini_batch_size,
+            "entropy_coeff": self.entropy_coeff, "policy_loss_mode": self.policy_loss_mode,
+        }
+        if self.tis_cap > 0:
+            base["tis_cap"] = self.tis_cap
+        return base | self.flow_actor_options() | dict(self.actor_loss)
+
+    def critic_update_options(self) -> dict[str, Any]:
+        """Every critic.update option: the schedule, the flow's own, then the critic_loss table."""
+        base = {"ppo_epochs": self.ppo_epochs, "ppo_mini_batch_size": self.ppo_mini_batch_size}
+        return base | self.flow_critic_options() | dict(self.critic_loss)
+
+    def flow_actor_options(self) -> dict[str, Any]:
+        """A flow's own actor.update options (its config subclass overrides this)."""
+        return {}
+
+    def flow_critic_options(self) -> dict[str, Any]:
+        """A flow's own critic.update options (its config subclass overrides this)."""
+        return {}
+
+    def check_update_options(self) -> None:
+        """Refuse, before launch, update options the actor or critic would refuse: an unknown
+        key or a bad value, with every accepted option listed."""
+        for role, options in (("actor", self.actor_update_options()), ("critic", self.critic_update_options())):
+            try:
+                check_update_options(role, options)
+            except ValueError as err:
+                raise ValueError(f"config: {err} (from the flow's settings or its {role}_loss table)") from None
 
     @classmethod
     def read(cls: type[C], config: Mapping[str, Any]) -> C:
@@ -94,13 +139,29 @@ class FlowConfig:
             raise ValueError(f"unknown config key(s) {unknown}; this flow reads {sorted(fields)}")
         values: dict[str, Any] = {}
         for key, raw in config.items():
-            kind = type(fields[key].default)
+            kind = _field_type(fields[key])
+            if kind is dict:
+                raw = _table(key, raw)
             if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
                 raw = float(raw)
             if not isinstance(raw, kind) or (kind is not bool and isinstance(raw, bool)):
                 raise ValueError(f"config {key}={raw!r}: expected {kind.__name__}")
             values[key] = raw
         return cls(**values)
+
+
+def _field_type(f: dataclasses.Field[Any]) -> type:
+    """The type a config field's values must have: its default's, or its default factory's."""
+    if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+        return type(f.default_factory())
+    return type(f.default)
+
+
+def _table(key: str, raw: Any) -> dict[str, Any]:
+    """A config table (a dict with string keys), copied."""
+    if not isinstance(raw, Mapping) or not all(isinstance(k, str) for k in raw):
+        raise ValueError(f"config {key}={raw!r}: expected a table of option = value (e.g. --set {key}.NAME=VALUE)")
+    return dict(raw)
 
 
 def prompts_handle(columns: Mapping[str, list[Any]]) -> BatchHandle:

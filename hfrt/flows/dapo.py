@@ -66,6 +66,10 @@ class DAPOConfig(GRPOConfig):
             if getattr(self, name) < 0:
                 raise ValueError(f"config {name}={getattr(self, name)!r}: must not be negative")
 
+    def flow_actor_options(self) -> dict[str, Any]:
+        """GRPO's, plus clip-higher."""
+        return super().flow_actor_options() | {"clip_ratio_low": self.clip_ratio_low, "clip_ratio_high": self.clip_ratio_high}
+
 
 Config = DAPOConfig
 
@@ -186,7 +190,7 @@ async def dapo_step(cfg: DAPOConfig, step: int, prompts: BatchHandle, more_promp
         rollout, scores, old, *ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std,
         overlong_buffer_len=cfg.overlong_buffer_len, overlong_penalty_factor=cfg.overlong_penalty_factor,
         max_response_len=cfg.max_new_tokens, **kw))
-    loss = actor_loss_options(cfg) | {"clip_ratio_low": cfg.clip_ratio_low, "clip_ratio_high": cfg.clip_ratio_high}
+    loss = actor_loss_options(cfg)  # with DAPO's clip-higher ratios (DAPOConfig.flow_actor_options)
     actor_ranks = await t.one("update", actor.update(rollout, old, *ref, adv, **loss, **kw))
     adv_m = dict(adv.meta["metrics"])
     metrics["dapo/overlong_penalty_mean"] = adv_m.pop("overlong/penalty_mean", 0.0)

@@ -33,6 +33,13 @@ class GRPOConfig(FlowConfig):
     kl_loss_type: str = "low_var_kl"
     loss_agg_mode: str = "token-mean"
 
+    def flow_actor_options(self) -> dict[str, Any]:
+        """KL as a loss term (no critic) and the loss aggregation."""
+        return {
+            "use_kl_loss": self.kl_loss_coef > 0, "kl_loss_coef": self.kl_loss_coef,
+            "kl_loss_type": self.kl_loss_type, "loss_agg_mode": self.loss_agg_mode,
+        }
+
 
 @dataclass(frozen=True)
 class GRPOFlowConfig(GRPOConfig):
@@ -77,9 +84,6 @@ async def grpo_step(cfg: GRPOConfig, step: int, prompts: BatchHandle, *, actor: 
 
 
 def actor_loss_options(cfg: GRPOConfig) -> dict[str, Any]:
-    """The actor update's loss options for GRPO-style flows (KL as a loss term, no critic)."""
-    return {
-        "use_kl_loss": cfg.kl_loss_coef > 0, "kl_loss_coef": cfg.kl_loss_coef, "kl_loss_type": cfg.kl_loss_type,
-        "loss_agg_mode": cfg.loss_agg_mode, "entropy_coeff": cfg.entropy_coeff,
-        "ppo_epochs": cfg.ppo_epochs, "ppo_mini_batch_size": cfg.ppo_mini_batch_size,
-    }
+    """The actor update's options for GRPO-style flows (KL as a loss term, no critic), with the
+    config's policy loss mode, TIS and actor_loss table (checked before launch)."""
+    return cfg.actor_update_options()

@@ -109,10 +109,9 @@ async def safe_rlhf_step(
         cost_column=COST_TOKENS, cost_coef=coef, use_kl_in_reward=cfg.kl_coef > 0, kl_coef=cfg.kl_coef,
         kl_ctrl=cfg.kl_ctrl, target_kl=cfg.target_kl, horizon=cfg.kl_horizon, **kw))
     # Stage 3: actor and critic training, at once
-    schedule = {"ppo_epochs": cfg.ppo_epochs, "ppo_mini_batch_size": cfg.ppo_mini_batch_size}
     critic_ranks, actor_ranks = await t.together(
-        "update", critic_update=critic.update(rollout, values, adv, cliprange_value=cfg.cliprange_value, **schedule, **kw),
-        actor_update=actor.update(rollout, old, adv, entropy_coeff=cfg.entropy_coeff, **schedule, **kw))
+        "update", critic_update=critic.update(rollout, values, adv, **cfg.critic_update_options(), **kw),
+        actor_update=actor.update(rollout, old, adv, **cfg.actor_update_options(), **kw))
     safe = {"safe/lambda": coef, "cost/mean": mean_cost, "cost/limit": cfg.cost_limit}
     return step_metrics(
         t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(critic_ranks), reduce_rank_metrics(actor_ranks), safe)

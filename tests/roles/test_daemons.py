@@ -224,7 +224,7 @@ async def test_errors_come_back_naming_the_role_and_the_daemon_keeps_serving(
     assert scored["score_error"][1] == "" and scored["score"][1] > 0  # ... and the good one is scored
     with pytest.raises(RemoteError, match=r"strict\[0\]\.score raised RewardFunctionError: role 'strict'.*raised on sample 0"):
         await strict.score(boom)
-    with pytest.raises(RemoteError, match=r"actor\[0\]\.update raised ValueError: actor.update: unknown field\(s\) \['clip_ratio'\]"):
+    with pytest.raises(RemoteError, match=r"actor\[0\]\.update raised ValueError: actor.update: unknown option\(s\) \['clip_ratio'\]; accepted: .*ppo_epochs"):
         await actor.update(rollout, clip_ratio=0.2)
     with pytest.raises(RemoteError, match=r"needs tensor column\(s\) \['advantages', 'old_log_probs'\]"):
         await actor.update(rollout)
