@@ -189,3 +189,32 @@ async def test_a_daemon_holding_the_gil_for_an_interval_is_not_declared_dead(tmp
             await asyncio.sleep(0.8 * hb - (asyncio.get_running_loop().time() - info.last_seen))
             assert await holder.hold_gil.call_one(0, 1.1 * hb) == 1.1 * hb
         assert info.alive, info.gone_reason
+
+
+BUSY = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@pytest.mark.slow
+async def test_under_cpu_load_live_daemons_stay_and_a_frozen_one_is_found() -> None:
+    """Four busy processes on top of three daemons and the controller (a 2-core machine runs at
+    load ~8 for 4 s): live daemons keep their place, the SIGSTOPped one is declared dead."""
+    hb = 0.5
+    async with local_cluster(echo_specs(3), heartbeat_s=hb) as (ctl, launcher):
+        echo = await ctl.role("echo")
+        frozen = launcher.processes["echo:2"].pid
+        busy = [subprocess.Popen([sys.executable, "-c", BUSY.format(seconds=4.0)]) for _ in range(4)]
+        try:
+            os.kill(frozen, signal.SIGSTOP)
+            end = time.monotonic() + 4.0
+            while time.monotonic() < end:
+                assert await asyncio.wait_for(echo.ping.call_one(0), 10) == "pong"
+                assert await asyncio.wait_for(echo.ping.call_one(1), 10) == "pong"
+                await asyncio.sleep(0.05)
+        finally:
+            os.kill(frozen, signal.SIGKILL)
+            for proc in busy:
+                proc.kill()
+                proc.wait()
+        states = {d.identity: (d.alive, d.gone_reason) for d in ctl.daemons("echo")}
+        assert states["echo:0"] == (True, "") and states["echo:1"] == (True, ""), states
+        assert not states["echo:2"][0] and "no heartbeat for" in states["echo:2"][1], states
