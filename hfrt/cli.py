@@ -14,7 +14,7 @@ from typing import Any
 
 BENCHES = {
     "latency": "hfrt.bench.latency", "transfer": "hfrt.bench.transfer", "transition": "hfrt.bench.transition",
-    "step": "hfrt.bench.step",
+    "step": "hfrt.bench.step", "memory": "hfrt.bench.memory",
 }
 
 

@@ -91,21 +91,24 @@ def with_run_dir(config: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return {**config, "run_dir": str(run_dir)}
 
 
-def start_trace(ctl: Controller, config: dict[str, Any]) -> CallTrace | None:
-    """Record every call of the run unless the flow's config says `trace = false`."""
-    return ctl.record_calls() if config.get("trace", True) else None
+def start_trace(ctl: Controller, config: dict[str, Any], run_dir: Path) -> CallTrace | None:
+    """Stream every call of the run to RUN_DIR/trace.json as it finishes (so the controller's
+    memory stays flat, and a killed run still leaves a loadable trace), unless the flow's config
+    says `trace = false`. A file that cannot be opened is logged and the run goes on untraced."""
+    if not config.get("trace", True):
+        return None
+    try:
+        return ctl.record_calls(path=run_dir / "trace.json")
+    except OSError as exc:
+        get_logger(part="run").warning("trace_not_written", path=str(run_dir / "trace.json"), error=str(exc))
+        return None
 
 
 def save_trace(trace: CallTrace | None, run_dir: Path) -> dict[str, str]:
-    """Write RUN_DIR/trace.json (also after a failed flow: that is when it helps most); a write
-    that fails is logged, never raised over the flow's own outcome."""
-    if trace is None:
-        return {}
-    try:
-        return {"trace": str(trace.write(run_dir / "trace.json"))}
-    except OSError as exc:
-        get_logger(part="run").warning("trace_not_written", path=str(run_dir / "trace.json"), error=str(exc))
-        return {}
+    """Finish RUN_DIR/trace.json (also after a failed flow: that is when it helps most); a write
+    that fails is logged (by the trace), never raised over the flow's own outcome."""
+    path = trace.close() if trace is not None else None
+    return {"trace": str(path)} if path is not None else {}
 
 
 async def run_flow(
@@ -138,7 +141,7 @@ async def run_flow(
             )
             await launcher.start(specs_for(roles or flow.roles), controller=ctl.address, key=key, on_exit=ctl.mark_gone)
         summary: dict[str, Any] = {}
-        trace = start_trace(ctl, config)
+        trace = start_trace(ctl, config, run_dir)
         try:
             summary = dict(await flow.run(ctl, with_run_dir(config, run_dir)) or {})
         finally:
@@ -195,7 +198,7 @@ async def run_on_cluster(
     key_file = write_key_file(run_dir / "cluster.key", key)
     orphan = max(cluster.daemons.orphan_timeout_s, 600.0) if keep_daemons else None
     async with ClusterSession(cluster, run_dir=run_dir, key=key, key_file=key_file, orphan_timeout_s=orphan) as session:
-        trace = start_trace(session.controller, config)
+        trace = start_trace(session.controller, config, run_dir)
         try:
             summary = dict(await flow.run(session.controller, with_run_dir(config, run_dir)) or {})
         finally:

@@ -145,7 +145,7 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_chrome_events_rows_names_and_statuses(tmp_path: Path) -> None:
-    from hfrt.trace import LANE_TID, CallTrace
+    from hfrt.trace import END_EVENT, LANE_TID, START_EVENT, CallTrace
 
     trace = CallTrace(max_spans=5)
     o = trace.origin
@@ -157,13 +157,13 @@ def test_chrome_events_rows_names_and_statuses(tmp_path: Path) -> None:
         ("actor:1", "update", 5, o + 5.0, o + 5.5, "ok"),  # the first row is free again
     ])
     trace.recorded = 7
-    data = json.loads(trace.write(tmp_path / "trace.json").read_text())
-    events = data["traceEvents"]
-    assert data["otherData"]["dropped"] == 2 and data["otherData"]["spans"] == 5
+    events = json.loads(trace.write(tmp_path / "trace.json").read_text())  # the JSON array format
+    assert events[0]["name"] == START_EVENT and events[0]["args"]["wall_clock_origin_s"] == trace.wall_origin
+    assert events[-1]["name"] == END_EVENT and events[-1]["args"] == {"spans": 5, "dropped": 2}
     procs = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert sorted(procs.values()) == ["actor", "critic"]
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
-    spans = {e["args"]["call_id"]: e for e in events if e["ph"] in ("X", "i")}
+    spans = {e["args"]["call_id"]: e for e in events if e["ph"] in ("X", "i") and e["name"] not in (START_EVENT, END_EVENT)}
     assert [(procs[spans[i]["pid"]], spans[i]["tid"]) for i in (1, 2, 3, 4, 5)] == [
         ("actor", 1), ("actor", 1 + LANE_TID), ("actor", 1), ("critic", 0), ("actor", 1)]
     assert threads[(spans[1]["pid"], 1)] == "rank 1" and threads[(spans[4]["pid"], 0)] == "rank 0"
@@ -199,6 +199,95 @@ async def test_controller_records_every_call_it_sends() -> None:
             assert settled - sent >= 0.2
 
 
+async def test_a_streamed_trace_holds_one_batch_in_memory_and_writes_every_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recording to a file keeps at most a batch of spans in the controller however many calls
+    it sends (its memory stays flat over a long run), and the file gets every call."""
+    import asyncio
+
+    from hfrt import trace as trace_module
+    from tests.support import echo_specs, local_cluster
+
+    monkeypatch.setattr(trace_module, "FLUSH_EVERY", 50)
+    async with local_cluster(echo_specs(2)) as (ctl, _):
+        echo = await ctl.role("echo")
+        trace = ctl.record_calls(path=tmp_path / "trace.json")
+        most = 0
+        for _ in range(20):
+            await asyncio.gather(*(echo.ping() for _ in range(25)))  # 50 calls (2 ranks)
+            most = max(most, len(trace.spans))
+        assert trace.close() == tmp_path / "trace.json"
+        recorded = trace.recorded  # the pings, plus the tensor plane's own calls sent without a reply
+    assert recorded >= 1000 and most <= 50 and len(trace.spans) == 0
+    events = json.loads((tmp_path / "trace.json").read_text())
+    calls = [e for e in events if e["ph"] == "X"]
+    assert len(calls) == 1000 and {e["name"] for e in calls} == {"ping"}
+    assert len({e["args"]["call_id"] for e in calls}) == 1000
+    sent = [e for e in events if e["ph"] == "i" and e["args"].get("status") == "sent"]
+    assert len(calls) + len(sent) == recorded
+    assert events[-1]["name"] == trace_module.END_EVENT and events[-1]["args"] == {"spans": recorded, "dropped": 0}
+
+
+def test_a_trace_cut_short_still_reads(tmp_path: Path) -> None:
+    """No closing bracket and a half-written last event, as a kill mid-write leaves it."""
+    from hfrt.trace import START_EVENT, CallTrace, read_events
+
+    trace = CallTrace(path=tmp_path / "trace.json")
+    for call_id in range(1, 4):
+        trace.add("actor:0", "generate", call_id, trace.origin + call_id, "ok")
+    trace.flush()  # what a kill -9 leaves: no close()
+    text = (tmp_path / "trace.json").read_text()
+    (tmp_path / "cut.json").write_text(text + ',\n{"ph":"X","name":"upd')
+    for name in ("trace.json", "cut.json"):
+        events = read_events(tmp_path / name)
+        assert events[0]["name"] == START_EVENT
+        assert [e["args"]["call_id"] for e in events if e["ph"] == "X"] == [1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_killed_controller_leaves_a_loadable_trace(tmp_path: Path) -> None:
+    """RUN_DIR/trace.json grows while the run goes on; kill -9 of the controller leaves what was
+    written loadable (the JSON array format, no closing bracket needed)."""
+    import os
+    import secrets
+    import signal
+    import time
+
+    from hfrt.trace import END_EVENT, START_EVENT, read_events
+    from tests.deploy.conftest import daemon_pids
+
+    marker = f"trace-kill-{secrets.token_hex(4)}"
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "hfrt", "controller", "--flow", "ping", "--run-dir", str(run_dir),
+            "--set", "rounds=10000000", "--set", f"roles.echo.options.marker={marker}"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and _x_events(run_dir / "trace.json") < 100:
+            time.sleep(0.2)
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in daemon_pids(marker):
+            os.kill(pid, signal.SIGKILL)
+    events = read_events(run_dir / "trace.json")
+    assert events[0]["name"] == START_EVENT and all(e["name"] != END_EVENT for e in events)
+    pings = [e for e in events if e["ph"] == "X" and e["name"] == "ping"]
+    assert len(pings) >= 100 and all(e["args"]["status"] == "ok" for e in pings)
+
+
+def _x_events(path: Path) -> int:
+    try:
+        return path.read_text().count('"ph":"X"')
+    except OSError:
+        return 0
+
+
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real two-step PPO run, shared by the tests that read what it wrote."""
@@ -214,7 +303,7 @@ def ppo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_ppo_run_trace_has_every_stage_and_stage2_overlaps(ppo_run: Path) -> None:
-    events = json.loads((ppo_run / "trace.json").read_text())["traceEvents"]
+    events = json.loads((ppo_run / "trace.json").read_text())  # complete: closing bracket and all
     roles = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     spans: dict[str, list[dict[str, Any]]] = {}
     for e in events:
