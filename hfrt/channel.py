@@ -4,7 +4,9 @@ zmq.asyncio wraps every send and receive in futures; here the loop's reader call
 socket directly and hands each message to one function. Sends are queued per peer and flushed
 once per loop turn: several messages for one peer leave as one multipart ZeroMQ message
 `[b"", m1, m2, ...]` (a real message's first frame is never empty), so a burst of calls costs one
-wake-up of ZeroMQ's I/O thread instead of one each. ZeroMQ's FD is edge-triggered, so after
+wake-up of ZeroMQ's I/O thread instead of one each. A batch obeys the message limits as a whole
+(frames, the empty one included, and bytes: protocols/README.md); one that breaks them on receipt
+is dropped whole and reported to `on_dropped`. ZeroMQ's FD is edge-triggered, so after
 every send we look at ZMQ_EVENTS and drain if input is waiting. Frames go through pyzmq's
 compiled backend with plain int flags (pyzmq's Python layer builds enum flags per frame and
 costs ~5x more per message). It knows nothing of what the frames mean. Not thread-safe: only the
@@ -20,10 +22,10 @@ from typing import Any
 
 import zmq
 
+from hfrt.protocols import Limits
+
 #: Messages handled per reader callback before yielding to other callbacks (fairness).
 DRAIN_BATCH = 256
-#: Most messages coalesced into one ZeroMQ message.
-SEND_BATCH = 256
 #: First frame of a coalesced batch.
 BATCH_MARK = b""
 
@@ -82,8 +84,11 @@ class Channel:
         loop: asyncio.AbstractEventLoop | None = None,
         *,
         routed: bool = False,
+        limits: Limits | None = None,
     ) -> None:
         self.socket = socket
+        self._limits = limits or Limits()
+        self._max_batch = self._limits.max_frames - 1  # the empty first frame counts
         self._on_message = on_message
         self._loop = loop or asyncio.get_running_loop()
         self._routed = routed
@@ -146,20 +151,41 @@ class Channel:
         outbox, self._outbox = self._outbox, {}
         for peer, messages in outbox.items():
             prefix = [peer] if self._routed else []
-            for start in range(0, len(messages), SEND_BATCH):
-                chunk = messages[start : start + SEND_BATCH]
-                if len(chunk) == 1:
-                    self._emit(prefix + chunk[0])
-                elif all(len(m) == 1 for m in chunk):
-                    self._emit(prefix + [BATCH_MARK] + [m[0] for m in chunk])
-                else:
-                    for m in chunk:
-                        self._emit(prefix + m)
+            if len(messages) == 1:
+                self._emit(prefix + messages[0])
+            else:
+                self._emit_batches(prefix, messages)
         if readable(self.socket):
             self._schedule_drain()
 
+    def _emit_batches(self, prefix: list[bytes], messages: list[list[Any]]) -> None:
+        """Send `messages` in order, one-frame ones coalesced into batches within the limits."""
+        chunk: list[Any] = []
+        size = 0
+        for message in messages:
+            if len(message) != 1:  # out-of-band buffers: never batched
+                self._emit_chunk(prefix, chunk)
+                chunk, size = [], 0
+                self._emit(prefix + message)
+                continue
+            nbytes = len(message[0])
+            if chunk and (len(chunk) == self._max_batch or size + nbytes > self._limits.max_message_bytes):
+                self._emit_chunk(prefix, chunk)
+                chunk, size = [], 0
+            chunk.append(message[0])
+            size += nbytes
+        self._emit_chunk(prefix, chunk)
+
+    def _emit_chunk(self, prefix: list[bytes], chunk: list[Any]) -> None:
+        if len(chunk) == 1:
+            self._emit(prefix + chunk)
+        elif chunk:
+            self._emit(prefix + [BATCH_MARK] + chunk)
+
     #: Called with (peer, error) when ZeroMQ refuses to route to a peer; set by the owner.
     on_unroutable: Callable[[bytes, zmq.ZMQError], None] | None = None
+    #: Called with (peer, reason) when a received batch breaks the limits and is dropped whole.
+    on_dropped: Callable[[bytes, str], None] | None = None
 
     def _emit(self, frames: list[Any]) -> None:
         if self._backlog:
@@ -218,6 +244,11 @@ class Channel:
         head = 1 if self._routed else 0
         if len(frames) > head + 1 and frames[head] == BATCH_MARK:
             prefix, messages = frames[:head], frames[head + 1 :]
+            problem = self._limits.check([len(f) for f in frames[head:]])
+            if problem is not None:
+                if self.on_dropped is not None:
+                    self.on_dropped(prefix[0] if prefix else b"", f"batch of {len(messages)} messages: {problem}")
+                return
             try:
                 for i, frame in enumerate(messages):
                     self._batch_left = len(messages) - i - 1

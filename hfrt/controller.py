@@ -166,8 +166,9 @@ class Controller(TensorPlaneControl):
         sock.bind(self.requested_address)
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._handles = HandleTracker(self._loop, self._free_keys)
-        self._channel = Channel(sock, self._on_frames, self._loop, routed=True)
+        self._channel = Channel(sock, self._on_frames, self._loop, routed=True, limits=self._limits)
         self._channel.on_unroutable = self._on_unroutable
+        self._channel.on_dropped = self._on_dropped
         self._watcher = self._loop.create_task(self._watch_liveness(), name="hfrt-liveness")
         self._log.info("controller_listening", address=self.address)
         return self
@@ -354,14 +355,17 @@ class Controller(TensorPlaneControl):
         try:
             msg = self._wire.unpack(frames[1:])
         except WireError as exc:
-            self._stats["dropped_frames"] += 1
-            self._log.warning("dropped_frame", peer=ident.decode("utf-8", "replace"), reason=str(exc), error=type(exc).__name__)
+            self._on_dropped(ident, str(exc), type(exc).__name__)
             return
         try:
             self._dispatch_message(ident, msg)
         except Exception as exc:  # one bad message must not stop the controller's reader
             self._log.error("message_failed", peer=ident.decode("utf-8", "replace"), kind=msg.NAME,
                             error=f"{type(exc).__name__}: {exc}")
+
+    def _on_dropped(self, ident: bytes, reason: str, error: str = "FrameTooLarge") -> None:
+        self._stats["dropped_frames"] += 1
+        self._log.warning("dropped_frame", peer=ident.decode("utf-8", "replace"), reason=reason, error=error)
 
     def _dispatch_message(self, ident: bytes, msg: Message) -> None:
         kind = type(msg)

@@ -168,7 +168,8 @@ class DaemonServer(TensorPlaneServing):
         except Exception as exc:
             self._log.error("setup_failed", error=f"{type(exc).__name__}: {exc}")
             return f"setup failed: {type(exc).__name__}: {exc}", EXIT_SETUP_FAILED
-        self._channel = Channel(sock, self._on_frames, self._loop)
+        self._channel = Channel(sock, self._on_frames, self._loop, limits=self.config.limits)
+        self._channel.on_dropped = self._on_dropped_batch
         self._send_hello()
         self._log.info("daemon_ready", controller=self.config.controller, endpoints=sorted(self._table))
         reason, code, self._grace_s = await self._stopped
@@ -245,6 +246,9 @@ class DaemonServer(TensorPlaneServing):
             self._log.error("message_failed", kind=msg.NAME, error=f"{type(exc).__name__}: {exc}")
             if isinstance(msg, Call):
                 self._reply_error(msg, "InternalError", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+    def _on_dropped_batch(self, peer: bytes, reason: str) -> None:
+        self._log.warning("dropped_frame", reason=reason, error="FrameTooLarge")
 
     def _dispatch_message(self, msg: Message) -> None:
         kind = type(msg)

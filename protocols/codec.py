@@ -16,6 +16,25 @@ import msgpack
 
 #: Ext code of an out-of-band buffer reference; its payload is the buffer's frame index.
 EXT_OOB = 0
+#: Byte pairs every msgpack timestamp (ext -1) contains: fixext 4/8 marker, or an ext length of
+#: 4, 8 or 12 followed by the type byte. msgpack decodes ext -1 itself, without our ext hook, so
+#: a body holding one of these is searched for Timestamp values (rare: most bodies hold none).
+_TIMESTAMP_MARKS = (b"\xd6\xff", b"\xd7\xff", b"\x04\xff", b"\x08\xff", b"\x0c\xff")
+
+
+def _refuse_timestamps(value: Any) -> None:
+    """Raise ValueError if `value` holds a msgpack Timestamp (ext -1 is not an hfrt type)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is list or kind is tuple:
+            stack.extend(item)
+        elif kind is dict:
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif kind is msgpack.Timestamp:
+            raise ValueError("unknown ext type -1 (msgpack timestamp is not an hfrt value)")
 
 
 class Record(Protocol):
@@ -126,6 +145,13 @@ class Codec:
             self._packer.reset()
             self._buffers = []
             raise
+        if any(mark in body for mark in _TIMESTAMP_MARKS):
+            try:
+                _refuse_timestamps(value)
+            except ValueError:
+                self._buffers = []
+                raise TypeError("hfrt cannot send a value of type msgpack.ext.Timestamp: send msgpack types, "
+                                "registered records, or tensors by handle") from None
         if not self._buffers:
             return body, []
         buffers, self._buffers = self._buffers, []
@@ -135,7 +161,10 @@ class Codec:
         """Decode a body, resolving out-of-band references against `buffers`."""
         self._frames = buffers or []
         self.records_seen = 0
-        return self._unpack(body)
+        value = self._unpack(body)
+        if any(mark in body for mark in _TIMESTAMP_MARKS):
+            _refuse_timestamps(value)
+        return value
 
     def _ext_hook(self, code: int, data: bytes) -> Any:
         if code == EXT_OOB:
@@ -148,6 +177,7 @@ class Codec:
             raise ValueError(f"unknown ext type {code}")
         self.records_seen += 1
         values = msgpack.unpackb(data, use_list=True, raw=False, strict_map_key=False)
+        _refuse_timestamps(values)
         if not isinstance(values, list):
             raise ValueError(f"ext type {code} ({cls.__name__}) payload is not a list")
         return cls.from_wire(values)

@@ -44,6 +44,8 @@ class Message:
     NAME: ClassVar[str] = "message"
     TYPES: ClassVar[tuple[_Types, ...]] = ()
     FIELD_NAMES: ClassVar[tuple[str, ...]] = ()
+    #: indexes of the float fields (an int received there is converted to float)
+    FLOATS: ClassVar[tuple[int, ...]] = ()
 
     def to_wire(self) -> list[Any]:
         return [self.KIND, *[getattr(self, n) for n in self.FIELD_NAMES]]
@@ -61,6 +63,9 @@ class Message:
         for value, types in zip(values, cls.TYPES, strict=True):
             if type(value) not in types and types is not _ANY:
                 cls._raise_type(values)
+        for i in cls.FLOATS:  # a float field may arrive as a msgpack int (protocols/README.md)
+            if type(values[i]) is int:
+                values[i] = float(values[i])
         return cls(*values)
 
     @classmethod
@@ -80,6 +85,7 @@ def _record(kind: int, name: str, *types: _Types):  # type: ignore[no-untyped-de
         cls.FIELD_NAMES = tuple(f.name for f in fields(cls))
         assert len(cls.FIELD_NAMES) == len(types), f"{name}: types do not match fields"
         cls.TYPES = types
+        cls.FLOATS = tuple(i for i, t in enumerate(types) if t is _NUM)
         return cls
 
     return wrap
@@ -87,7 +93,7 @@ def _record(kind: int, name: str, *types: _Types):  # type: ignore[no-untyped-de
 
 _ANY: _Types = frozenset({object})
 _INT: _Types = frozenset({int})
-_NUM: _Types = frozenset({int, float})
+_NUM: _Types = frozenset({int, float})  # a float field; an int is accepted and made a float
 _STR: _Types = frozenset({str})
 _BOOL: _Types = frozenset({bool})
 _LIST: _Types = frozenset({list})

@@ -126,3 +126,46 @@ def test_wrong_fields_are_refused_with_the_field_named(fields: object, problem: 
     body = msgpack.packb(fields)
     with pytest.raises(UnknownKind, match=problem):
         wire.unpack([wire.signer.sign([body]) + body])
+
+
+def _signed(wire: Wire, fields: object) -> list[bytes]:
+    body = msgpack.packb(fields)
+    return [wire.signer.sign([body]) + body]
+
+
+@pytest.mark.parametrize(
+    "fields, field, value",
+    [([2, 1, "s", 2], "heartbeat_s", 2.0), ([4, 1, None, 0], "elapsed_s", 0.0), ([7, "s", 1, 5], "sent_at", 5.0),
+     ([8, "why", 3], "grace_s", 3.0)],
+)
+def test_a_float_field_accepts_an_int_and_makes_it_a_float(fields: list[object], field: str, value: float) -> None:
+    """protocols/README.md: float fields accept a msgpack int (other writers encode 2.0 as 2)."""
+    wire = Wire(new_key())
+    got = getattr(wire.unpack(_signed(wire, fields)), field)
+    assert got == value and type(got) is float
+
+
+@pytest.mark.parametrize("fields", [[2, 1, "s", True], [4, 1, None, "0"], [8, "why", None]])
+def test_a_float_field_refuses_bools_and_other_types(fields: list[object]) -> None:
+    wire = Wire(new_key())
+    with pytest.raises(UnknownKind, match=r"expected float\|int, got"):
+        wire.unpack(_signed(wire, fields))
+
+
+@pytest.mark.parametrize(
+    "timestamp", [msgpack.Timestamp(1, 0), msgpack.Timestamp(2**33, 5), msgpack.Timestamp(-1, 999)], ids=["32", "64", "96"]
+)
+def test_msgpack_timestamps_are_refused_both_ways(timestamp: msgpack.Timestamp) -> None:
+    """ext -1 is msgpack's own timestamp, decoded by msgpack without the codec's ext hook."""
+    wire = Wire(new_key())
+    for fields in ([4, 1, timestamp, 0.0], [4, 1, {"at": [timestamp]}, 0.0], [3, 1, "x", [], {timestamp.seconds: timestamp}, True]):
+        with pytest.raises(Undecodable, match="unknown ext type -1"):
+            wire.unpack(_signed(wire, fields))
+    with pytest.raises(TypeError, match="cannot send a value of type msgpack.ext.Timestamp"):
+        wire.pack(Reply(1, [(timestamp,)], 0.0))
+
+
+def test_bytes_that_look_like_a_timestamp_marker_are_plain_values() -> None:
+    value = [b"\xd6\xff\xd7\xff\x0c\xff", -1, 255, "\u00ff", {"k": b"\x04\xff\x08\xff"}]
+    wire = Wire(new_key())
+    assert wire.unpack(wire.pack(Reply(1, value, 0.0))).value == value

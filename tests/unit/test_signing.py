@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
+import zmq
+
+from hfrt.channel import Channel
 
 from hfrt.protocols import (
     BadSignature,
@@ -122,3 +127,72 @@ def test_data_plane_wire_signs_body_and_buffer_lengths_but_not_bytes() -> None:
         plane.unpack([frames[0][:-1] + bytes([frames[0][-1] ^ 1]), frames[1]])  # and the body is
     with pytest.raises(BadSignature):
         Wire(key).unpack(frames)  # the command plane always signs buffer bytes
+
+
+class _Pair:
+    """A Channel on a ROUTER and a raw DEALER peer connected to it (real sockets)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        router = self.ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        self.got: list[list[bytes]] = []
+        self.dropped: list[tuple[bytes, str]] = []
+        self.channel = Channel(router, self.got.append, routed=True, limits=limits)
+        self.channel.on_dropped = lambda peer, why: self.dropped.append((peer, why))
+        self.peer = self.ctx.socket(zmq.DEALER)
+        self.peer.setsockopt(zmq.LINGER, 0)
+        self.peer.setsockopt(zmq.ROUTING_ID, b"peer")
+        self.peer.connect(f"tcp://127.0.0.1:{port}")
+
+    async def settle(self, until: Any) -> None:
+        for _ in range(200):
+            if until():
+                return
+            await asyncio.sleep(0.01)
+
+    def close(self) -> None:
+        self.channel.close()
+        self.peer.close(0)
+        self.ctx.term()
+
+
+async def test_a_received_batch_obeys_the_message_limits_as_a_whole() -> None:
+    limits = Limits(max_frame_bytes=1024, max_message_bytes=2048, max_frames=4)
+    pair = _Pair(limits)
+    try:
+        pair.peer.send_multipart([b"", b"a", b"b", b"c", b"d"])  # 5 frames > max_frames 4
+        pair.peer.send_multipart([b"", b"a" * 1000, b"b" * 1000, b"c" * 100])  # 2100 bytes > 2048
+        pair.peer.send_multipart([b"", b"a" * 1025, b"b"])  # a frame > max_frame_bytes
+        pair.peer.send_multipart([b"", b"x", b"y", b"z"])  # within the limits: delivered
+        await pair.settle(lambda: len(pair.dropped) == 3 and len(pair.got) == 3)
+        assert [why.split(": ", 1)[1] for _, why in pair.dropped] == [
+            "5 frames > max_frames 4", "message of 2100 bytes > max_message_bytes 2048",
+            "frame of 1025 bytes > max_frame_bytes 1024",
+        ]
+        assert {peer for peer, _ in pair.dropped} == {b"peer"}
+        assert pair.got == [[b"peer", b"x"], [b"peer", b"y"], [b"peer", b"z"]]
+    finally:
+        pair.close()
+
+
+async def test_a_sent_batch_is_split_to_fit_the_limits() -> None:
+    limits = Limits(max_frame_bytes=1024, max_message_bytes=2048, max_frames=4)
+    pair = _Pair(limits)
+    try:
+        messages = [[bytes([i]) * (600 if i % 5 == 0 else 10)] for i in range(40)]
+        pair.peer.send(b"hello")  # the ROUTER learns the peer's routing id
+        await pair.settle(lambda: pair.got)
+        for message in messages:  # queued in one loop turn: they leave batched
+            pair.channel.send(message, b"peer")
+        pair.channel.flush()
+        received: list[bytes] = []
+        while len(received) < len(messages):
+            assert pair.peer.poll(5000)
+            frames = pair.peer.recv_multipart()
+            assert limits.check([len(f) for f in frames]) is None, [len(f) for f in frames]
+            received.extend(frames[1:] if frames[0] == b"" else frames)
+        assert received == [m[0] for m in messages]
+    finally:
+        pair.close()
