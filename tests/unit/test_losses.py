@@ -77,7 +77,7 @@ def test_token_mean_of_a_batch_without_tokens_is_zero() -> None:
 
 
 class _RecordingEngine:
-    """Stands in for a TrainEngine: records the LossScale run_updates builds for each step."""
+    """Stands in for a TrainEngine (pure logic: no model); make_loss records each step's LossScale."""
 
     dp_size = 1
 
