@@ -1,12 +1,18 @@
-"""reduce_rank_metrics: one metrics dict from the per-rank dicts of a split endpoint (`update`)."""
+"""reduce_rank_metrics: one metrics dict from the per-rank dicts of a split endpoint (`update`), and
+the flows' steps using it (on fake two-rank roles: pure controller logic)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+from typing import Any
 
 import pytest
 
 from hfrt.flows.common import reduce_rank_metrics
+from hfrt.flows.grpo import GRPOConfig, grpo_step
+from hfrt.flows.ppo import PPOConfig, ppo_step
+from hfrt.protocols import BatchHandle
 
 
 def rank(loss: float, seconds: float, rss_mb: float) -> dict[str, float]:
@@ -52,3 +58,41 @@ def test_keys_that_differ_between_ranks_are_named() -> None:
 def test_no_ranks_is_an_error() -> None:
     with pytest.raises(ValueError, match="no per-rank metrics"):
         reduce_rank_metrics([])
+
+
+class FakeRole:
+    """A role group whose endpoints answer at once with canned results (what two ranks return)."""
+
+    def __init__(self, **results: Any) -> None:
+        self.results = results
+
+    def __getattr__(self, name: str) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return self.results[name]
+
+        return call
+
+
+def two_ranks(prefix: str) -> list[dict[str, float]]:
+    return [{f"{prefix}/loss": 0.5, f"{prefix}/optimizer_steps": 1.0, f"timing/update_{prefix}_s": s} for s in (0.2, 0.3)]
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo"])
+def test_a_flow_step_reduces_two_ranks_of_update_metrics(name: str) -> None:
+    """What crashed with two actor ranks (`[actor_m] = await actor.update(...)` unpacked two
+    dicts), on fake roles: the step's record holds the group's metrics, reduced once."""
+    rollout = BatchHandle.inline({"prompt": ["1+1=", "2+0="]}, {"response_tokens": 4.0})
+    handle = BatchHandle.inline({})
+    actor = FakeRole(generate=rollout, compute_log_prob=handle, update=two_ranks("actor"),
+                     compute_advantages=BatchHandle.inline({}, {"metrics": {"advantages/mean": 0.0}}))
+    roles = {"actor": actor, "reference": FakeRole(compute_log_prob=handle),
+             "reward": FakeRole(score=BatchHandle.inline({"score": [1.0, 0.0]}))}
+    if name == "ppo":
+        roles["critic"] = FakeRole(compute_values=handle, update=two_ranks("critic"))
+        record = asyncio.run(ppo_step(PPOConfig(), 0, handle, **roles))
+    else:
+        record = asyncio.run(grpo_step(GRPOConfig(), 0, handle, **roles))
+    assert record["actor/optimizer_steps"] == 1.0 and record["actor/loss"] == 0.5
+    assert record["timing/update_actor_s"] == 0.3 and record["reward/mean"] == 0.5
+    if name == "ppo":
+        assert record["critic/optimizer_steps"] == 1.0 and record["timing/update_critic_s"] == 0.3
