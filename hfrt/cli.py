@@ -34,22 +34,47 @@ def _parse_roles(items: list[str]) -> dict[str, dict[str, Any]] | None:
 def _controller(args: argparse.Namespace) -> int:
     from hfrt import log
     from hfrt.flows import load_flow
-    from hfrt.loop import run
-    from hfrt.run import Attach, run_flow
+    from hfrt.run import Attach, RunDirBusy, RunDirLock
 
     log.configure(args.log_level, args.log_format)
     try:
         flow = load_flow(args.flow)
         run_dir, config, roles = _run_config(args, flow)
         attach = Attach.read(args.attach) if args.attach else None
+        if attach is not None:
+            _check_attach_roles(flow, attach, args.attach)
     except ValueError as exc:  # ConfigError included: all before any daemon starts
         print(f"hfrt controller: {exc}", file=sys.stderr)
         return 2
-    if args.cluster:
-        return _controller_on_cluster(args, flow, run_dir, config)
+    try:
+        lock = RunDirLock(run_dir).acquire()  # held until this process exits
+    except RunDirBusy as exc:
+        print(f"hfrt controller: {'--resume: that run is still going: ' if args.resume else ''}{exc}", file=sys.stderr)
+        return 2
+    with lock:
+        roles = _parse_roles(args.role) or roles
+        try:
+            if args.resume:
+                _check_resume(flow, run_dir, config, set(attach.roles) if attach is not None else set(roles))
+            _write_config(run_dir, config, roles)
+        except ValueError as exc:
+            print(f"hfrt controller: {exc}", file=sys.stderr)
+            return 2
+        if args.cluster:
+            return _controller_on_cluster(args, flow, run_dir, config)
+        return _controller_local(args, flow, run_dir, config, roles, attach)
+
+
+def _controller_local(
+    args: argparse.Namespace, flow: Any, run_dir: Path, config: dict[str, Any], roles: dict[str, dict[str, Any]],
+    attach: Any,
+) -> int:
+    from hfrt.loop import run
+    from hfrt.run import run_flow
+
     summary = run(
         run_flow(
-            flow, run_dir=run_dir, config=config, roles=_parse_roles(args.role) or roles,
+            flow, run_dir=run_dir, config=config, roles=roles,
             attach=attach, keep_daemons=args.keep_daemons, heartbeat_s=args.heartbeat,
             orphan_timeout_s=args.orphan_timeout,
         )
@@ -63,7 +88,7 @@ def _controller(args: argparse.Namespace) -> int:
 
 def _run_config(args: argparse.Namespace, flow: Any) -> tuple[Path, dict[str, Any], dict[str, dict[str, Any]]]:
     """The run folder, the flow's settings and its roles: a resumed run's saved config.json, then
-    --config, then --set; checked by the flow's Config and written to RUN_DIR/config.json."""
+    --config, then --set; checked by the flow's Config (nothing is written yet)."""
     from hfrt import runconfig
 
     base = None
@@ -76,15 +101,54 @@ def _run_config(args: argparse.Namespace, flow: Any) -> tuple[Path, dict[str, An
     else:
         run_dir = Path(args.run_dir or Path("runs") / time.strftime(f"{Path(args.flow).stem}-%Y%m%d-%H%M%S"))
     rc = runconfig.build(flow.roles, file=args.config, sets=args.set, base=base)
-    if rc.roles != flow.roles and not args.attach:  # the built-in tables are checked by the test suite
+    if args.attach:
+        runconfig.refuse_role_overrides(rc.roles, runconfig.build(flow.roles, base=base).roles, args.role)
+    elif rc.roles != flow.roles:  # the built-in tables are checked by the test suite
         runconfig.check_role_options(rc.roles)
     config = dict(rc.flow)
     if args.resume:
         config["resume"] = True
     flow.check({**config, "run_dir": str(run_dir)})
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(runconfig.RunConfig({k: v for k, v in config.items() if k != "resume"}, rc.roles).to_json())
     return run_dir, config, rc.roles
+
+
+def _write_config(run_dir: Path, config: dict[str, Any], roles: dict[str, dict[str, Any]]) -> None:
+    """RUN_DIR/config.json: the settings and roles this run uses, what `--resume` starts from."""
+    from hfrt import runconfig
+
+    saved = runconfig.RunConfig({k: v for k, v in config.items() if k != "resume"}, roles)
+    (run_dir / "config.json").write_text(saved.to_json())
+
+
+def _check_attach_roles(flow: Any, attach: Any, path: str) -> None:
+    """Refuse at once a flow that needs a role the attached daemons do not have (waiting for
+    it to say hello would only time out)."""
+    missing = sorted(set(flow.roles) - set(attach.roles))
+    if missing:
+        raise ValueError(
+            f"--attach {path}: flow {flow.name!r} needs role(s) {missing}, which these daemons do not have "
+            f"(attach.json has {sorted(attach.roles)}); start daemons for this flow with --keep-daemons or hfrt launch"
+        )
+
+
+def _check_resume(flow: Any, run_dir: Path, config: dict[str, Any], roles: set[str]) -> None:
+    """Find the checkpoint a resume will load before any daemon starts (the Trainer picks the same
+    one): refuse when the run's checkpoints are all damaged or hold a role this run lacks, warn when
+    a damaged newer one is passed over."""
+    from hfrt.flows.checkpoint import resumable_checkpoint
+
+    steps = config.get("steps", getattr(flow.config_cls, "steps", None))
+    found = resumable_checkpoint(run_dir, max_step=steps if isinstance(steps, int) else None)
+    ckpt = found.checkpoint
+    if ckpt is None:
+        return
+    extra = sorted(set(ckpt.state["roles"]) - roles)
+    if extra:
+        raise ValueError(f"--resume {run_dir}: checkpoint {ckpt.path} holds role(s) {extra} that this run does not have")
+    for problem in found.damaged:
+        print(f"hfrt controller: warning: {problem}; passed over", file=sys.stderr)
+    if found.damaged:
+        print(f"hfrt controller: warning: resuming from {ckpt.path} (step {ckpt.step}), the newest whole checkpoint", file=sys.stderr)
 
 
 def _controller_on_cluster(args: argparse.Namespace, flow: Any, run_dir: Path, config: dict[str, Any]) -> int:
@@ -118,15 +182,16 @@ def _launch(args: argparse.Namespace) -> int:
     from hfrt import log
     from hfrt.deploy import LaunchError, SpecError, load_spec
     from hfrt.loop import run
-    from hfrt.run import launch_cluster
+    from hfrt.run import RunDirBusy, RunDirLock, launch_cluster
 
     log.configure(args.log_level, "console")
     _sigterm_as_sigint()
     try:
         cluster = load_spec(args.spec)
         run_dir = Path(args.run_dir or Path("runs") / time.strftime(f"launch-{cluster.name}-%Y%m%d-%H%M%S"))
-        attach = run(launch_cluster(cluster, run_dir=run_dir, orphan_timeout_s=args.orphan_timeout))
-    except SpecError as exc:
+        with RunDirLock(run_dir):  # while launching: a controller may use the folder once we are done
+            attach = run(launch_cluster(cluster, run_dir=run_dir, orphan_timeout_s=args.orphan_timeout))
+    except (SpecError, RunDirBusy) as exc:
         print(f"hfrt launch: {exc}", file=sys.stderr)
         return 2
     except LaunchError as exc:

@@ -10,7 +10,9 @@ Cluster runs (`--cluster SPEC`, `hfrt launch`) go through hfrt.deploy.cluster.Cl
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +64,49 @@ class Attach:
         p = Path(path)
         p.write_text(json.dumps(self.__dict__, indent=2) + "\n")
         return p
+
+
+class RunDirBusy(ValueError):
+    """Another live process holds the run folder's lock."""
+
+
+class RunDirLock:
+    """An exclusive lock on a run folder (flock on RUN_DIR/.lock, which holds the holder's pid),
+    held for the life of a run so two processes never write one folder at once. The OS drops
+    it when the holder exits, however it exits (kill -9 included): no stale lock survives."""
+
+    FILE = ".lock"
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / self.FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> RunDirLock:
+        """Take the lock (creating the folder) or raise RunDirBusy naming the holder's pid."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirBusy(f"run folder {self.path.parent} is in use by another hfrt process (pid {holder}, "
+                             f"holding {self.path}); wait for it to end or use another folder") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    def __enter__(self) -> RunDirLock:
+        return self if self._fd is not None else self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def free_tcp_address(host: str = "127.0.0.1") -> str:

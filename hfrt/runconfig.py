@@ -140,6 +140,21 @@ def _check_role(name: str, settings: Mapping[str, Any]) -> None:
         raise ConfigError(f"roles.{name}.options must be a table")
 
 
+def refuse_role_overrides(
+    roles: Mapping[str, Mapping[str, Any]], without: Mapping[str, Mapping[str, Any]], role_flags: list[str]
+) -> None:
+    """Raise ConfigError when a run attached to running daemons (`--attach`) is given role
+    settings (`roles` differs from `without`, the roles before --config/--set; or --role): the
+    daemons were started with their own, and a setting that cannot apply must not be recorded."""
+    changed = sorted(name for name in set(roles) | set(without) if roles.get(name) != without.get(name))
+    given = [f"roles.{name} (--config/--set)" for name in changed] + [f"--role {item}" for item in role_flags]
+    if given:
+        raise ConfigError(
+            f"--attach runs on daemons already started with their own role settings, so {', '.join(given)} "
+            "cannot apply; drop them, or run without --attach to launch daemons with them"
+        )
+
+
 def check_role_options(roles: Mapping[str, Mapping[str, Any]], timeout_s: float = 120.0) -> None:
     """Have every role's implementation check its options (hfrt.roles.check, in a child process
     so this one never imports torch); raise ConfigError listing every problem."""

@@ -11,6 +11,10 @@ RNG state: the controller's only generator is the data source's, saved as its po
 built-in flows give every rollout an explicit seed derived from (seed, step), so a resumed run
 samples what the interrupted one would have without saving the daemons' torch generators.
 
+Resuming: `latest` is followed only to a whole checkpoint (see check_checkpoint); a damaged one
+is passed over for the newest whole `step_*` folder, and a run whose checkpoints are all damaged
+is refused rather than restarted from step 0.
+
 It knows role handles and file layout; what a role's state holds is the role's business.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,6 +40,13 @@ class Checkpoint:
     path: Path
     step: int
     state: dict[str, Any]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be resumed from, naming the folder and what is wrong."""
+
+
+_STEP_NAME = re.compile(r"step_(\d{8})")
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:
@@ -62,18 +74,102 @@ async def save_checkpoint(
     return final
 
 
-def latest_checkpoint(run_dir: str | Path) -> Checkpoint | None:
-    """The newest whole checkpoint of a run, or None when it has none."""
+def latest_checkpoint(run_dir: str | Path, *, max_step: int | None = None) -> Checkpoint | None:
+    """The newest whole checkpoint of a run (see find_checkpoint), or None when it has none."""
+    return find_checkpoint(run_dir, max_step=max_step).checkpoint
+
+
+@dataclass(frozen=True)
+class Found:
+    """The checkpoint a resume uses, and why each newer candidate was passed over."""
+
+    checkpoint: Checkpoint | None
+    damaged: list[str]
+
+
+def find_checkpoint(run_dir: str | Path, *, max_step: int | None = None) -> Found:
+    """The checkpoint `checkpoints/latest` names if it is whole, else the newest whole
+    `step_*` folder; each damaged one passed over is described in `damaged`. Deterministic for
+    a given folder, so the check before launch and the Trainer's resume pick the same one.
+    `max_step` (the run's steps) makes a checkpoint beyond it damaged."""
     root = checkpoint_root(run_dir)
+    damaged: list[str] = []
+    candidates = sorted((p for p in root.glob("step_*") if _STEP_NAME.fullmatch(p.name)), reverse=True)
     pointer = root / "latest"
-    if not pointer.exists():
-        return None
-    path = root / pointer.read_text().strip()
+    if pointer.exists():
+        named, problem = _pointed(root, pointer)
+        if problem:
+            damaged.append(problem)
+        elif named is not None:
+            candidates = [named] + [p for p in candidates if p.name != named.name]
+    for path in candidates:
+        try:
+            return Found(check_checkpoint(path, max_step=max_step), damaged)
+        except CheckpointError as exc:
+            damaged.append(str(exc))
+    return Found(None, damaged)
+
+
+def resumable_checkpoint(run_dir: str | Path, *, max_step: int | None = None) -> Found:
+    """find_checkpoint for a resume: raises CheckpointError, listing every problem, when the run
+    has checkpoints but none of them is whole (starting over from step 0 would be a silent loss)."""
+    found = find_checkpoint(run_dir, max_step=max_step)
+    if found.checkpoint is None and found.damaged:
+        raise CheckpointError(f"{run_dir}: no whole checkpoint to resume from: " + "; ".join(found.damaged))
+    return found
+
+
+def _pointed(root: Path, pointer: Path) -> tuple[Path | None, str]:
+    """The folder `latest` names, or a problem when it names no checkpoint folder of this run."""
+    try:
+        name = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"{pointer}: unreadable ({exc})"
+    if not _STEP_NAME.fullmatch(name):
+        return None, f"{pointer} names {name[:80]!r}, which is not a checkpoint folder of this run (step_NNNNNNNN)"
+    if not (root / name).is_dir():
+        return None, f"{pointer} names {name}, which does not exist"
+    return root / name, ""
+
+
+def check_checkpoint(path: Path, *, max_step: int | None = None) -> Checkpoint:
+    """A checkpoint folder read back and checked whole: state.json is an object whose `step`
+    matches the folder's name (and is within `max_step`), whose `roles` each have a non-empty
+    folder, and whose data / advantage / flow states are objects. Raises CheckpointError."""
     state_file = path / STATE_FILE
-    if not state_file.exists():
-        raise FileNotFoundError(f"{pointer} names {path.name}, which has no {STATE_FILE}")
-    state = json.loads(state_file.read_text())
-    return Checkpoint(path, int(state["step"]), state)
+    try:
+        state = json.loads(state_file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path}: no {STATE_FILE}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path}: {STATE_FILE} is not readable JSON ({exc})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path}: {STATE_FILE} holds {type(state).__name__}, not an object")
+    step = state.get("step")
+    match = _STEP_NAME.fullmatch(path.name)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise CheckpointError(f"checkpoint {path}: step {step!r:.40} is not a positive integer")
+    if match is not None and int(match.group(1)) != step:
+        raise CheckpointError(f"checkpoint {path}: {STATE_FILE} says step {step}, the folder's name says {int(match.group(1))}")
+    if max_step is not None and step > max_step:
+        raise CheckpointError(f"checkpoint {path}: step {step} is beyond this run's {max_step} steps")
+    _check_parts(path, state)
+    return Checkpoint(path, step, state)
+
+
+def _check_parts(path: Path, state: dict[str, Any]) -> None:
+    roles = state.get("roles")
+    if not isinstance(roles, list) or not all(isinstance(r, str) and r and "/" not in r and r not in (".", "..") for r in roles):
+        raise CheckpointError(f"checkpoint {path}: 'roles' must be a list of role names, got {roles!r:.80}")
+    for role in roles:
+        folder = path / role
+        if not folder.is_dir() or not any(folder.iterdir()):
+            raise CheckpointError(f"checkpoint {path}: role {role!r} has no saved files (expected {folder})")
+    if not isinstance(state.get("data"), dict):
+        raise CheckpointError(f"checkpoint {path}: 'data' (the data position) must be an object, got {state.get('data')!r:.80}")
+    for key in ("advantage", "flow"):
+        if key in state and not isinstance(state[key], dict):
+            raise CheckpointError(f"checkpoint {path}: {key!r} must be an object, got {state[key]!r:.80}")
 
 
 async def load_checkpoint(ckpt: Checkpoint, roles: Mapping[str, Any], *, timeout_s: float) -> None:

@@ -95,6 +95,9 @@ class FlowConfig:
             path = getattr(self, name)
             if path and not Path(path).is_file():
                 raise ValueError(f"config {name}={path!r}: no such file")
+            if path:  # rows of the wrong shape, or none, refused before any daemon starts
+                from .data import check_data_file
+                check_data_file(path)
 
     def actor_update_options(self) -> dict[str, Any]:
         """Every actor.update option of this flow: the schedule, the entropy bonus, the policy

@@ -51,7 +51,10 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
                 except json.JSONDecodeError as exc:
                     raise DatasetError(f"{file}:{number}: not JSON ({exc.msg})") from None
     elif suffix == ".json":
-        raw = json.loads(file.read_text())
+        try:
+            raw = json.loads(file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DatasetError(f"{file}: not JSON ({getattr(exc, 'msg', exc)})") from None
         if not isinstance(raw, list):
             raise DatasetError(f"{file}: a .json data file must hold a list of rows")
     elif suffix == ".parquet":
@@ -68,8 +71,8 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _normalise(row: Any, file: Path, number: int) -> dict[str, Any]:
-    where = f"{file}: row {number}"
+def _normalise(row: Any, file: Path, number: int, where: str = "") -> dict[str, Any]:
+    where = where or f"{file}: row {number}"
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected an object, got {type(row).__name__}")
     prompt = row.get("prompt")
@@ -91,6 +94,65 @@ def _normalise(row: Any, file: Path, number: int) -> dict[str, Any]:
         "data_source": str(row.get("data_source") or file.stem),
         "extra_info": {str(k): v for k, v in extra.items() if isinstance(v, str | int | float | bool) or v is None},
     }
+
+
+#: a JSONL file up to this size has every line checked before launch; a larger one its first rows
+CHECK_ALL_BYTES = 32 * 2**20
+#: rows checked before launch in a file larger than CHECK_ALL_BYTES (and in .json / Parquet files)
+CHECK_ROWS = 1000
+
+
+def check_data_file(path: str | Path) -> int:
+    """Check a data file before any daemon starts and return its row count: the file's rows
+    are read and normalised (every row of a JSONL file up to CHECK_ALL_BYTES, else the first
+    CHECK_ROWS) and the rest counted. Raises DatasetError naming the file, line or row and
+    the problem; a file with no rows is an error."""
+    file = Path(path)
+    if not file.is_file():
+        raise DatasetError(f"data file {file} does not exist")
+    suffix = file.suffix.lower()
+    if suffix == ".jsonl":
+        count = _check_jsonl(file, check_all=file.stat().st_size <= CHECK_ALL_BYTES)
+    elif suffix == ".parquet":
+        count = _check_parquet(file)
+    else:
+        rows = read_rows(file)  # .json holds one list: there is no reading part of it
+        count = len(rows)
+    if count == 0:
+        raise DatasetError(f"{file}: no rows")
+    return count
+
+
+def _check_jsonl(file: Path, *, check_all: bool) -> int:
+    count = 0
+    with file.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            count += 1
+            if not check_all and count > CHECK_ROWS:
+                continue
+            try:
+                row = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise DatasetError(f"{file}:{number}: not JSON ({getattr(exc, 'msg', exc)})") from None
+            _normalise(row, file, count, f"{file}:{number}")
+    return count
+
+
+def _check_parquet(file: Path) -> int:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DatasetError(f"{file}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    try:
+        parquet = pq.ParquetFile(file)
+        batch = next(parquet.iter_batches(batch_size=CHECK_ROWS), None)
+    except Exception as exc:  # pyarrow's errors for a damaged or non-Parquet file
+        raise DatasetError(f"{file}: not a readable Parquet file ({exc})") from None
+    for number, row in enumerate(batch.to_pylist() if batch is not None else [], start=1):
+        _normalise(row, file, number)
+    return int(parquet.metadata.num_rows)
 
 
 class FileDataset:

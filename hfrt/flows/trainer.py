@@ -14,9 +14,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from hfrt.log import get_logger
 from hfrt.protocols import BatchHandle
 
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, resumable_checkpoint, save_checkpoint
 from .common import CALL_TIMEOUT_S, FlowConfig, non_tensor, prompts_handle
 from .data import make_source, validation_rows
 from .report import MetricsLog
@@ -111,9 +112,12 @@ class Trainer:
         await save_checkpoint(self.cfg.run_dir, steps_done, self.trained, state, timeout_s=CALL_TIMEOUT_S)
 
     async def _resume(self, log: MetricsLog) -> None:
-        ckpt = latest_checkpoint(self.cfg.run_dir)
+        found = resumable_checkpoint(self.cfg.run_dir, max_step=self.cfg.steps)  # as checked before launch
+        ckpt = found.checkpoint
         if ckpt is None:
             return  # nothing saved yet: start from step 0
+        if found.damaged:
+            get_logger(part="trainer").info("checkpoint_passed_over", using=str(ckpt.path), damaged=found.damaged)
         await load_checkpoint(ckpt, self.trained, timeout_s=CALL_TIMEOUT_S)
         self.source.load_state_dict(ckpt.state["data"])
         if "advantage" in ckpt.state:

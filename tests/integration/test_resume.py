@@ -109,3 +109,30 @@ def _check_hf_export(folder: Path) -> None:
     ids = tok("1+1=", return_tensors="pt")["input_ids"]
     out = model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=tok.pad_token_id)
     assert out.shape[1] == ids.shape[1] + 2 or int(out[0, -1]) == tok.eos_token_id
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_resume_passes_over_a_damaged_latest_checkpoint(tmp_path: Path) -> None:
+    """A truncated state.json in the newest checkpoint: the resume says so before any daemon
+    starts, then continues from the previous whole checkpoint (no step lost or repeated)."""
+    run_dir = tmp_path / "run"
+    first = subprocess.run(
+        [sys.executable, "-m", "hfrt", "controller", "--flow", "ppo", "--run-dir", str(run_dir), "--set", "steps=3",
+         "--set", "checkpoint_every=1", "--set", "export_hf=false", "--set", "trace=false"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    newest = run_dir / "checkpoints" / "step_00000003"
+    (newest / "state.json").write_text((newest / "state.json").read_text()[:20])  # cut short
+    out = subprocess.run(
+        [sys.executable, "-m", "hfrt", "controller", "--flow", "ppo", "--resume", str(run_dir)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"hfrt controller: warning: checkpoint {newest}: state.json is not readable JSON" in out.stderr
+    previous = run_dir / "checkpoints" / "step_00000002"
+    assert f"hfrt controller: warning: resuming from {previous} (step 2), the newest whole checkpoint" in out.stderr
+    assert json.loads(out.stdout)["resumed_from_step"] == 2
+    assert [_step_of(line) for line in read_metrics(run_dir)] == [0, 1, 2]
+    assert json.loads((newest / "state.json").read_text())["step"] == 3  # written whole again
