@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from hfrt.flows.ppo import ENGINE
+from hfrt.flows.ppo import ROLES
 
 #: two ranks on fsdp2 for every trained or forward-only model role
 TWO_RANKS = tuple(
@@ -41,7 +41,7 @@ FLOWS: dict[str, tuple[tuple[str, ...], bool]] = {
     "remax": ((), False),
     "dapo": (("n=4",), False),
 }
-LR = ENGINE["optim"]["lr"]
+LR = float(ROLES["actor"]["options"]["engine"]["optim"]["lr"])
 
 
 @dataclass(frozen=True)
@@ -80,19 +80,19 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Warm]:
         assert proc.returncode == 0, err[-4000:]
         yield Warm(run_dir, run_dir / "attach.json", json.loads(out[: out.rindex("}") + 1]))
     finally:
-        stop(proc.pid, run_dir / "attach.json")
+        stop_group(proc.pid)
 
 
-def stop(pgid: int, attach: Path) -> None:
-    """`hfrt stop`, then SIGTERM to whatever of the launching process group is left."""
-    if attach.exists():
-        subprocess.run([sys.executable, "-m", "hfrt", "stop", str(attach)], capture_output=True, timeout=60)
-    deadline = time.monotonic() + 15
+def stop_group(pgid: int) -> None:
+    """SIGTERM to the launching process group (a daemon exits cleanly on it, as on `hfrt stop`),
+    SIGKILL to whatever is left after 30 s."""
+    deadline = time.monotonic() + 30
     try:
-        while time.monotonic() < deadline:
-            os.killpg(pgid, 0)
-            time.sleep(0.2)
         os.killpg(pgid, signal.SIGTERM)
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            os.killpg(pgid, 0)
+        os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass  # the group is gone: every daemon exited
 
@@ -104,7 +104,7 @@ def records(run_dir: Path) -> list[dict]:
 def check_steps(rows: list[dict], *, critic: bool) -> None:
     """Each step's metrics are there and finite; each trained role's update metrics are the
     group's, reduced once: 2 optimizer steps (a sum over 2 ranks gives 4) at the configured
-    learning rate (a sum gives twice it), its update time within the update stage's wall time."""
+    learning rate (a sum gives twice it)."""
     assert [r["step"] for r in rows] == list(range(len(rows)))
     roles = ("actor", "critic") if critic else ("actor",)
     for r in rows:
@@ -118,7 +118,7 @@ def check_steps(rows: list[dict], *, critic: bool) -> None:
             assert not missing, f"step {r['step']}: missing {missing}"
             assert r[f"{role}/optimizer_steps"] == 2.0, r[f"{role}/optimizer_steps"]
             assert r[f"{role}/lr"] == pytest.approx(LR)
-            assert 0.0 < r[f"timing/update_{role}_s"] <= r["timing/update_s"]
+            assert r[f"timing/update_{role}_s"] > 0.0
     assert any("actor/loss" in r for r in rows), "no step updated the actor"
 
 
