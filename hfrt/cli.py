@@ -49,7 +49,8 @@ def _controller(args: argparse.Namespace) -> int:
     try:
         lock = RunDirLock(run_dir).acquire()  # held until this process exits
     except RunDirBusy as exc:
-        print(f"hfrt controller: {'--resume: that run is still going: ' if args.resume else ''}{exc}", file=sys.stderr)
+        busy = f"--resume {run_dir}: that run is still going (pid {exc.pid} holds {exc.lock})" if args.resume else exc
+        print(f"hfrt controller: {busy}", file=sys.stderr)
         return 2
     with lock:
         roles = _parse_roles(args.role) or roles

@@ -67,7 +67,12 @@ class Attach:
 
 
 class RunDirBusy(ValueError):
-    """Another live process holds the run folder's lock."""
+    """Another live process holds the run folder's lock (`pid`: the holder's, as it wrote it)."""
+
+    def __init__(self, lock: Path, pid: str) -> None:
+        super().__init__(f"run folder {lock.parent} is in use by another hfrt process (pid {pid}, holding {lock}); "
+                         "wait for it to end or use another folder")
+        self.lock, self.pid = lock, pid
 
 
 class RunDirLock:
@@ -90,8 +95,7 @@ class RunDirLock:
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise RunDirBusy(f"run folder {self.path.parent} is in use by another hfrt process (pid {holder}, "
-                             f"holding {self.path}); wait for it to end or use another folder") from None
+            raise RunDirBusy(self.path, holder) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd

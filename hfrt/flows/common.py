@@ -97,7 +97,7 @@ class FlowConfig:
                 raise ValueError(f"config {name}={path!r}: no such file")
             if path:  # rows of the wrong shape, or none, refused before any daemon starts
                 from .data import check_data_file
-                check_data_file(path)
+                check_data_file(path, f"config {name}")
 
     def actor_update_options(self) -> dict[str, Any]:
         """Every actor.update option of this flow: the schedule, the entropy bonus, the policy

@@ -102,12 +102,18 @@ CHECK_ALL_BYTES = 32 * 2**20
 CHECK_ROWS = 1000
 
 
-def check_data_file(path: str | Path) -> int:
+def check_data_file(path: str | Path, what: str = "") -> int:
     """Check a data file before any daemon starts and return its row count: the file's rows
     are read and normalised (every row of a JSONL file up to CHECK_ALL_BYTES, else the first
     CHECK_ROWS) and the rest counted. Raises DatasetError naming the file, line or row and
-    the problem; a file with no rows is an error."""
-    file = Path(path)
+    the problem (after `what`, e.g. the config key, when given); a file with no rows is an error."""
+    try:
+        return _check_file(Path(path))
+    except DatasetError as exc:
+        raise DatasetError(f"{what}: {exc}" if what else str(exc)) from None
+
+
+def _check_file(file: Path) -> int:
     if not file.is_file():
         raise DatasetError(f"data file {file} does not exist")
     suffix = file.suffix.lower()

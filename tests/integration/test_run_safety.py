@@ -54,7 +54,7 @@ def test_one_run_per_folder_and_no_stale_lock_after_kill_9(tmp_path: Path) -> No
         assert f"run folder {run_dir} is in use by another hfrt process (pid {first.pid}," in second.stderr
         resumed = hfrt("controller", "--flow", str(flow), "--resume", str(run_dir))
         assert resumed.returncode == 2, resumed.stderr
-        assert "--resume: that run is still going" in resumed.stderr and f"pid {first.pid}" in resumed.stderr
+        assert f"--resume {run_dir}: that run is still going (pid {first.pid} holds {run_dir}/.lock)" in resumed.stderr
         assert json.loads((run_dir / "config.json").read_text())["flow"] == {"hold": 100}  # not overwritten
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=10)
@@ -129,7 +129,7 @@ def test_bad_data_file_is_refused_before_launch(tmp_path: Path, key: str, conten
     run_dir = tmp_path / "run"
     out = hfrt("controller", "--flow", "grpo", "--run-dir", str(run_dir), "--set", f"{key}={tmp_path / 'train.jsonl'}")
     assert out.returncode == 2, out.stderr
-    assert f"hfrt controller: {tmp_path}/{message}" in out.stderr, out.stderr
+    assert f"hfrt controller: config {key}: {tmp_path}/{message}" in out.stderr, out.stderr
     assert not (run_dir / "logs").exists(), "a daemon was started before the data file was checked"
 
 
@@ -160,3 +160,18 @@ def test_attach_refuses_role_settings_and_missing_roles(tmp_path: Path) -> None:
         for pid in pids:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_launch_refuses_a_folder_in_use(tmp_path: Path) -> None:
+    """`hfrt launch` holds its folder's lock while it starts daemons (then a controller may use it)."""
+    from hfrt.run import RunDirLock
+
+    spec = tmp_path / "cluster.toml"
+    spec.write_text('name = "t"\nlauncher = "local"\n[[nodes]]\nname = "a"\nhost = "127.0.0.1"\ndevices = 1\n'
+                    '[roles.echo]\nimpl = "echo"\nworld_size = 1\n')
+    run_dir = tmp_path / "warm"
+    with RunDirLock(run_dir):
+        out = hfrt("launch", str(spec), "--run-dir", str(run_dir))
+    assert out.returncode == 2, out.stderr
+    assert f"hfrt launch: run folder {run_dir} is in use by another hfrt process (pid {os.getpid()}," in out.stderr
+    assert not (run_dir / "attach.json").exists() and not (run_dir / "cluster.key").exists()
