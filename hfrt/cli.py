@@ -15,6 +15,7 @@ from typing import Any
 BENCHES = {
     "latency": "hfrt.bench.latency", "transfer": "hfrt.bench.transfer", "transition": "hfrt.bench.transition",
     "step": "hfrt.bench.step", "memory": "hfrt.bench.memory",
+    "vs-trl": "hfrt.bench.vs_trl",
 }
 
 
@@ -91,6 +92,7 @@ def _run_config(args: argparse.Namespace, flow: Any) -> tuple[Path, dict[str, An
     """The run folder, the flow's settings and its roles: a resumed run's saved config.json, then
     --config, then --set; checked by the flow's Config (nothing is written yet)."""
     from hfrt import runconfig
+    from hfrt.run import Attach
 
     base = None
     if args.resume:
@@ -103,7 +105,9 @@ def _run_config(args: argparse.Namespace, flow: Any) -> tuple[Path, dict[str, An
         run_dir = Path(args.run_dir or Path("runs") / time.strftime(f"{Path(args.flow).stem}-%Y%m%d-%H%M%S"))
     rc = runconfig.build(flow.roles, file=args.config, sets=args.set, base=base)
     if args.attach:
-        runconfig.refuse_role_overrides(rc.roles, runconfig.build(flow.roles, base=base).roles, args.role)
+        running = Attach.read(args.attach).settings
+        runconfig.refuse_role_overrides(runconfig.role_overrides(file=args.config, sets=args.set), running, "--config/--set")
+        runconfig.refuse_role_overrides(_parse_roles(args.role) or {}, running, "--role")
     elif rc.roles != flow.roles:  # the built-in tables are checked by the test suite
         runconfig.check_role_options(rc.roles)
     config = dict(rc.flow)

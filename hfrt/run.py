@@ -3,9 +3,12 @@
 This is the composition root of `hfrt controller`: it wires a Controller, a launcher and a flow.
 It knows nothing of what the flow computes. The attach file it writes/reads is JSON:
 {"address": "tcp://host:port", "key_file": "...", "roles": {"role": world_size}, "heartbeat_s": s,
- "bind": "tcp://0.0.0.0:port", "cleanup": [["scancel", "123"]]} — bind (what a controller listens
-on, default: address) and cleanup (commands `hfrt stop` runs after the daemons exit) are optional.
+ "bind": "tcp://0.0.0.0:port", "cleanup": [["scancel", "123"]], "settings": {"role": {...}}} — bind
+(what a controller listens on, default: address), cleanup (commands `hfrt stop` runs after the
+daemons exit) and settings (each role's impl / world_size / dp_size / options the daemons were
+started with, so `--attach` can tell a setting they already have from one they lack) are optional.
 Cluster runs (`--cluster SPEC`, `hfrt launch`) go through hfrt.deploy.cluster.ClusterSession.
+One process at a time writes a run folder: `hfrt controller` and `hfrt launch` hold RunDirLock.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Attach:
     heartbeat_s: float = 2.0
     bind: str = ""
     cleanup: list[list[str]] = field(default_factory=list)
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def read(cls, path: str | Path) -> Attach:
@@ -51,6 +55,7 @@ class Attach:
             return cls(
                 str(data["address"]), str(data["key_file"]), dict(data["roles"]), check_heartbeat_s(data.get("heartbeat_s", 2.0), "heartbeat_s"),
                 str(data.get("bind", "")), [[str(a) for a in c] for c in data.get("cleanup", [])],
+                {str(k): dict(v) for k, v in data.get("settings", {}).items()},
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"attach file {p}: {exc}") from None
@@ -199,8 +204,9 @@ async def run_flow(
                 await ctl.shutdown_daemons()
                 await launcher.stop()
         if keep_daemons and attach is None:
-            counts = {name: int(s.get("world_size", 1)) for name, s in (roles or flow.roles).items()}
-            path = Attach(ctl.address, str(key_file), counts, heartbeat_s).write(run_dir / "attach.json")
+            table = roles or flow.roles
+            counts = {name: int(s.get("world_size", 1)) for name, s in table.items()}
+            path = Attach(ctl.address, str(key_file), counts, heartbeat_s, settings=table).write(run_dir / "attach.json")
             summary["attach"] = str(path)
             log.info("daemons_kept", attach=str(path))
     return summary
@@ -272,7 +278,13 @@ async def launch_cluster(cluster: ClusterSpec, *, run_dir: Path, orphan_timeout_
 async def _detach(session: ClusterSession) -> Path:
     cleanup = await session.detach()
     roles = {name: role.world_size for name, role in session.cluster.roles.items()}
-    attach = Attach(session.address, str(session.key_file), roles, session.cluster.daemons.heartbeat_s, session.bind, cleanup)
+    settings = {
+        name: {"impl": r.impl, "world_size": r.world_size, "dp_size": r.dp_size, "options": r.options}
+        for name, r in session.cluster.roles.items()
+    }
+    attach = Attach(
+        session.address, str(session.key_file), roles, session.cluster.daemons.heartbeat_s, session.bind, cleanup, settings
+    )
     path = attach.write(session.run_dir / "attach.json")
     get_logger(part="run").info("daemons_detached", attach=str(path), launch_id=session.launch_id)
     return path

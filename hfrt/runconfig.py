@@ -140,19 +140,47 @@ def _check_role(name: str, settings: Mapping[str, Any]) -> None:
         raise ConfigError(f"roles.{name}.options must be a table")
 
 
-def refuse_role_overrides(
-    roles: Mapping[str, Mapping[str, Any]], without: Mapping[str, Mapping[str, Any]], role_flags: list[str]
-) -> None:
-    """Raise ConfigError when a run attached to running daemons (`--attach`) is given role
-    settings (`roles` differs from `without`, the roles before --config/--set; or --role): the
-    daemons were started with their own, and a setting that cannot apply must not be recorded."""
-    changed = sorted(name for name in set(roles) | set(without) if roles.get(name) != without.get(name))
-    given = [f"roles.{name} (--config/--set)" for name in changed] + [f"--role {item}" for item in role_flags]
+def role_overrides(*, file: str | Path | None = None, sets: list[str] | None = None) -> dict[str, Any]:
+    """The `roles` part of --config and --set alone (not of a resumed run's saved config)."""
+    layered = merge(read_config_file(file) if file else {}, parse_set(sets or []))
+    roles = layered.get("roles") or {}
+    return dict(roles) if isinstance(roles, Mapping) else {}
+
+
+def refuse_role_overrides(overrides: Mapping[str, Any], running: Mapping[str, Mapping[str, Any]], source: str) -> None:
+    """For a run attached to daemons already running (`--attach`): raise ConfigError naming every
+    role setting given (`overrides`, from `source`: --config/--set's roles, or --role's) that the
+    daemons were not started with (`running`: attach.json's settings; a role it does not describe
+    counts as not matching). Such a setting could not apply, and config.json must not record it."""
+    given = []
+    for name, settings in overrides.items():
+        for key, value in _leaves(settings, f"roles.{name}"):
+            have = _setting(running[name], name, key.split(".")[2:]) if name in running else _MISSING
+            if have != value:
+                given.append(f"{key}={value!r}" + ("" if have is _MISSING else f" (they have {have!r})"))
     if given:
         raise ConfigError(
-            f"--attach runs on daemons already started with their own role settings, so {', '.join(given)} "
-            "cannot apply; drop them, or run without --attach to launch daemons with them"
+            f"--attach: the daemons already running were started with their own role settings, so these from "
+            f"{source} cannot apply: {', '.join(given)}; drop them, or run without --attach to launch daemons with them"
         )
+
+
+def _leaves(value: Any, prefix: str) -> list[tuple[str, Any]]:
+    if isinstance(value, Mapping) and value:
+        return [leaf for key, sub in value.items() for leaf in _leaves(sub, f"{prefix}.{key}")]
+    return [(prefix, value)]
+
+
+def _setting(settings: Mapping[str, Any], name: str, path: list[str]) -> Any:
+    node: Any = {"impl": name, "world_size": 1, "dp_size": -1, **settings}
+    for part in path:
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+_MISSING = object()
 
 
 def check_role_options(roles: Mapping[str, Mapping[str, Any]], timeout_s: float = 120.0) -> None:

@@ -142,11 +142,19 @@ def test_attach_refuses_role_settings_and_missing_roles(tmp_path: Path) -> None:
     STARTED_PIDS.update(pids)
     attach = summary["attach"]
     try:
-        for override, named in [(["--role", "echo=echo:3"], "--role echo=echo:3"),
-                                (["--set", "roles.echo.world_size=3"], "roles.echo (--config/--set)")]:
+        assert json.loads(Path(attach).read_text())["settings"]["echo"] == {"impl": "echo", "world_size": 2}
+        for override, named in [
+            (["--role", "echo=echo:3"], "these from --role cannot apply: roles.echo.world_size=3 (they have 2)"),
+            (["--set", "roles.echo.world_size=3", "--set", "roles.echo.options.x=1"],
+             "these from --config/--set cannot apply: roles.echo.world_size=3 (they have 2), roles.echo.options.x=1;"),
+        ]:
             out = hfrt("controller", "--flow", "ping", "--attach", attach, "--run-dir", str(tmp_path / "r"), *override)
             assert out.returncode == 2, out.stderr
-            assert f"hfrt controller: --attach runs on daemons already started with their own role settings, so {named} cannot apply" in out.stderr
+            assert ("hfrt controller: --attach: the daemons already running were started with their own role "
+                    f"settings, so {named}") in out.stderr
+        same = hfrt("controller", "--flow", "ping", "--set", "rounds=1", "--set", "roles.echo.world_size=2",
+                    "--attach", attach, "--run-dir", str(tmp_path / "same"))
+        assert same.returncode == 0, same.stderr  # a setting the daemons already have is no override
         start = time.monotonic()
         out = hfrt("controller", "--flow", "ppo", "--attach", attach, "--run-dir", str(tmp_path / "p"))
         assert out.returncode == 2, out.stderr

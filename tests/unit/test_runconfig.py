@@ -160,3 +160,16 @@ def test_role_options_are_checked_without_loading_models() -> None:
     assert "roles.reward:" in found[2] and "megatron" in found[2]
     assert found[3].startswith("roles.both: option reference: unknown field(s) ['modle']")
     assert found[4].startswith("roles.ghost: No module named 'no'")
+
+
+def test_attach_accepts_only_role_settings_the_daemons_already_have() -> None:
+    running = {"actor": {"impl": "actor", "world_size": 2, "options": {"engine": {"backend": "fsdp2"}}}}
+    runconfig.refuse_role_overrides({"actor": {"world_size": 2, "options": {"engine": {"backend": "fsdp2"}}}}, running, "--set")
+    runconfig.refuse_role_overrides({"actor": {"impl": "actor", "dp_size": -1}}, running, "--role")  # the defaults
+    runconfig.refuse_role_overrides({}, {}, "--set")
+    with pytest.raises(runconfig.ConfigError, match=r"these from --set cannot apply: roles.actor.world_size=4 \(they have 2\), "
+                                                     r"roles.actor.options.engine.optim.lr=0.1, roles.critic.world_size=1;"):
+        runconfig.refuse_role_overrides(
+            {"actor": {"world_size": 4, "options": {"engine": {"optim": {"lr": 0.1}}}}, "critic": {"world_size": 1}}, running, "--set"
+        )
+    assert runconfig.role_overrides(sets=["steps=3", "roles.actor.world_size=2"]) == {"actor": {"world_size": 2}}
