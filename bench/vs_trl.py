@@ -1,0 +1,321 @@
+"""hfrt against TRL: GRPO steps of hfrt's flow and of TRL's GRPOTrainer on the same model, prompts,
+reward and shape, interleaved in one run (one hfrt step, then one TRL step, ...).
+
+Run: `hfrt bench vs-trl [--model tiny|smollm2-135m|DIR] [--steps N] [--warmup K] [--prompts 8]
+[--n 4] [--max-new-tokens 16] [--engine hf|vllm] [--json] [--out FILE]`. Needs `trl` (the `bench`
+extra); without it the command says how to install it and exits 2.
+
+Both sides: fp32 on CPU, the addition task's prompts as plain strings (the same rows in the same
+order), its rule reward, n samples per prompt, temperature 1, KL loss 0.001 (k3 / low_var_kl),
+token-mean loss, advantages not divided by the group's std, no entropy bonus, one optimizer step
+per rollout over all rows in one micro-batch. hfrt's daemons run as usual (one process per role);
+TRL runs in one child process that waits before each step until told to go, so the two never
+compute at the same time. A step's tokens are the generated completion tokens up to and including
+EOS, no padding (`completion_tokens`); tokens/s is a step's tokens over its wall time. Reported:
+medians over the measured steps, `speedup` = trl_step_s / hfrt_step_s, and each side's time per
+stage. It knows the GRPO flow's step function and TRL's trainer API; nothing of how either computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hfrt.bench.common import add_output_flags, emit, machine
+
+INSTALL_HINT = (
+    "hfrt bench vs-trl needs TRL: pip install 'hfrt[bench]' (or pip install 'trl==1.16.*' "
+    "-c <(echo torch==$(python -c 'import torch; print(torch.__version__)')) so it keeps your torch)"
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What both sides run: model (a preset or an HF folder), prompts × n samples, new tokens,
+    learning rate, seed, max operand of the addition prompts, torch threads of each process."""
+
+    model: str = "tiny"
+    prompts: int = 8
+    n: int = 4
+    max_new_tokens: int = 16
+    lr: float = 1e-6
+    seed: int = 0
+    max_operand: int = 9
+    threads: int = 0  # 0: every core
+
+
+def completion_tokens(rows: Iterable[Sequence[int]], eos_ids: Collection[int], pad_id: int | None) -> int:
+    """Generated tokens of completions counted the same way on both sides: each row up to and
+    including its first EOS; a pad token (when it is not an EOS) ends the row without counting."""
+    total = 0
+    for row in rows:
+        for token in row:
+            if token in eos_ids:
+                total += 1
+                break
+            if token == pad_id:
+                break
+            total += 1
+    return total
+
+
+def prompt_rows(shape: Shape, steps: int) -> dict[str, list[Any]]:
+    """Every step's prompts, in order: the addition task's stream from shape.seed."""
+    from hfrt.flows.tasks import AdditionTask
+
+    return AdditionTask(shape.seed, shape.max_operand).batch(shape.prompts * steps)
+
+
+def thread_count(shape: Shape) -> int:
+    return shape.threads or os.cpu_count() or 1
+
+
+# ----------------------------------------------------------------------------------- TRL side
+
+
+def trl_worker(shape: Shape, steps: int, conn: Any) -> None:
+    """The TRL process: build a GRPOTrainer, say ready, then run `steps` optimizer steps, each
+    after a "go" from the parent; after each, send {step_s, tokens, generate_s}."""
+    try:
+        _trl_run(shape, steps, conn)
+    except BaseException as exc:  # the parent reports it; a traceback here helps
+        import traceback
+
+        conn.send({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        raise
+
+
+def _trl_run(shape: Shape, steps: int, conn: Any) -> None:
+    start = time.perf_counter()
+    import torch
+
+    torch.set_num_threads(thread_count(shape))
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from hfrt.flows.tasks import addition_reward
+    from hfrt.roles.models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+
+    folder = resolve_model_dir(shape.model, shape.seed)
+    tokenizer = load_tokenizer(str(folder), shape.seed)
+    model = load_model(ModelConfig(str(folder), "float32", seed=shape.seed))
+    eos = {int(tokenizer.eos_token_id)}
+    counted = {"tokens": 0, "generate_s": 0.0}
+
+    def reward(prompts: list[Any], completions: list[str], completion_ids: list[list[int]], ground_truth: list[str], **_: Any) -> list[float]:
+        counted["tokens"] += completion_tokens(completion_ids, eos, tokenizer.pad_token_id)
+        return [addition_reward(c, t) for c, t in zip(completions, ground_truth, strict=True)]
+
+    class Timed(GRPOTrainer):  # type: ignore[misc]
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                counted["generate_s"] += time.perf_counter() - t0
+
+    class Gate(TrainerCallback):  # type: ignore[misc]
+        t0 = 0.0
+
+        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+            if conn.recv() != "go":
+                raise SystemExit(0)
+            counted.update(tokens=0, generate_s=0.0)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            conn.send({"step_s": time.perf_counter() - self.t0, **counted})
+
+    rows = prompt_rows(shape, steps)
+    batch = shape.prompts * shape.n
+    with tempfile.TemporaryDirectory(prefix="hfrt-vs-trl-") as out:
+        args = GRPOConfig(
+            output_dir=out, use_cpu=True, bf16=False, fp16=False, seed=shape.seed, learning_rate=shape.lr,
+            per_device_train_batch_size=batch, gradient_accumulation_steps=1, num_generations=shape.n,
+            max_completion_length=shape.max_new_tokens, temperature=1.0, top_p=1.0, beta=0.001,
+            num_iterations=1, scale_rewards="none", loss_type="dapo", max_steps=steps, shuffle_dataset=False,
+            save_strategy="no", report_to=[], logging_steps=10**6, disable_tqdm=True, max_grad_norm=1.0,
+            dataloader_num_workers=0,
+        )
+        trainer = Timed(
+            model=model, reward_funcs=reward, args=args,  # type: ignore[arg-type]
+            train_dataset=Dataset.from_dict(rows), processing_class=tokenizer, callbacks=[Gate()],
+        )
+        conn.send({"ready_s": time.perf_counter() - start})
+        trainer.train()
+    conn.send({"done": True})
+
+
+class TRLProcess:
+    """The TRL child process, driven one step at a time."""
+
+    def __init__(self, shape: Shape, steps: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=trl_worker, args=(shape, steps, child), name="hfrt-vs-trl", daemon=True)
+        self.proc.start()
+        child.close()
+
+    def receive(self) -> dict[str, Any]:
+        try:
+            reply: dict[str, Any] = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the TRL process exited (code {self.proc.exitcode}) without replying") from None
+        if "error" in reply:
+            raise RuntimeError(f"the TRL process failed: {reply['error']}\n{reply['traceback']}")
+        return reply
+
+    def step(self) -> dict[str, Any]:
+        self.conn.send("go")
+        return self.receive()
+
+    def close(self) -> None:
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
+# ---------------------------------------------------------------------------------- hfrt side
+
+
+def hfrt_roles(shape: Shape, engine: str) -> dict[str, dict[str, Any]]:
+    """The GRPO flow's default daemons on shape.model: all rows in one micro-batch, every core."""
+    from hfrt.flows import grpo
+
+    roles = {name: {**spec, "options": dict(spec.get("options", {}))} for name, spec in grpo.ROLES.items()}
+    micro = shape.prompts * shape.n
+    common = {"model": shape.model, "seed": shape.seed, "threads": thread_count(shape)}
+    roles["actor"]["options"] |= common | {
+        "engine": {"micro_batch_size": micro, "optim": {"lr": shape.lr}}, "generator": engine,
+    }
+    roles["reference"]["options"] |= common | {"engine": {"micro_batch_size": micro}}
+    return roles
+
+
+def hfrt_config(shape: Shape, steps: int) -> Any:
+    from hfrt.flows import grpo
+
+    return grpo.GRPOConfig.read({
+        "run_dir": "", "progress": "off", "tensorboard": False, "trace": False, "steps": steps,
+        "prompts_per_step": shape.prompts, "n": shape.n, "max_new_tokens": shape.max_new_tokens,
+        "temperature": 1.0, "entropy_coeff": 0.0, "kl_loss_coef": 0.001, "norm_adv_by_std": False,
+        "seed": shape.seed, "max_operand": shape.max_operand,
+    })
+
+
+async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start: float) -> dict[str, Any]:
+    """`steps` hfrt GRPO steps, each followed by one TRL step; every step's figures, and each
+    side's start-up time (from `start` until its daemons / trainer are ready)."""
+    import asyncio
+
+    from hfrt.flows import grpo
+    from hfrt.flows.common import get_roles, prompts_handle
+
+    cfg = hfrt_config(shape, steps)
+    roles = await get_roles(ctl, "actor", "reference", "reward")
+    hfrt_ready = time.perf_counter() - start
+    ready = await asyncio.to_thread(trl.receive)
+    rows = prompt_rows(shape, steps)
+    hfrt_steps, trl_steps = [], []
+    for step in range(steps):
+        lo, hi = step * shape.prompts, (step + 1) * shape.prompts
+        prompts = prompts_handle({k: v[lo:hi] for k, v in rows.items()})
+        start = time.perf_counter()
+        record = await grpo.grpo_step(cfg, step, prompts, **roles)
+        record["wall_s"] = time.perf_counter() - start
+        hfrt_steps.append(record)
+        trl_steps.append(await asyncio.to_thread(trl.step))
+    return {"hfrt": hfrt_steps, "trl": trl_steps, "trl_ready_s": ready["ready_s"], "hfrt_ready_s": hfrt_ready}
+
+
+def measure(shape: Shape, steps: int, warmup: int, engine: str) -> dict[str, Any]:
+    """Start hfrt's daemons and the TRL process, run warmup + steps interleaved steps, summarize."""
+    from hfrt.flows import Flow
+    from hfrt.loop import run
+    from hfrt.run import run_flow
+
+    total = warmup + steps
+    trl = TRLProcess(shape, total)
+    try:
+        start = time.perf_counter()
+
+        async def flow(ctl: Any, _config: dict[str, Any]) -> dict[str, Any]:
+            return await interleaved(ctl, shape, total, trl, start)
+
+        with tempfile.TemporaryDirectory(prefix="hfrt-vs-trl-run-") as run_dir:
+            out = run(run_flow(Flow("bench-vs-trl", flow, hfrt_roles(shape, engine)), run_dir=Path(run_dir), config={}))
+    finally:
+        trl.close()
+    return summarize(out, warmup) | {"model": shape.model, "engine": engine}
+
+
+def summarize(out: dict[str, Any], warmup: int) -> dict[str, Any]:
+    """Medians over the measured steps of both sides, their ratio, and each side's stages."""
+    def med(values: Iterable[float]) -> float:
+        return round(statistics.median(list(values)), 4)
+
+    ours, theirs = out["hfrt"][warmup:], out["trl"][warmup:]
+    hfrt_s, trl_s = med(r["wall_s"] for r in ours), med(r["step_s"] for r in theirs)
+    stages = sorted({k for r in ours for k in r if k.startswith(("timing/", "rollout/timing/"))})
+    return {
+        "hfrt_step_s": hfrt_s, "trl_step_s": trl_s,
+        "hfrt_tokens_per_s": med(r["response_tokens"] / r["wall_s"] for r in ours),
+        "trl_tokens_per_s": med(r["tokens"] / r["step_s"] for r in theirs),
+        "speedup": round(trl_s / hfrt_s, 3),
+        "hfrt_tokens": med(r["response_tokens"] for r in ours), "trl_tokens": med(r["tokens"] for r in theirs),
+        "hfrt_stages_s": {k.replace("timing/", "", 1): med(r[k] for r in ours if k in r) for k in stages},
+        "trl_stages_s": {"generate_score_ref": med(r["generate_s"] for r in theirs),
+                         "update": med(r["step_s"] - r["generate_s"] for r in theirs)},
+        "hfrt_startup_s": round(out["hfrt_ready_s"], 2), "trl_startup_s": round(out["trl_ready_s"], 2),
+        "hfrt_steps_s": [round(r["wall_s"], 3) for r in ours], "trl_steps_s": [round(r["step_s"], 3) for r in theirs],
+        "hfrt_reward_mean": med(r["reward/mean"] for r in ours),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hfrt bench vs-trl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", help="preset (tiny, smollm2-135m) or a Hugging Face model folder")
+    p.add_argument("--steps", type=int, default=5, help="measured steps per side (medians are over these)")
+    p.add_argument("--warmup", type=int, default=1, help="steps per side run first and left out of the figures")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=16, help="completion length limit")
+    p.add_argument("--lr", type=float, default=1e-6, help="learning rate of both sides")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per process (0: every core)")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="hfrt's generation engine (TRL uses transformers' generate)")
+    add_output_flags(p)
+    args = p.parse_args(argv)
+    if importlib.util.find_spec("trl") is None:
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    if args.steps < 1 or args.warmup < 0 or args.prompts < 1 or args.n < 2 or args.max_new_tokens < 1:
+        p.error("need --steps >= 1, --warmup >= 0, --prompts >= 1, --n >= 2 and --max-new-tokens >= 1")
+    from hfrt.log import configure as configure_logging
+
+    configure_logging("warning")
+    shape = Shape(args.model, args.prompts, args.n, args.max_new_tokens, args.lr, threads=args.threads)
+    result = measure(shape, args.steps, args.warmup, args.engine)
+    result |= {"steps": args.steps, "warmup": args.warmup, "shape": asdict(shape), **machine()}
+    print(f"{'':<24}{'hfrt':>10}{'TRL':>10}")
+    for label, a, b in (("step (s)", "hfrt_step_s", "trl_step_s"), ("tokens / s", "hfrt_tokens_per_s", "trl_tokens_per_s"),
+                        ("start-up (s)", "hfrt_startup_s", "trl_startup_s")):
+        print(f"{label:<24}{result[a]:>10}{result[b]:>10}")
+    print(f"speedup (TRL step / hfrt step): {result['speedup']}")
+    emit(result, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
