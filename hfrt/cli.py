@@ -1,4 +1,4 @@
-"""The `hfrt` command line: `controller`, `daemon`, `launch`, `stop`, `plot` and `bench` subcommands (argparse).
+"""The `hfrt` command line: `controller`, `daemon`, `launch`, `stop`, `plot`, `plan` and `bench` subcommands (argparse).
 
 It parses flags and hands off; it holds no runtime logic of its own.
 """
@@ -271,6 +271,12 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from hfrt.deploy.plan_cli import main as plan_main
+
+    return plan_main(args)
+
+
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
     import importlib
 
@@ -325,6 +331,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", type=float, default=10.0, help="seconds to wait for daemons to check in and exit")
     s.add_argument("--log-level", default="warning", help="debug, info, warning or error")
 
+    pn = sub.add_parser("plan", help="map roles to devices (the paper's Algorithm 1) and write a cluster spec")
+    from hfrt.deploy.plan_cli import add_arguments as plan_arguments
+
+    plan_arguments(pn)
+
     pl = sub.add_parser("plot", help="draw a run's reward curve and stage timings as a PNG")
     pl.add_argument("run_dir", help="a run folder (holding metrics.jsonl)")
     pl.add_argument("--out", help="PNG path (default: RUN_DIR/metrics.png)")
@@ -341,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    handlers = {"controller": _controller, "daemon": _daemon, "launch": _launch, "stop": _stop, "plot": _plot}
+    handlers = {"controller": _controller, "daemon": _daemon, "launch": _launch, "stop": _stop, "plot": _plot, "plan": _plan}
     return handlers[args.command](args)
 
 

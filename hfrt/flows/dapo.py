@@ -36,6 +36,15 @@ from .trainer import Trainer, sampling_seed
 #: The embedded default: GRPO's roles. DAPO drops the KL term (kl_loss_coef 0); the reference is
 #: still there so every step logs kl/mean — how far the policy has moved — beside the reward.
 ROLES: dict[str, dict[str, Any]] = dict(GRPO_ROLES)
+#: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
+#: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
+#: One sampling round: DAPO repeats generate and stage2 until enough groups vary.
+STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("generate", {"actor": ("generate",)}),
+    ("stage2", {"reward": ("forward",), "reference": ("forward",)}),
+    ("old_log_prob", {"actor": ("forward",)}),
+    ("update", {"actor": ("train",)}),
+)
 Rows = tuple[int, int]
 
 

@@ -19,6 +19,14 @@ from .trainer import Trainer, sampling_seed
 
 #: The embedded default: PPO's roles without the critic.
 ROLES: dict[str, dict[str, Any]] = {name: s for name, s in PPO_ROLES.items() if name != "critic"}
+#: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
+#: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
+STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("generate", {"actor": ("generate",)}),
+    ("stage2", {"reference": ("forward",), "reward": ("forward",)}),
+    ("old_log_prob", {"actor": ("forward",)}),
+    ("update", {"actor": ("train",)}),
+)
 
 
 @dataclass(frozen=True)

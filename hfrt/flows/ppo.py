@@ -25,6 +25,14 @@ ROLES: dict[str, dict[str, Any]] = {
     "reference": {"impl": "reference", "options": {"model": "tiny", "engine": {"micro_batch_size": 32}}},
     "reward": {"impl": "reward", "options": {"kind": "function", "function": REWARD}},
 }
+#: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
+#: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
+STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("generate", {"actor": ("generate",)}),
+    ("stage2", {"critic": ("forward",), "reference": ("forward",), "reward": ("forward",)}),
+    ("old_log_prob", {"actor": ("forward",)}),
+    ("update", {"critic": ("train",), "actor": ("train",)}),
+)
 
 
 @dataclass(frozen=True)

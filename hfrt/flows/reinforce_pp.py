@@ -21,6 +21,14 @@ from .rloo import RLOOConfig, rloo_step, train
 
 #: The embedded default: actor, reference and reward (no critic).
 ROLES: dict[str, dict[str, Any]] = RLOO_ROLES
+#: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
+#: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
+STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("generate", {"actor": ("generate",)}),
+    ("stage2", {"reference": ("forward",), "reward": ("forward",)}),
+    ("old_log_prob", {"actor": ("forward",)}),
+    ("update", {"actor": ("train",)}),
+)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,14 @@ from .rloo import ROLES as RLOO_ROLES
 
 #: The embedded default: actor, reference and reward (no critic).
 ROLES: dict[str, dict[str, Any]] = RLOO_ROLES
+#: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
+#: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
+STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("generate", {"actor": ("generate", "generate_greedy")}),
+    ("stage2", {"reference": ("forward",), "reward": ("forward", "forward_greedy")}),
+    ("old_log_prob", {"actor": ("forward",)}),
+    ("update", {"actor": ("train",)}),
+)
 #: The baseline column compute_advantages(estimator="remax") reads.
 BASELINE = "baseline_score"
 

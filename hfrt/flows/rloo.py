@@ -27,6 +27,14 @@ from .trainer import Trainer, sampling_seed
 
 #: The embedded default: GRPO's roles (actor, reference, reward; no critic).
 ROLES: dict[str, dict[str, Any]] = GRPO_ROLES
+#: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
+#: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
+STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("generate", {"actor": ("generate",)}),
+    ("stage2", {"reference": ("forward",), "reward": ("forward",)}),
+    ("old_log_prob", {"actor": ("forward",)}),
+    ("update", {"actor": ("train",)}),
+)
 #: Estimators that compare the samples of one prompt, so need n >= 2.
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
 
