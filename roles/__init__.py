@@ -20,6 +20,7 @@ BUILTIN: dict[str, str] = {
     "reference": "hfrt.roles.reference:ReferenceDaemon",
     "reward": "hfrt.roles.reward:RewardDaemon",
     "actor_ref": "hfrt.roles.colocated:ActorRefDaemon",
+    "rollout": "hfrt.roles.rollout_role:RolloutDaemon",
 }
 
 

@@ -45,6 +45,7 @@ from .models import ModelConfig, export_model_dir, load_model, load_tokenizer, r
 from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
 from .rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
 from .updates import MakeLoss, accumulate, forward_equal, run_updates
+from .weight_sync import WeightPublisher  # publish_weights (REPLICATE), for rollout daemons
 
 
 def actor_loss(cfg: ActorLoss) -> MakeLoss:
@@ -82,7 +83,7 @@ def actor_loss(cfg: ActorLoss) -> MakeLoss:
     return make
 
 
-class ActorDaemon(AdvantageEndpoints, CheckpointEndpoints, Daemon):
+class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daemon):
     """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, export_hf, weight_sync_report (REPLICATE);
     compute_advantages, advantage_state, load_advantage_state (RANK0, from roles/advantage.py)."""
 

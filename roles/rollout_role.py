@@ -1,0 +1,141 @@
+"""The rollout role daemon: generation only (built-in HF engine or vLLM), on its own devices beside
+the training actor, holding a numbered version of the policy's weights pushed by weight sync.
+
+Options: `model`, `dtype`, `seed`, `threads`, `dist_master` (as every role), `generator` ("hf" |
+"vllm"), `sampling` (SamplingParams defaults), `vllm` (VLLMConfig fields but model_dir). Until the
+first sync it holds the `model` option's weights as version -1. Every sample it returns carries
+the version it was generated with (non-tensor column `weight_version`, meta `weight_version`).
+It knows generation and weight sync; nothing of training, losses or the algorithm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+
+from hfrt.batch import Batch
+from hfrt.daemon import Daemon, DaemonContext
+from hfrt.endpoints import Dispatch, endpoint
+
+from .common import build_dataclass, check_options, close_group, prepare_process, role_errors, sampling_params
+from .generate import GenerationEngine, HFGenerationEngine
+from .models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
+from .rows import all_reduce, check_rows, merge
+from .weight_sync import WeightSyncError, apply_sync
+
+#: version a rollout daemon reports before its first sync (the `model` option's own weights)
+INITIAL_VERSION = -1
+
+
+class RolloutDaemon(Daemon):
+    """Endpoints: generate (SPLIT); load_weights, weight_version (REPLICATE)."""
+
+    OPTIONS = frozenset({"generator", "sampling", "vllm"})
+    GENERATORS = ("hf", "vllm")
+
+    @classmethod
+    def check_config(cls, context: DaemonContext) -> None:
+        check_options(context, cls.OPTIONS)
+        sampling_params(context.options.get("sampling"))
+        if context.options.get("engine"):
+            raise ValueError("the rollout role does not train: option engine is not read (remove it)")
+        kind = context.options.get("generator", "hf")
+        if kind not in cls.GENERATORS:
+            raise ValueError(f"unknown generator {kind!r}: use hf or vllm")
+        if not isinstance(context.options.get("vllm") or {}, dict):
+            raise ValueError("option vllm must be a table of VLLMConfig fields")
+
+    async def setup(self) -> None:
+        with role_errors(self.context):
+            ctx = self.context
+            self.check_config(ctx)
+            self.model = str(ctx.options.get("model", "tiny"))
+            self.dtype = str(ctx.options.get("dtype", "float32"))
+            self.seed = int(ctx.options.get("seed", 0))
+            self._joined = prepare_process(ctx, needs_group=ctx.world_size > 1)
+            self.tokenizer = load_tokenizer(self.model, self.seed)
+            self.sampling = sampling_params(ctx.options.get("sampling"))
+            self.engine = self._engine(str(ctx.options.get("generator", "hf")))
+            self.version = INITIAL_VERSION
+            self.broken: str | None = None  # why the weights are not usable (a failed sync)
+
+    def _engine(self, kind: str) -> GenerationEngine:
+        tok = self.tokenizer
+        if kind == "hf":
+            model = load_model(ModelConfig(self.model, self.dtype, seed=self.seed))
+            return HFGenerationEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        from .vllm_engine import VLLMConfig, VLLMGenerationEngine
+
+        fields = dict(self.context.options.get("vllm") or {})
+        fields.setdefault("seed", self.seed)
+        fields["model_dir"] = str(resolve_model_dir(self.model, self.seed))
+        return VLLMGenerationEngine(build_dataclass(VLLMConfig, fields, "vllm"), pad_token_id=tok.pad_token_id)
+
+    async def teardown(self) -> None:
+        close_group(getattr(self, "_joined", False))
+
+    # -- weights --------------------------------------------------------------------------
+
+    @endpoint(dispatch=Dispatch.REPLICATE, raw_handles=True)
+    def load_weights(self, sync: dict[str, Any]) -> dict[str, Any]:
+        """Load a version published by `publish_weights` (roles/weight_sync.py): buckets pulled
+        daemon-to-daemon one at a time, each checksum checked on arrival and on what the engine
+        then holds. A failed sync leaves this daemon refusing to generate until the next good one."""
+        where = f"rollout daemon {self.context.identity}"
+        peers = self.tensor_plane().peers
+        self.broken = f"the sync to version {sync.get('version')!r} did not finish"
+        try:
+            result = apply_sync(sync, lambda h: peers.pull([h])[0], self.engine.load_weights, self._held, where)
+        except WeightSyncError as exc:
+            self.broken = str(exc)
+            raise
+        self.version, self.broken = int(result["version"]), None
+        return result
+
+    def _held(self, layout: list[list[Any]]) -> torch.Tensor | None:
+        """What the HF engine now holds for `layout`, packed as the publisher packed it."""
+        if not isinstance(self.engine, HFGenerationEngine):
+            return None  # vLLM fuses and renames parameters: only the received bytes are checked
+        params = self.engine._params
+        return torch.cat([params[row[0]].detach().reshape(-1).view(torch.uint8).cpu() for row in layout])
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def weight_version(self) -> int:
+        """The policy version this daemon generates with (-1 before the first sync)."""
+        return self.version
+
+    # -- generation -----------------------------------------------------------------------
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def generate(self, batch: Batch, *extra: Batch, **sampling: Any) -> Batch:
+        """Sample responses for the `prompt` column, as the actor's `generate` does (roles/rollout.py
+        layout), plus `weight_version` per row and in meta, and meta timing/generate_s."""
+        if self.broken is not None:
+            raise WeightSyncError(f"rollout daemon {self.context.identity} holds no valid weights: {self.broken}")
+        prompts = with_uids(merge(batch, extra))
+        check_rows(len(prompts), "rollout.generate")
+        if "prompt" not in prompts:
+            raise KeyError(f"rollout.generate needs a non-tensor column 'prompt'; the batch has {list(prompts.non_tensor)}")
+        params = sampling_params(self.sampling, **sampling)
+        if params.seed is not None:
+            params = dataclasses.replace(params, seed=params.seed + self.context.dp_rank)
+        ids = [encode_prompt(self.tokenizer, p) for p in prompts["prompt"]]
+        [width] = all_reduce([max(len(i) for i in ids)], "max")
+        start = time.perf_counter()
+        out = self.engine.generate(ids, params)
+        elapsed = time.perf_counter() - start
+        record = fixed_width(out, prompt_width=int(width), response_width=params.max_new_tokens,
+                             pad_id=self.tokenizer.pad_token_id, n=params.n)
+        texts = decode_responses(self.tokenizer, record["responses"], record["response_mask"])
+        from .actor import length_stats
+
+        [elapsed] = all_reduce([elapsed], "max")
+        meta = {"temperature": params.temperature, "n": params.n, "timing/generate_s": elapsed,
+                "weight_version": self.version} | length_stats(record["response_mask"], params.max_new_tokens)
+        out_batch = rollout_batch(record, texts, prompts, params.n, meta)
+        out_batch["weight_version"] = [self.version] * len(out_batch)
+        return out_batch
