@@ -21,6 +21,7 @@ from .plan_model import (
 )
 
 OPS = ("generate", "generate_greedy", "forward", "forward_greedy", "train")
+BUDGET_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -305,9 +306,11 @@ class _Memo:
         return {r: self.p.hw.memory_bytes * v / total for r, v in need.items()}
 
     def choice(self, role: str, n: int, budget: float) -> Choice | None:
-        key = (role, n, int(budget // 2**20))
+        """Budgets are rounded down to 1/64 of device memory, so near-equal ones share an answer."""
+        step = self.p.hw.memory_bytes / BUDGET_STEPS
+        key = (role, n, int(budget // step))
         if key not in self.choices:
-            self.choices[key] = auto_parallel(self.p, role, n, budget)
+            self.choices[key] = auto_parallel(self.p, role, n, key[2] * step)
         return self.choices[key]
 
 

@@ -24,7 +24,7 @@ from .plan_file import FUNCTION, PlanInput, resolve_model
 from .plan_model import CATEGORIES, Cost, Efficiency, ModelSpec
 
 WARMUP_STEPS = 2
-RIDGE = 1e-3
+RIDGE = 1e-6
 
 
 @dataclass(frozen=True)

@@ -78,10 +78,14 @@ def _roles(plan: PlanInput, mapping: Mapping, pools: list[str]) -> list[str]:
     lines: list[str] = []
     for role, settings in plan.flow_roles.items():
         options, note = role_options(settings.get("options", {}), plan.model_sources.get(role, ""))
+        choice = mapping.choices.get(role)
+        if choice is not None and choice.layout.devices > 1 and plan.problem.trained(role):
+            engine = options.setdefault("engine", {})
+            if engine.get("backend", "local") == "local":  # one rank's engine cannot train across ranks
+                engine["backend"] = "fsdp2"
         lines.append(f"[roles.{toml_key(role)}]")
         if note:
             lines.append(note)
-        choice = mapping.choices.get(role)
         if choice is None:  # a function role: one rank, beside the actor
             lines += [f"pool = {toml_value(home)}", f"impl = {toml_value(settings.get('impl', role))}", "world_size = 1"]
         else:
