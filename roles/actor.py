@@ -44,7 +44,7 @@ from .hybrid import HybridEngine
 from .models import ModelConfig, export_model_dir, load_model, load_tokenizer, resolve_model_dir
 from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
 from .rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
-from .updates import MakeLoss, accumulate, forward_equal, run_updates
+from .updates import MakeLoss, accumulate, forward_equal, require_one_step, run_updates
 from .weight_sync import WeightPublisher  # publish_weights (REPLICATE), for rollout daemons
 
 
@@ -63,8 +63,11 @@ def actor_loss(cfg: ActorLoss) -> MakeLoss:
         def loss_fn(out: ForwardOutput, mb: Any, _: LossScale) -> tuple[torch.Tensor, dict[str, Any]]:
             assert out.log_probs is not None
             mask = mb["response_mask"]
+            # No old_log_probs column: the update is on-policy (one optimizer step per rollout), so
+            # the old log-probs are the current ones, detached (the ratio is exactly 1).
+            old = mb["old_log_probs"] if "old_log_probs" in mb else out.log_probs.detach()
             loss, metrics = policy_loss(
-                out.log_probs, mb["old_log_probs"], mb["advantages"], mask, policy, scale, mb.get("rollout_log_probs")
+                out.log_probs, old, mb["advantages"], mask, policy, scale, mb.get("rollout_log_probs")
             )
             accumulate(shares, "actor/pg_loss", loss.detach())
             if cfg.entropy_coeff:
@@ -183,10 +186,15 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
         """PPO epochs × mini-batches of optimizer steps on `advantages`, `old_log_probs` (and
         `ref_log_prob` with use_kl_loss, `rollout_log_probs` with tis_cap). Options: ActorLoss and
         UpdateSchedule fields (hfrt.loss_options). Returns metrics averaged over steps, the same on
-        every rank."""
+        every rank. Without an `old_log_probs` column the update must be one optimizer step
+        (on-policy: ppo_epochs 1, one mini-batch) and the old log-probs are the current ones,
+        detached — what a compute_log_prob pass would have given, without its forward pass."""
         batch = merge(batch, extra)
         schedule, cfg = check_update_options("actor", loss)
-        more = ["advantages", "old_log_probs"] + (["ref_log_prob"] if cfg.use_kl_loss else [])
+        with_old = "old_log_probs" in batch.tensors
+        if not with_old:
+            require_one_step(schedule, len(batch), "actor.update")
+        more = ["advantages"] + (["old_log_probs"] if with_old else []) + (["ref_log_prob"] if cfg.use_kl_loss else [])
         more += ["rollout_log_probs"] if cfg.tis_cap is not None else []
         return run_updates(
             self.engine, forward_inputs(batch, "actor.update", *more), actor_loss(cfg), schedule,

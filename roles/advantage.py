@@ -165,8 +165,9 @@ class AdvantageEndpoints:
         cols = take(merged, ["response_mask", p.score_column], "compute_advantages")
         mask, rewards = cols["response_mask"].float(), cols[p.score_column].float()
         rewards, metrics = shape_scores(merged, rewards, mask, p)
-        if "old_log_probs" in merged.tensors and "ref_log_prob" in merged.tensors:
-            kl = kl_penalty(merged.tensors["old_log_probs"].float(), merged.tensors["ref_log_prob"].float(), p.kl_penalty)
+        old = merged.tensors.get("old_log_probs", merged.tensors.get("rollout_log_probs"))  # the sampler's: on-policy
+        if old is not None and "ref_log_prob" in merged.tensors:
+            kl = kl_penalty(old.float(), merged.tensors["ref_log_prob"].float(), p.kl_penalty)
             metrics["kl/mean"] = float(masked_mean(kl, mask))
         if p.use_kl_in_reward:
             rewards, metrics = self._kl_in_reward(merged, rewards, mask, p, metrics)

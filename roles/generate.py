@@ -86,13 +86,15 @@ def sample_next(
     logits = logits.float()
     if params.temperature <= 0:
         tokens = logits.argmax(dim=-1)
-        scaled = logits
+        log_probs = torch.log_softmax(logits, dim=-1)
     else:
-        scaled = logits / params.temperature
-        probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), dim=-1)
+        log_probs = torch.log_softmax(logits / params.temperature, dim=-1)
+        if params.top_k > 0 or params.top_p < 1.0:
+            probs = torch.softmax(filter_logits(log_probs, params.top_k, params.top_p), dim=-1)
+        else:  # no truncation: the distribution is the one whose log-probs we report
+            probs = log_probs.exp()
         tokens = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
-    log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return tokens, log_probs
+    return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,7 +217,8 @@ class HFGenerationEngine:
         stops = self._stop_ids(params).to(device)
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        # the prompt's last position is the only one whose logits sampling reads
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         tokens, logps, alive = [], [], []
         finished = torch.zeros(len(rows), dtype=torch.bool, device=device)
         attn = mask

@@ -44,6 +44,19 @@ def mini_batch_count(global_rows: float, mini_batch_size: int, local_rows: int) 
     return max(1, min(local_rows, math.ceil(global_rows / mini_batch_size)))
 
 
+def require_one_step(schedule: UpdateSchedule, local_rows: int, endpoint: str) -> None:
+    """Refuse an update without old log-probs that would take more than one optimizer step
+    (after the first step the current log-probs are no longer the rollout policy's)."""
+    [global_rows] = all_reduce([local_rows])
+    minis = mini_batch_count(global_rows, schedule.ppo_mini_batch_size, max(local_rows, 1))
+    if schedule.ppo_epochs != 1 or minis != 1:
+        raise ValueError(
+            f"{endpoint}: no old_log_probs column, which is right only for one optimizer step per rollout; "
+            f"this call takes ppo_epochs={schedule.ppo_epochs} x {minis} mini-batch(es): "
+            "pass the old log-probs (actor.compute_log_prob) or update on-policy"
+        )
+
+
 def run_updates(
     engine: TrainEngine,
     tensors: Tensors,

@@ -110,6 +110,14 @@ class FlowConfig:
             base["tis_cap"] = self.tis_cap
         return base | self.flow_actor_options() | dict(self.actor_loss)
 
+    def on_policy(self, rows: int) -> bool:
+        """Whether the actor's update over a rollout of `rows` rows is one optimizer step
+        (ppo_epochs 1, one mini-batch, after the actor_loss table): then its old log-probs are
+        its current ones and the flow skips the pass that computes them."""
+        options = self.actor_update_options()
+        mini = int(options.get("ppo_mini_batch_size", 0))
+        return int(options.get("ppo_epochs", 1)) == 1 and (mini == 0 or mini >= rows)
+
     def critic_update_options(self) -> dict[str, Any]:
         """Every critic.update option: the schedule, the flow's own, then the critic_loss table."""
         base = {"ppo_epochs": self.ppo_epochs, "ppo_mini_batch_size": self.ppo_mini_batch_size}

@@ -1,7 +1,7 @@
 """The `grpo` flow: GRPO on the built-in addition task — n samples per prompt, the group's reward
 statistics as the baseline, no critic, KL as a loss term; by default Dr.GRPO (norm_adv_by_std=false).
 Stages as in the paper's pseudo-code: generate → (reference log-probs ∥ reward scores) →
-old log-probs → advantages (on the actor's rank 0) → actor update.
+old log-probs (skipped when the update is on-policy) → advantages (on the actor's rank 0) → actor update.
 
 The controller only moves handles. It knows role endpoints and their options, nothing of engines.
 """
@@ -83,11 +83,14 @@ async def grpo_step(cfg: GRPOConfig, step: int, prompts: BatchHandle, *, actor: 
     # Stage 2: prepare experience — the reference and the reward at once
     ref, scores = await t.together(
         "stage2", ref_log_prob=reference.compute_log_prob(rollout, **kw), reward=reward.score(rollout, **kw))
-    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))
+    # Old log-probs: skipped when the update is one optimizer step (the actor then takes its
+    # current log-probs, detached, as TRL does): a forward pass fewer, the same update.
+    old = [] if cfg.on_policy(len(prompts) * cfg.n) else [
+        await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))]
     adv = await t.one("advantages", actor.compute_advantages(
-        rollout, scores, old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
+        rollout, scores, *old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
     # Stage 3: actor training (no critic)
-    actor_ranks = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **kw))
+    actor_ranks = await t.one("update", actor.update(rollout, *old, ref, adv, **actor_loss_options(cfg), **kw))
     return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))
 
 

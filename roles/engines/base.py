@@ -177,7 +177,9 @@ def model_forward(
     if is_value:
         values = module(**inputs)
         return ForwardOutput(values=values[:, -width - 1 : -1].float())
-    logits = module(**inputs, use_cache=False).logits[:, -width - 1 : -1]
+    # The LM head only where a response token is predicted (the last width + 1 positions, the
+    # very last dropped): prompt positions' [vocab] logits are never made.
+    logits = module(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     out = ForwardOutput(log_probs=token_log_probs(logits, mb["responses"].to(device)))

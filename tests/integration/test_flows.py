@@ -40,8 +40,11 @@ def test_flow_runs_two_steps_on_real_daemons(name: str, tmp_path: Path) -> None:
     records = [json.loads(line) for line in lines]
     assert [r["step"] for r in records] == [0, 1]
     for record in records:
-        missing = [k for k in REQUIRED + tuple(f"timing/{s}_s" for s in STAGE2[name]) if k not in record]
+        # GRPO's update is on-policy by default (one optimizer step): no old-log-prob pass
+        required = [k for k in REQUIRED if name == "ppo" or k != "timing/old_log_prob_s"]
+        missing = [k for k in required + [f"timing/{s}_s" for s in STAGE2[name]] if k not in record]
         assert not missing, missing
+        assert ("timing/old_log_prob_s" in record) == (name == "ppo")
         assert 0.0 <= record["reward/mean"] <= 1.0
         assert record["controller_bulk_bytes"] == 0
         # stage 2's calls ran at the same time: its wall time is under the sum of theirs
