@@ -225,14 +225,15 @@ def simu(p: Problem, role: str, op: str, layout: Layout, gen: Layout | None, kv_
     return forward_cost(m, layout, w, op, p.hw, p.per_node)
 
 
-def auto_parallel(p: Problem, role: str, n: int, budget: float) -> Choice | None:
+def auto_parallel(p: Problem, role: str, n: int, budget: float, layouts: list[Layout] | None = None) -> Choice | None:
     """The fastest layout of `role` on n devices (and, for the actor, generation layout) whose
-    memory fits `budget` bytes per device; None if none fits."""
+    memory fits `budget` bytes per device; None if none fits. `layouts` narrows the candidates
+    (calibration prices a run's own layout)."""
     trained = p.trained(role)
     ops = [s.calls.get(role, ()) for s in p.stages]
     generates = any(o.startswith("generate") for stage in ops for o in stage)
     best: Choice | None = None
-    for layout in candidate_layouts(p, role, n):
+    for layout in candidate_layouts(p, role, n) if layouts is None else layouts:
         static = static_memory(p.models[role], layout, trained, p.hw)
         act = activation_memory(p.models[role], layout, p.workload, trained, p.hw)
         if static + act > budget:

@@ -6,8 +6,9 @@ step's `timing/<stage>_s`), predicts each stage of that run with the cost model,
 toward the current factors so a category the run never exercised keeps its value. It knows the
 cost model's linear form; it does not search mappings or start runs.
 
-The run's mapping is taken as each model role on its own `world_size` devices, data-parallel
-(what `hfrt controller` without --cluster starts: one daemon per rank, on this machine).
+A run's mapping is read from the cluster spec it ran with (`--calibrate RUN_DIR=SPEC`), or taken
+as each model role on its own `world_size` devices, data-parallel (what `hfrt controller` without
+--cluster starts). Several runs are fitted together.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from typing import Any
 
 from .plan import Choice, Problem, auto_parallel
 from .plan_file import FUNCTION, PlanInput, resolve_model
-from .plan_model import CATEGORIES, Cost, Efficiency, ModelSpec
+from .plan_model import CATEGORIES, Cost, Efficiency, Layout, ModelSpec
 
 WARMUP_STEPS = 2
 RIDGE = 1e-6
+MIN_FRACTION = 1e-3
 
 
 @dataclass(frozen=True)
@@ -88,32 +90,54 @@ def _model_for(plan: PlanInput, role: str, source: str) -> ModelSpec:
     return resolve_model(source, role, plan.source)
 
 
-def run_choices(p: Problem, sizes: dict[str, int]) -> dict[str, Choice]:
-    """Each role as the run placed it: world_size devices, data-parallel, its own device memory."""
+def run_mapping(p: Problem, sizes: dict[str, int], spec: str | None) -> tuple[list[tuple[str, ...]], dict[str, Layout]]:
+    """The run's colocated sets and layouts: from the cluster spec it ran with, else each role on
+    its own world_size devices, data-parallel (`hfrt controller` without --cluster)."""
+    if spec is None:
+        return [(r,) for r in p.models], {r: Layout(1, 1, sizes[r]) for r in p.models}
+    from .spec import load_spec
+
+    cluster = load_spec(spec)
+    missing = sorted(set(p.models) - set(cluster.roles))
+    if missing:
+        raise ValueError(f"--calibrate: spec {spec} does not place role(s) {missing}")
+    pools: dict[str, list[str]] = {}
+    layouts = {}
+    for role in p.models:
+        placed = cluster.roles[role]
+        pools.setdefault(placed.pool, []).append(role)
+        layouts[role] = Layout(placed.pp_size, placed.tp_size, placed.dp_size)
+    return [tuple(g) for g in pools.values()], layouts
+
+
+def run_choices(p: Problem, layouts: dict[str, Layout]) -> dict[str, Choice]:
+    """Each role's costs under the layout it ran with (memory is not checked: it did run)."""
     out = {}
-    for role, n in sizes.items():
-        one = dataclasses.replace(p, models={role: p.models[role]}, hw=dataclasses.replace(p.hw, max_tp=1, max_pp=1),
-                                  stages=tuple(dataclasses.replace(s, calls={role: s.calls[role]} if role in s.calls else {}) for s in p.stages))
-        c = auto_parallel(one, role, n, p.hw.memory_bytes)
+    for role, lay in layouts.items():
+        c = auto_parallel(p, role, lay.devices, p.hw.memory_bytes * 1e6, [lay])
         if c is None:
-            raise ValueError(f"--calibrate: role {role!r} does not fit {n} device(s) of {p.hw.name} in the cost model")
+            raise ValueError(f"--calibrate: role {role!r} cannot run as pp {lay.pp} tp {lay.tp} dp {lay.dp} in the cost model")
         out[role] = c
     return out
 
 
-def stage_costs(p: Problem, choices: dict[str, Choice]) -> list[Cost]:
-    """Each stage's critical path under the current efficiencies: the slowest role's cost."""
+def stage_costs(p: Problem, sets: list[tuple[str, ...]], choices: dict[str, Choice]) -> list[Cost]:
+    """Each stage's critical path under the current efficiencies: the slowest set's summed cost."""
     out = []
     for i in range(len(p.stages)):
-        costs = [choices[r].costs[i] for r in p.stages[i].calls if r in choices]
-        out.append(max(costs, key=lambda c: c.seconds(p.eff), default=Cost()))
+        per_set = [sum((choices[r].costs[i] for r in g), Cost()) for g in sets]
+        out.append(max(per_set, key=lambda c: c.seconds(p.eff), default=Cost()))
     return out
 
 
-def calibrate(plan: PlanInput, run_dir: str | Path) -> Fit:
+def run_rows(plan: PlanInput, run: str) -> tuple[list[list[float]], list[float], list[str], int]:
+    """One run's fitting rows: per stage with a timing, the raw cost vector and the median time.
+    `run` is RUN_DIR, or RUN_DIR=SPEC for a run started with --cluster SPEC."""
+    run_dir, _, spec = run.partition("=")
     config, rows = read_run(Path(run_dir))
     p, sizes = run_problem(plan, config)
-    costs = stage_costs(p, run_choices(p, sizes))
+    sets, layouts = run_mapping(p, sizes, spec or None)
+    costs = stage_costs(p, sets, run_choices(p, layouts))
     used = rows[WARMUP_STEPS:]
     xs, ys, names = [], [], []
     for stage, cost in zip(p.stages, costs, strict=True):
@@ -124,19 +148,37 @@ def calibrate(plan: PlanInput, run_dir: str | Path) -> Fit:
             names.append(stage.name)
     if not xs:
         raise ValueError(f"--calibrate {run_dir}: no timing/<stage>_s of flow {plan.flow!r} ({', '.join(s.name for s in p.stages)})")
-    prior = [1 / getattr(p.eff, c) for c in CATEGORIES] + [p.eff.call_s]
+    return xs, ys, names, len(used)
+
+
+def calibrate(plan: PlanInput, runs: str | list[str]) -> Fit:
+    """Fit the efficiency factors to one or more runs (stage medians after the warm-up steps)."""
+    runs = [runs] if isinstance(runs, str) else runs
+    xs: list[list[float]] = []
+    ys: list[float] = []
+    names: list[str] = []
+    steps = 0
+    for run in runs:
+        run_xs, run_ys, run_names, used = run_rows(plan, str(run))
+        prefix = f"{Path(str(run).partition('=')[0]).name}/" if len(runs) > 1 else ""
+        xs, ys, names, steps = xs + run_xs, ys + run_ys, names + [prefix + s for s in run_names], steps + used
+    e = plan.problem.eff
+    prior = [1 / getattr(e, c) for c in CATEGORIES] + [e.call_s]
     fitted = nnls_ridge(xs, ys, prior)
     eff = Efficiency(**{c: 1 / max(v, 1e-9) for c, v in zip(CATEGORIES, fitted, strict=False)}, call_s=fitted[-1])
-    before = dict(zip(names, (sum(a * b for a, b in zip(x, prior, strict=True)) for x in xs), strict=True))
-    after = dict(zip(names, (sum(a * b for a, b in zip(x, fitted, strict=True)) for x in xs), strict=True))
-    return Fit(eff, {n: (y, before[n], after[n]) for n, y in zip(names, ys, strict=True)}, len(used))
+    stages = {}
+    for x, y, n in zip(xs, ys, names, strict=True):
+        before = sum(a * b for a, b in zip(x, prior, strict=True))
+        stages[n] = (y, before, sum(a * b for a, b in zip(x, fitted, strict=True)))
+    return Fit(eff, stages, steps)
 
 
 def nnls_ridge(xs: list[list[float]], ys: list[float], prior: list[float], sweeps: int = 500) -> list[float]:
-    """argmin over v >= 0 of sum_i (x_i·v - y_i)^2 / y_i^2 + RIDGE * sum_k ((v_k - prior_k) / prior_k)^2,
+    """argmin over v >= floor (v_k >= prior_k / 1000, call_s >= 0) of sum_i (x_i·v - y_i)^2 / y_i^2 + RIDGE * sum_k ((v_k - prior_k) / prior_k)^2,
     by coordinate descent (relative errors: every stage counts alike). Columns that are zero
     everywhere keep their prior."""
     v = list(prior)
+    floor = [p * MIN_FRACTION for p in prior[:-1]] + [0.0]  # an efficiency at most 1000x its prior; call_s may be 0
     weights = [1 / max(y, 1e-12) ** 2 for y in ys]
     for _ in range(sweeps):
         for k in range(len(v)):
@@ -147,5 +189,5 @@ def nnls_ridge(xs: list[list[float]], ys: list[float], prior: list[float], sweep
             a = sum(w * c * c for w, c in zip(weights, col, strict=True)) + RIDGE / scale**2
             resid = [y - sum(x[j] * v[j] for j in range(len(v)) if j != k) for x, y in zip(xs, ys, strict=True)]
             b = sum(w * c * r for w, c, r in zip(weights, col, resid, strict=True)) + RIDGE * prior[k] / scale**2
-            v[k] = max(0.0, b / a)
+            v[k] = max(floor[k], b / a)
     return v

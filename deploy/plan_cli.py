@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rank", type=int, default=1, metavar="N", help="with --out: write the N-th best mapping instead (1 = best)")
     p.add_argument("--top", type=int, default=0, metavar="K", help="how many mappings to show (default: the PLAN's top, else 5)")
     p.add_argument("--json", action="store_true", help="print one JSON line (best, predicted_step_s, candidates_evaluated, plan_s, ...)")
-    p.add_argument("--calibrate", metavar="RUN_DIR", help="first fit the efficiency factors to a run's metrics.jsonl timings")
+    p.add_argument("--calibrate", action="append", default=[], metavar="RUN_DIR[=SPEC]",
+                   help="first fit the efficiency factors to a run's metrics.jsonl timings; =SPEC: the cluster spec it ran with (repeatable)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -71,7 +72,7 @@ def mapping_dict(plan: PlanInput, m: Mapping) -> dict[str, Any]:
     p = plan.problem
     sets = []
     for pool, group, n, mem in zip(pool_names(m), m.placement, m.alloc, m.memory, strict=True):
-        roles = {}
+        roles: dict[str, dict[str, Any]] = {}
         for r in group:
             c = m.choices[r]
             roles[r] = {"pp": c.layout.pp, "tp": c.layout.tp, "dp": c.layout.dp}

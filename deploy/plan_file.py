@@ -140,7 +140,7 @@ def _cluster(r: Reader, raw: Any) -> tuple[Hardware, int, int, tuple[str, ...], 
     t = r.section(raw, w, {"hardware", "nodes", "devices_per_node", "node_names", "launcher", *_HW_OVERRIDES})
     name = r.choice(t, w, "hardware", tuple(HARDWARE), "H100")
     hw = HARDWARE[name]
-    changes = {}
+    changes: dict[str, Any] = {}
     for key, (attr, scale) in _HW_OVERRIDES.items():
         if key in t:
             value = r.get(t, w, key, float, 0.0)
