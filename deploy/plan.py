@@ -356,8 +356,17 @@ def search(p: Problem) -> Result:
                 if m is not None and (best is None or m.step_s < best.step_s):
                     best = m
         if best is None:
-            infeasible.append(" | ".join("+".join(g) for g in placement))
+            infeasible.append(_why_not(p, placement, a_min))
         else:
             ranked.append(best)
     ranked.sort(key=lambda m: m.step_s)
     return Result(ranked, evaluated, time.perf_counter() - start, infeasible)
+
+
+def _why_not(p: Problem, placement: tuple[tuple[str, ...], ...], a_min: tuple[int, ...] | None) -> str:
+    name = " | ".join("+".join(g) for g in placement)
+    if len(placement) > p.devices:
+        return f"{name} (more sets than devices)"
+    if a_min is None:
+        return f"{name} (a set does not fit device memory)"
+    return f"{name} (no allocation of {p.devices} devices fits memory and the nodes)"

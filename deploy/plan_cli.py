@@ -119,7 +119,7 @@ def table(plan: PlanInput, result: Result, top: int) -> str:
         lines.append(f"{i:>2}  {sets:<44} {lays:<44} " + " ".join(f"{t:>12.3f}" for t in m.stage_s)
                      + f" {m.step_s:>10.3f} {mem:>10.2f}")
     if result.infeasible:
-        lines.append(f"no allocation fits memory for: {'; '.join(result.infeasible)}")
+        lines.append(f"not feasible: {'; '.join(result.infeasible)}")
     return "\n".join(lines)
 
 
