@@ -26,6 +26,7 @@ BUILTIN: dict[str, str] = {
     "remax": "hfrt.flows.remax",
     "safe_rlhf": "hfrt.flows.safe_rlhf",
     "dapo": "hfrt.flows.dapo",
+    "grpo_async": "hfrt.flows.grpo_async",
 }
 
 FlowFn = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any] | None]]

@@ -4,6 +4,14 @@ bucket with a corrupted bucket named, and the `grpo_async` flow."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,3 +68,95 @@ async def test_sync_by_handle_versions_and_checksums() -> None:
         await rollout.load_weights(good, timeout_s=CALL_TIMEOUT_S)
         assert await rollout.weight_version() == [2]
         assert ctl.stats()["controller_bulk_bytes"] == 0
+
+
+def run_cli(run_dir: Path, *sets: str, timeout: float = 170) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "hfrt", "controller", "--flow", "grpo_async", "--run-dir", str(run_dir),
+            "--set", "progress=off", "--set", "export_hf=false"]
+    for item in sets:
+        args += ["--set", item]
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_max_staleness_0_reproduces_grpo(tmp_path: Path) -> None:
+    """Same seed, same samples, same losses: only timings (and float noise in kl/mean) differ."""
+    sync = subprocess.run([sys.executable, "-m", "hfrt", "controller", "--flow", "grpo", "--run-dir", str(tmp_path / "grpo"),
+                           "--set", "steps=2", "--set", "progress=off", "--set", "export_hf=false"],
+                          capture_output=True, text=True, timeout=170)
+    assert sync.returncode == 0, sync.stderr[-3000:]
+    out = run_cli(tmp_path / "async", "steps=2", "max_staleness=0")
+    assert out.returncode == 0, out.stderr[-3000:]
+    for a, b in zip(records(tmp_path / "grpo"), records(tmp_path / "async"), strict=True):
+        assert b["async/staleness_max"] == 0 and b["async/staleness_hist/0"] == 1.0
+        for key, value in a.items():
+            if key.startswith(("timing/", "rollout/", "perf/", "memory/")):
+                continue
+            if key.startswith(("reward/", "response_length/")) or key == "response_tokens":
+                assert b[key] == value, key
+            else:
+                assert b[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_max_staleness_1_runs_ahead_with_tis(tmp_path: Path) -> None:
+    out = run_cli(tmp_path / "run", "steps=3", "max_staleness=1", "tis_cap=2", "sync_bucket_mb=0.1", "prompts_per_step=4", "n=4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["controller_bulk_bytes"] == 0
+    rows = records(tmp_path / "run")
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]  # step 0 had nothing older to use
+    assert rows[1]["async/staleness_hist/1"] == 1.0 and rows[1]["async/weight_version_min"] == 0.0
+    for r in rows:
+        assert r["controller_bulk_bytes"] == 0 and "actor/tis_weight_mean" in r
+        for key in ("async/train_wait_s", "async/rollout_idle_s", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s"):
+            assert r[key] >= 0, key
+    assert rows[0]["sync/version"] == 0 and rows[0]["sync/buckets"] >= 4 and rows[0]["sync/bytes"] > 0
+    assert {r.get("sync/version") for r in rows} >= {0.0, 1.0}
+
+
+def daemon_pid(parent: int, role: str) -> int | None:
+    """The pid of the `hfrt daemon --role ROLE` child of `parent`, if running."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and b"daemon" in argv and b"--role" in argv and argv[argv.index(b"--role") + 1] == role.encode():
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_kill_9_of_the_rollout_daemon_names_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "hfrt", "controller", "--flow", "grpo_async", "--run-dir", str(run_dir),
+            "--set", "progress=off", "--set", "export_hf=false", "--set", "steps=100000"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        metrics = run_dir / "metrics.jsonl"
+        while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        pid = daemon_pid(proc.pid, "rollout")
+        assert pid is not None, "no rollout daemon found"
+        os.kill(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0
+    assert "rollout:0" in err and "gone" in err, err[-3000:]
+    assert re.search(r"(rollout for step \d+ failed|weight sync to version \d+)", err), err[-3000:]

@@ -1,0 +1,124 @@
+"""The `grpo_async` flow: GRPO with generation on a separate `rollout` role that runs ahead of
+training by up to `max_staleness` policy versions, the actor's weights pushed to it (bucketed,
+checksummed, by handle) after every update, off-policy tokens corrected with truncated importance
+sampling against the rollout engine's own log-probs (`tis_cap`).
+
+A step: take the rollout started up to max_staleness steps ago (await late) → (reference log-probs
+∥ reward scores) → old log-probs → advantages → actor update → publish the new version and start
+the next rollouts (start early). max_staleness=0 is the synchronous `grpo` flow, sample for sample.
+It knows role endpoints and their options, nothing of engines or devices.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from hfrt.protocols import BatchHandle
+
+from .async_rollout import STALE_POLICIES, RolloutPipeline, StalenessPolicy, WeightSync
+from .common import CALL_TIMEOUT_S, StageTimer, get_roles, reduce_rank_metrics, step_metrics
+from .grpo import ROLES as GRPO_ROLES
+from .grpo import GRPOFlowConfig, actor_loss_options
+from .trainer import Trainer, sampling_seed
+
+#: grpo's roles plus one generation-only rollout daemon with the actor's model and sampling.
+ROLES: dict[str, dict[str, Any]] = {
+    **GRPO_ROLES,
+    "rollout": {"impl": "rollout", "options": {"model": "tiny", "sampling": {"top_k": 0}}},
+}
+
+
+@dataclass(frozen=True)
+class GRPOAsyncConfig(GRPOFlowConfig):
+    """grpo's settings plus max_staleness (policy versions a sample may lag; 0: synchronous),
+    stale_policy ("wait": rollouts never run further ahead than the bound; "drop": `rollout_ahead`
+    rollouts stay in flight and samples found too old are generated again), rollout_ahead (-1:
+    max_staleness) and sync_bucket_mb (weight-sync bucket size). tis_cap > 0 weights each token's
+    loss by min(π_old / π_rollout, tis_cap) with the rollout engine's log-probs."""
+
+    max_staleness: int = 1
+    stale_policy: str = "wait"
+    rollout_ahead: int = -1
+    sync_bucket_mb: float = 64.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.stale_policy not in STALE_POLICIES:
+            raise ValueError(f"config stale_policy={self.stale_policy!r}: use wait or drop")
+        if not self.sync_bucket_mb > 0:
+            raise ValueError(f"config sync_bucket_mb={self.sync_bucket_mb!r}: must be > 0")
+        try:
+            self.staleness()
+        except ValueError as err:
+            raise ValueError(f"config: {err}") from None
+
+    def staleness(self) -> StalenessPolicy:
+        return StalenessPolicy(self.max_staleness, self.stale_policy, self.rollout_ahead)
+
+
+Config = GRPOAsyncConfig
+
+
+async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+    cfg = GRPOAsyncConfig.read(config)
+    roles = await get_roles(ctl, "actor", "rollout", "reference", "reward")
+    trainer = Trainer(ctl, cfg, roles)
+    step = AsyncGRPO(cfg, roles, trainer)
+    try:
+        return await trainer.run(step)
+    finally:
+        await step.close()
+
+
+class AsyncGRPO:
+    """The step function of `grpo_async` (call it with (step, prompts), as Trainer does); it owns
+    the rollout pipeline, started on the first step (after a resume: at the resumed version).
+
+    Prompts keep data order: the pipeline takes the prompts the Trainer gives each step, and draws
+    the next ones from the Trainer's source when it starts a rollout before they were given."""
+
+    def __init__(self, cfg: GRPOAsyncConfig, roles: dict[str, Any], trainer: Trainer) -> None:
+        self.cfg, self.roles, self.trainer = cfg, roles, trainer
+        self._given: deque[BatchHandle] = deque()
+        sync = WeightSync(roles["actor"], roles["rollout"], bucket_mb=cfg.sync_bucket_mb)
+        self.pipeline = RolloutPipeline(sync, cfg.staleness(), self._generate, self._next_prompts, steps=cfg.steps)
+        self._started = False
+
+    def _next_prompts(self) -> BatchHandle:
+        return self._given.popleft() if self._given else self.trainer.more_prompts(self.cfg.prompts_per_step)
+
+    def _generate(self, step: int, prompts: BatchHandle) -> Any:
+        cfg = self.cfg
+        return self.roles["rollout"].generate(
+            prompts, n=cfg.n, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+            seed=sampling_seed(cfg, step), timeout_s=CALL_TIMEOUT_S)
+
+    async def __call__(self, step: int, prompts: BatchHandle) -> dict[str, Any]:
+        self._given.append(prompts)
+        if not self._started:
+            self._started = True
+            await self.pipeline.start(step)
+        t = StageTimer()
+        rollout, info = await t.one("generate", self.pipeline.take(step))
+        record = await train_on(self.cfg, t, rollout, **{k: self.roles[k] for k in ("actor", "reference", "reward")})
+        info |= await t.one("sync", self.pipeline.trained(step + 1))
+        trained_s = max(t.step_s() - info["async/train_wait_s"], 1e-9)
+        info["perf/train_tokens_per_s"] = float(record.get("response_tokens", 0.0)) / trained_s
+        return record | info | {"timing/step_s": t.step_s()}
+
+    async def close(self) -> None:
+        await self.pipeline.close()
+
+
+async def train_on(cfg: GRPOFlowConfig, t: StageTimer, rollout: BatchHandle, *, actor: Any, reference: Any, reward: Any) -> dict[str, Any]:
+    """grpo's stages after generation, on a rollout made elsewhere; the step's metrics."""
+    kw = {"timeout_s": CALL_TIMEOUT_S}
+    ref, scores = await t.together(
+        "stage2", ref_log_prob=reference.compute_log_prob(rollout, **kw), reward=reward.score(rollout, **kw))
+    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))
+    adv = await t.one("advantages", actor.compute_advantages(
+        rollout, scores, old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
+    actor_ranks = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **kw))
+    return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))

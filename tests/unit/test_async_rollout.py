@@ -1,0 +1,102 @@
+"""RolloutPipeline and WeightSync logic against fake role groups (pure asyncio, no processes): the
+arrival-order versioning, the staleness bound under "wait" and "drop", metrics, errors named."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from hfrt.flows.async_rollout import RolloutError, RolloutPipeline, StalenessPolicy, WeightSync, staleness_metrics
+from hfrt.flows.grpo_async import GRPOAsyncConfig
+from hfrt.protocols import BatchHandle
+
+
+class FakeRollout:
+    """One rollout daemon: calls run in arrival order, generate reports the version it holds."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.version = -1
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.log: list[tuple[str, int]] = []
+        self.fail_at = fail_at
+        self.task = asyncio.ensure_future(self._serve())
+
+    async def _serve(self) -> None:
+        while True:
+            kind, arg, fut = await self.queue.get()
+            await asyncio.sleep(0.001)
+            if kind == "load":
+                self.version = arg["version"]
+                fut.set_result([{"timing/load_s": 0.001, "bytes": 10, "buckets": 1, "version": self.version}])
+            elif arg == self.fail_at:
+                fut.set_exception(RuntimeError("rollout:0 (pid 1) is gone (killed); generate did not finish"))
+            else:
+                fut.set_result(BatchHandle.inline({"weight_version": [self.version] * 2},
+                                                  {"timing/generate_s": 0.001, "response_tokens": 4.0}))
+            self.log.append((kind, arg["version"] if kind == "load" else arg))
+
+    def _call(self, kind: str, arg: Any) -> asyncio.Future[Any]:
+        fut = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait((kind, arg, fut))
+        return fut
+
+    def load_weights(self, record: dict[str, Any], timeout_s: float) -> asyncio.Future[Any]:
+        return self._call("load", record)
+
+    def generate(self, step: int) -> asyncio.Future[Any]:
+        return self._call("gen", step)
+
+
+class FakeActor:
+    async def publish_weights(self, version: int, bucket_mb: float, timeout_s: float) -> list[dict[str, Any]]:
+        return [{"version": version, "buckets": [], "timing/publish_s": 0.0}]
+
+
+async def run(policy: StalenessPolicy, steps: int, rollout: FakeRollout) -> list[dict[str, float]]:
+    sync = WeightSync(FakeActor(), rollout)
+    pipeline = RolloutPipeline(sync, policy, lambda step, prompts: rollout.generate(step),
+                               lambda: BatchHandle.inline({"prompt": ["1+1="]}), steps=steps)
+    infos = []
+    try:
+        await pipeline.start(0)
+        for step in range(steps):
+            _, info = await pipeline.take(step)
+            infos.append(info | await pipeline.trained(step + 1))
+    finally:
+        await pipeline.close()
+        rollout.task.cancel()
+    return infos
+
+
+@pytest.mark.parametrize("bound", [0, 1, 2])
+async def test_wait_keeps_every_sample_within_the_bound(bound: int) -> None:
+    rollout = FakeRollout()
+    infos = await run(StalenessPolicy(bound, "wait"), 6, rollout)
+    lags = [info["async/staleness_max"] for info in infos]
+    assert lags == [min(step, bound) for step in range(6)]
+    assert all(info["async/dropped_batches"] == 0 for info in infos)
+    assert rollout.log[:2 + bound] == [("load", 0)] + [("gen", s) for s in range(bound + 1)]
+
+
+async def test_drop_generates_too_old_samples_again() -> None:
+    rollout = FakeRollout()
+    infos = await run(StalenessPolicy(0, "drop", ahead=1), 4, rollout)
+    assert [info["async/staleness_max"] for info in infos] == [0.0] * 4
+    assert sum(info["async/dropped_batches"] for info in infos) == 3  # every rollout started a step early
+
+
+async def test_a_failed_rollout_names_the_step_and_the_cause() -> None:
+    with pytest.raises(RolloutError, match=r"the rollout for step 2 failed: rollout:0 \(pid 1\) is gone"):
+        await run(StalenessPolicy(1, "wait"), 4, FakeRollout(fail_at=2))
+
+
+def test_staleness_histogram_and_config_checks() -> None:
+    m = staleness_metrics(5, [5, 4, 4, 3], bound=2)
+    assert m["async/staleness_hist/0"] == 0.25 and m["async/staleness_hist/1"] == 0.5 and m["async/staleness_max"] == 2
+    with pytest.raises(ValueError, match="stale_policy='later'"):
+        GRPOAsyncConfig.read({"stale_policy": "later"})
+    with pytest.raises(ValueError, match="max_staleness=-1"):
+        GRPOAsyncConfig.read({"max_staleness": -1})
+    assert StalenessPolicy(1, "wait", ahead=3).depth == 1 and StalenessPolicy(1, "drop", ahead=3).depth == 3
