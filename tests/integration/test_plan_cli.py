@@ -77,6 +77,16 @@ def test_calibrate_fits_factors_from_a_run_folder(tmp_path: Path) -> None:
     assert "[efficiency]" in text.stdout and "update:" in text.stdout
 
 
+def test_the_planner_imports_no_torch() -> None:
+    """It runs on a controller machine: planning a flow (its module imported) loads no torch."""
+    code = ("import sys; from hfrt.deploy.plan_cli import main; from hfrt.deploy.plan_calibrate import calibrate; "
+            "from hfrt.deploy.plan_file import load_plan; from hfrt.deploy.plan import search; "
+            f"search(load_plan({str(TINY_PLAN)!r}).problem); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
 @pytest.mark.parametrize(("plan", "message"), [
     ('flow = "ppo"\n[cluster]\nhardware = "TPU"\n', "hardware = 'TPU' is not one of H100, H200, A100, cpu"),
     ('flow = "ppo"\n[models]\njudge = "tiny"\n', "[models]: unknown role 'judge'"),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import sys
 import tomllib
 from pathlib import Path
 
@@ -228,7 +227,6 @@ def test_every_builtin_flow_declares_stages_over_its_roles(flow: str) -> None:
     assert not r.problems and stages
     assert {role for s in stages for role in s.calls} == set(roles)
     assert any("generate" in ops for s in stages for ops in s.calls.values())
-    assert "torch" not in sys.modules or "hfrt.roles.models" in sys.modules  # the planner imports no torch
 
 
 def test_tiny_preset_numbers_match_roles_models() -> None:
@@ -294,7 +292,7 @@ def test_written_spec_loads_with_the_spec_reader_and_places_the_flows_roles() ->
 def test_calibration_fit_recovers_known_factors() -> None:
     """Rows are raw seconds per category (forward, train, decode, comm, latency, calls); measured
     times made with 1/eff = (2, 3, 1.5, 1, 1) and call_s 0.01 are fitted back from a wrong prior."""
-    xs = [[1, 0, 0, 0, 0, 1], [0, 1, 0, 0, 0, 2], [0.2, 0, 1, 0, 0.5, 1], [0.5, 0.5, 0, 0, 0, 3], [0, 0, 0, 0, 1, 1]]
+    xs: list[list[float]] = [[1, 0, 0, 0, 0, 1], [0, 1, 0, 0, 0, 2], [0.2, 0, 1, 0, 0.5, 1], [0.5, 0.5, 0, 0, 0, 3], [0, 0, 0, 0, 1, 1]]
     truth = [2, 3, 1.5, 1, 1, 0.01]
     ys = [sum(a * b for a, b in zip(x, truth, strict=True)) for x in xs]
     fitted = nnls_ridge(xs, ys, [1, 1, 1, 1, 1, 0.02])
