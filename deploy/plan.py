@@ -128,7 +128,7 @@ def min_memory(p: Problem, role: str, n: int) -> Memory | None:
 
 def get_min_alloc(p: Problem, placement: tuple[tuple[str, ...], ...]) -> tuple[int, ...] | None:
     """The fewest devices each set needs so its roles' weights, grads, optimizer state and
-    activations (or KV cache) fit in device memory together; None when a set fits on no size."""
+    activations fit in device memory together; None when a set fits on no size."""
     out = []
     for group in placement:
         for n in p.sizes():
