@@ -11,6 +11,7 @@ output layout and the GenerationEngine contract.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,11 @@ class VLLMConfig:
     dtype: "float32", "bfloat16", or "auto".
     max_model_len: prompt + response tokens per sequence.
     gpu_memory_utilization: share of device memory vLLM may take (CPU: of the KV-cache budget).
-    kv_cache_memory_bytes: a fixed KV-cache size instead (on a shared CPU host, keep it small).
+    kv_cache_memory_bytes: a fixed KV-cache size instead. None: on a GPU, gpu_memory_utilization
+        decides; on CPU (where vLLM would take half of RAM) it is sized from the workload,
+        max_num_seqs sequences of max_model_len tokens (kv_cache_bytes).
+    max_num_seqs: sequences vLLM runs at once (more queue); a rollout's rows up to this share
+        one batch.
     enable_sleep_mode: free weights + KV cache between rollouts (CUDA only; ignored on CPU).
     enforce_eager: skip CUDA graphs / torch.compile (faster start, slower decode).
     """
@@ -39,6 +44,7 @@ class VLLMConfig:
     max_model_len: int = 1024
     gpu_memory_utilization: float = 0.5
     kv_cache_memory_bytes: int | None = None
+    max_num_seqs: int = 32
     enable_sleep_mode: bool = True
     enforce_eager: bool = True
     seed: int = 0
@@ -50,6 +56,29 @@ def import_vllm() -> Any:
     import vllm
 
     return vllm
+
+
+def kv_cache_bytes(model_config: dict[str, Any], dtype: str, tokens: int) -> int:
+    """Bytes of K and V for `tokens` tokens of a decoder (every layer, every KV head), in `dtype`
+    ("auto": the model's own), plus 10% for vLLM's block rounding."""
+    heads = int(model_config.get("num_attention_heads", 1))
+    kv_heads = int(model_config.get("num_key_value_heads") or heads)
+    head_dim = int(model_config.get("head_dim") or int(model_config["hidden_size"]) // heads)
+    if dtype == "auto":
+        dtype = str(model_config.get("dtype") or model_config.get("torch_dtype") or "float32")
+    width = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    per_token = 2 * int(model_config["num_hidden_layers"]) * kv_heads * head_dim * width
+    return int(per_token * tokens * 1.1)
+
+
+def kv_budget(config: VLLMConfig) -> int | None:
+    """The KV-cache size to ask vLLM for: the configured one; on CPU without one, what
+    max_num_seqs sequences of max_model_len tokens need (vLLM's own CPU default is half of RAM)."""
+    if config.kv_cache_memory_bytes is not None or torch.cuda.is_available():
+        return config.kv_cache_memory_bytes
+    with open(os.path.join(config.model_dir, "config.json")) as f:
+        model_config = json.load(f)
+    return kv_cache_bytes(model_config, config.dtype, config.max_model_len * config.max_num_seqs)
 
 
 class VLLMGenerationEngine:
@@ -66,7 +95,8 @@ class VLLMGenerationEngine:
             dtype=config.dtype,
             max_model_len=config.max_model_len,
             gpu_memory_utilization=config.gpu_memory_utilization,
-            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            kv_cache_memory_bytes=kv_budget(config),
+            max_num_seqs=config.max_num_seqs,
             enable_sleep_mode=sleep_ok,
             enforce_eager=config.enforce_eager,
             logprobs_mode="processed_logprobs",

@@ -23,6 +23,10 @@ from hfrt.protocols import BatchHandle
 C = TypeVar("C", bound="FlowConfig")
 #: how long one call of a flow may take before the flow gives up (a step on CPU takes seconds)
 CALL_TIMEOUT_S = 300.0
+#: the defaults a data file brings in place of the addition task's (a real model's answers are
+#: sentences, not one digit; a pretrained policy needs no entropy bonus to keep exploring); a
+#: setting given explicitly wins
+DATA_DEFAULTS: dict[str, Any] = {"max_new_tokens": 256, "entropy_coeff": 0.0}
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,11 @@ class FlowConfig:
     actor_loss / critic_loss: more `update` options (hfrt.loss_options), merged last into every
     actor / critic update call, e.g. `--set actor_loss.clip_ratio_c=10`; checked before launch.
     val_every: a greedy validation pass every N steps and after the last (0: none) over
-    val_prompts prompts of val_data (default: data's first rows, or held-out addition prompts).
+    val_prompts prompts of val_data (default: data's first rows, or held-out addition prompts);
+    with val_before_train (the default) also one before the first step (`val_before/*` in step
+    0's record; the summary shows the first and last validation accuracy).
+    With a data file the defaults of DATA_DEFAULTS apply (256 new tokens, no entropy bonus), and
+    the default reward scores its rows with the generic numeric reward (hfrt.flows.tasks).
     checkpoint_every: a checkpoint every N steps and after the last (0: none).
     export_hf: at the end, write the actor as a Hugging Face model folder, RUN_DIR/hf.
     tensorboard: also write RUN_DIR/tensorboard. wandb_project: also log to W&B (needs wandb).
@@ -66,6 +74,7 @@ class FlowConfig:
     val_data: str = ""
     val_every: int = 0
     val_prompts: int = 32
+    val_before_train: bool = True
     checkpoint_every: int = 0
     export_hf: bool = True
     tensorboard: bool = True
@@ -158,6 +167,8 @@ class FlowConfig:
             if not isinstance(raw, kind) or (kind is not bool and isinstance(raw, bool)):
                 raise ValueError(f"config {key}={raw!r}: expected {kind.__name__}")
             values[key] = raw
+        if values.get("data"):
+            values = {k: v for k, v in DATA_DEFAULTS.items() if k in fields} | values
         return cls(**values)
 
 

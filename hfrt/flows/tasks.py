@@ -8,11 +8,13 @@ by name (REWARD). It knows nothing of roles, handles or algorithms.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-#: What a reward role's `function` option names to score this task.
-REWARD = "hfrt.flows.tasks:addition_reward"
+#: What a reward role's `function` option names by default: this task's rule reward on its own
+#: rows, the generic numeric reward on a data file's rows (see task_reward).
+REWARD = "hfrt.flows.tasks:task_reward"
 #: What a cost role's `function` option names to score this task (Safe-RLHF's cost).
 COST = "hfrt.flows.tasks:addition_cost"
 #: Partial credit for an answer in the right form (a leading number) but wrong: it gives a
@@ -79,3 +81,37 @@ def addition_cost(response: str, ground_truth: Any) -> float:
     teaches the policy to stop right after it."""
     plain_number = bool(response) and all(ch in ASCII_DIGITS for ch in response)
     return 0.0 if plain_number and len(response) <= len(str(ground_truth)) else 1.0
+
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def last_number(text: str) -> float | None:
+    """The last number in `text` (commas as thousands separators), or None."""
+    found = _NUMBER.findall(text)
+    try:
+        return float(found[-1].replace(",", "")) if found else None
+    except ValueError:
+        return None
+
+
+def numeric_reward(response: str, ground_truth: Any) -> float:
+    """The generic reward of a data file's rows: 1 when the final answer — the last \\boxed{...},
+    else what follows the last '####', else the whole response — ends in the ground truth's
+    number (a ground truth that is no number: the answer's text equals it); else 0."""
+    boxed = _BOXED.findall(response)
+    answer = boxed[-1] if boxed else response.rsplit("####", 1)[-1]
+    want = last_number(str(ground_truth))
+    if want is None:
+        return float(answer.strip().lower() == str(ground_truth).strip().lower())
+    got = last_number(answer)
+    return float(got is not None and abs(got - want) <= 1e-6 * max(1.0, abs(want)))
+
+
+def task_reward(response: str, ground_truth: Any, data_source: str = "addition") -> float:
+    """The default reward: addition_reward on the built-in task's rows (data_source "addition"),
+    numeric_reward on any other row (a data file's)."""
+    if data_source == "addition":
+        return addition_reward(response, ground_truth)
+    return numeric_reward(response, ground_truth)

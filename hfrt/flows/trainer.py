@@ -52,15 +52,20 @@ class Trainer:
         self.source = make_source(cfg.data, seed=cfg.seed, max_operand=cfg.max_operand)
         self.start_step = 0
         self._val_rows: dict[str, list[Any]] | None = None  # read once, on the first validation
+        self._val_accuracy: dict[str, float] = {}  # the first and last validation accuracy, for the summary
 
     async def run(self, step_fn: StepFn) -> dict[str, Any]:
         cfg = self.cfg
         with MetricsLog(cfg.run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project, progress=cfg.progress, total_steps=cfg.steps) as log:
             if cfg.resume:
                 await self._resume(log)
+            before: dict[str, float] = {}
+            if cfg.val_every and cfg.val_before_train and self.start_step == 0:
+                before = {k.replace("val/", "val_before/", 1): v for k, v in (await self.validate()).items()}
             for step in range(self.start_step, cfg.steps):
                 prompts = prompts_handle(self.source.batch(cfg.prompts_per_step))
-                record = {"step": step, **await step_fn(step, prompts)}
+                record = {"step": step, **before, **await step_fn(step, prompts)}
+                before = {}
                 if due(cfg.val_every, step, cfg.steps):
                     record |= await self.validate()
                 record["controller_bulk_bytes"] = self.ctl.stats()["controller_bulk_bytes"]
@@ -68,6 +73,7 @@ class Trainer:
                 if due(cfg.checkpoint_every, step, cfg.steps):
                     await self.save(step + 1)
         summary = log.summary() | {"controller_bulk_bytes": self.ctl.stats()["controller_bulk_bytes"]}
+        summary |= {f"val_accuracy_{k}": v for k, v in self._val_accuracy.items()}
         if cfg.export_hf and cfg.run_dir and "actor" in self.roles:
             await self.roles["actor"].export_hf(str(Path(cfg.run_dir) / "hf"), timeout_s=CALL_TIMEOUT_S)
             summary["hf_export"] = str(Path(cfg.run_dir) / "hf")
@@ -96,10 +102,10 @@ class Trainer:
             prompts_handle(rows), temperature=0.0, max_new_tokens=cfg.max_new_tokens, timeout_s=CALL_TIMEOUT_S
         )
         scores = [float(s) for s in non_tensor(await reward.score(rollout, timeout_s=CALL_TIMEOUT_S), "score")]
-        return {
-            "val/reward_mean": sum(scores) / len(scores),
-            "val/accuracy": sum(s >= 1.0 for s in scores) / len(scores),
-        }
+        accuracy = sum(s >= 1.0 for s in scores) / len(scores)
+        self._val_accuracy.setdefault("first", accuracy)
+        self._val_accuracy["last"] = accuracy
+        return {"val/reward_mean": sum(scores) / len(scores), "val/accuracy": accuracy}
 
     # -- checkpoints -----------------------------------------------------------------------
 

@@ -1,0 +1,35 @@
+"""Flow defaults that follow the data: a data file brings real-task lengths and the generic
+numeric reward; the addition task keeps its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hfrt.flows.common import DATA_DEFAULTS
+from hfrt.flows.grpo import GRPOFlowConfig
+from hfrt.flows.ppo import PPOConfig
+from hfrt.flows.tasks import numeric_reward, task_reward
+
+
+def test_a_data_file_brings_its_own_defaults_and_explicit_settings_win(tmp_path: Path) -> None:
+    data = tmp_path / "math.jsonl"
+    data.write_text(json.dumps({"prompt": "What is 2+3?", "ground_truth": "5"}) + "\n")
+    toy = PPOConfig.read({})
+    assert (toy.max_new_tokens, toy.entropy_coeff) == (2, 0.01)  # the addition task's
+    real = PPOConfig.read({"data": str(data)})
+    assert real.max_new_tokens == DATA_DEFAULTS["max_new_tokens"] == 256 and real.entropy_coeff == 0.0
+    mine = GRPOFlowConfig.read({"data": str(data), "max_new_tokens": 64, "entropy_coeff": 0.001})
+    assert (mine.max_new_tokens, mine.entropy_coeff) == (64, 0.001)
+
+
+def test_the_default_reward_scores_a_data_files_rows_numerically() -> None:
+    # the addition task's own rows: its rule reward (form credit, the number must end)
+    assert task_reward("7 ", "7") == 1.0 and task_reward("77", "7") == 0.1 and task_reward("x", "7", "addition") == 0.0
+    # any other data source: the final answer's last number against the ground truth's
+    assert task_reward("3 apples and 4 more make 7.", "7", "gsm8k") == 1.0
+    assert task_reward("The answer is 7. Check: 3+4", "7", "gsm8k") == 0.0  # the last number is 4
+    assert task_reward("#### 1,234", "1234", "gsm8k") == 1.0
+    assert task_reward("\\boxed{0.5} since 1/2", "0.5", "math") == 1.0
+    assert task_reward("I think 12", "twelve", "trivia") == 0.0 and numeric_reward(" Twelve ", "twelve") == 1.0
+    assert numeric_reward("", "3") == 0.0
