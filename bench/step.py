@@ -18,6 +18,8 @@ nothing of what they compute.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import tempfile
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hfrt.bench.common import add_output_flags, emit, machine
-from hfrt.flows import Flow, grpo, ppo
+from hfrt.flows import Flow, grpo, grpo_async, ppo
 from hfrt.flows.common import CALL_TIMEOUT_S, FlowConfig, get_roles, prompts_handle
 from hfrt.flows.trainer import Trainer
 from hfrt.log import configure as configure_logging
@@ -38,7 +40,10 @@ from hfrt.run import run_flow
 FLOWS: dict[str, tuple[dict[str, dict[str, Any]], type[FlowConfig], Callable[..., Awaitable[dict[str, Any]]]]] = {
     "ppo": (ppo.ROLES, ppo.Config, ppo.ppo_step),
     "grpo": (grpo.ROLES, grpo.Config, grpo.grpo_step),
+    "grpo_async": (grpo_async.ROLES, grpo_async.Config, grpo_async.train_on),
 }
+#: flows whose step keeps state across steps (a rollout pipeline): factory(cfg, roles, trainer) → step, with close()
+STEP_OBJECTS: dict[str, Callable[..., Any]] = {"grpo_async": grpo_async.AsyncGRPO}
 #: stage-2 call name (as StageTimer records it) → (role, endpoint); a flow uses those whose role it has
 STAGE2 = {"values": ("critic", "compute_values"), "ref_log_prob": ("reference", "compute_log_prob"), "reward": ("reward", "score")}
 #: what the bench leaves out of each flow's defaults: no files, no bar, no trace
@@ -63,26 +68,47 @@ async def serial_stage2(cfg: FlowConfig, roles: Mapping[str, Any], prompts: Any)
     return total
 
 
-def bench_flow(name: str, steps: int, warmup: int) -> Flow:
+def pin_split(ctl: Any, roles: Mapping[str, Any]) -> dict[str, list[int]]:
+    """Split pools on one machine: the rollout role's daemons on the last CPU, every other daemon
+    on the others (Linux affinity, set from here on the daemons' pids)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if "rollout" not in roles or len(cpus) < 2:
+        return {}
+    placed: dict[str, list[int]] = {}
+    for info in ctl.daemons():
+        mine = cpus[-1:] if info.role == "rollout" else cpus[:-1]
+        os.sched_setaffinity(info.pid, mine)
+        placed[info.identity] = mine
+    return placed
+
+
+def bench_flow(name: str, steps: int, warmup: int, settings: Mapping[str, Any] | None = None, split: bool = False) -> Flow:
     """A flow that runs `warmup + steps` steps of `name` through its Trainer, keeps the measured
     steps' metrics, then times the serial stage-2 reference `steps` times."""
     roles_spec, config_cls, step_fn = FLOWS[name]
 
     async def measure(ctl: Any, _config: dict[str, Any]) -> dict[str, Any]:
-        cfg = config_cls.read({**QUIET, "steps": warmup + steps})
+        cfg = config_cls.read({**QUIET, **(settings or {}), "steps": warmup + steps})
         roles = await get_roles(ctl, *roles_spec)
+        placed = pin_split(ctl, roles) if split else {}
         records: list[dict[str, Any]] = []
+        trainer = Trainer(ctl, cfg, roles)
+        owned = STEP_OBJECTS[name](cfg, roles, trainer) if name in STEP_OBJECTS else None
 
         async def step(index: int, prompts: Any) -> dict[str, Any]:
-            record = await step_fn(cfg, index, prompts, **roles)
+            record = await (owned(index, prompts) if owned else step_fn(cfg, index, prompts, **roles))
             records.append(record)
             return record
 
-        trainer = Trainer(ctl, cfg, roles)
-        await trainer.run(step)
+        try:
+            await trainer.run(step)
+        finally:
+            if owned is not None:
+                await owned.close()
         serial = [await serial_stage2(cfg, roles, prompts_handle(trainer.source.batch(cfg.prompts_per_step)))
                   for _ in range(steps)]
-        return {"records": records[warmup:], "serial": serial, "controller_bulk_bytes": ctl.stats()["controller_bulk_bytes"]}
+        return {"records": records[warmup:], "serial": serial, "controller_bulk_bytes": ctl.stats()["controller_bulk_bytes"],
+                "pinned": placed}
 
     return Flow(f"bench-step-{name}", measure, roles_spec)
 
@@ -113,11 +139,16 @@ def summarize(records: list[dict[str, Any]], serial: list[float], calls: list[st
     }
 
 
-async def bench_one(name: str, steps: int, warmup: int) -> dict[str, Any]:
+async def bench_one(name: str, steps: int, warmup: int, settings: Mapping[str, Any] | None = None, split: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"hfrt-bench-step-{name}-") as run_dir:
-        out = await run_flow(bench_flow(name, steps, warmup), run_dir=Path(run_dir), config={})
+        out = await run_flow(bench_flow(name, steps, warmup, settings, split), run_dir=Path(run_dir), config={})
     calls = [c for c in STAGE2 if f"timing/{c}_s" in out["records"][0]]
-    return summarize(out["records"], out["serial"], calls, int(out["controller_bulk_bytes"]))
+    result = summarize(out["records"], out["serial"], calls, int(out["controller_bulk_bytes"]))
+    extra = sorted({k for r in out["records"] for k in r if k.startswith(("async/", "sync/", "perf/"))})
+    if any(k.startswith("async/") for k in extra):  # an async flow: its staleness, idle times, sync figures
+        result["async"] = {k: round(statistics.median([r[k] for r in out["records"] if k in r]), 4) for k in extra}
+    result["settings"] = dict(settings or {})
+    return result | ({"pinned": out["pinned"]} if out["pinned"] else {})
 
 
 def table(flows: dict[str, dict[str, Any]]) -> list[str]:
@@ -139,11 +170,27 @@ def table(flows: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def setting(item: str, parser: argparse.ArgumentParser) -> tuple[str, Any]:
+    """KEY=VALUE from --set, VALUE as JSON when it parses (else the string)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        parser.error(f"--set {item!r}: expected KEY=VALUE")
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hfrt bench step", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=5, help="measured steps per flow (medians are over these)")
     p.add_argument("--warmup", type=int, default=1, help="steps run first and left out of the figures")
     p.add_argument("--flows", default="ppo,grpo", help=f"comma-separated flows to run, from {','.join(FLOWS)}")
+    p.add_argument("--max-staleness", type=int, default=1, help="grpo_async's max_staleness (0: synchronous)")
+    p.add_argument("--split", action="store_true",
+                   help="split pools on this machine: rollout daemons on the last CPU, every other daemon on the rest")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a flow setting for every flow run, e.g. max_new_tokens=16 (VALUE parsed as JSON when it can be; repeatable)")
     add_output_flags(p)
     args = p.parse_args(argv)
     names = [n.strip() for n in args.flows.split(",") if n.strip()]
@@ -152,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"need --steps >= 1, --warmup >= 0 and --flows from {','.join(FLOWS)} (unknown: {unknown})")
     configure_logging("warning")
 
-    flows = {name: run(bench_one(name, args.steps, args.warmup)) for name in names}
+    common = dict(setting(item, p) for item in args.set)
+    settings = {name: common | ({"max_staleness": args.max_staleness} if name == "grpo_async" else {}) for name in names}
+    flows = {name: run(bench_one(name, args.steps, args.warmup, settings[name], args.split)) for name in names}
     top = flows.get("ppo", flows[names[0]])
     keys = ("stage2_wall_s", "stage2_max_s", "stage2_sum_s", "stage2_serial_s", "controller_bulk_bytes", "tokens_per_s", "step_s")
     result: dict[str, Any] = {
@@ -160,8 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps, "warmup": args.warmup, "preset": "tiny", "task": "addition",
         "flows": flows, **machine(),
     }
+    if "grpo" in flows and "grpo_async" in flows:  # the async flow's step time against the synchronous one's
+        result["grpo_async_over_grpo_step_s"] = round(flows["grpo_async"]["step_s"] / flows["grpo"]["step_s"], 4)
     for line in table(flows):
         print(line)
+    if "grpo_async_over_grpo_step_s" in result:
+        print(f"grpo_async step / grpo step: {result['grpo_async_over_grpo_step_s']}")
     emit(result, args)
     return 0
 

@@ -29,6 +29,14 @@ ROLES: dict[str, dict[str, Any]] = {
     "rollout": {"impl": "rollout", "options": {"model": "tiny", "sampling": {"top_k": 0}}},
 }
 
+#: The step's stages for `hfrt plan` (as in grpo, generation on the rollout role, plus the sync).
+STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("generate", {"rollout": ("generate",)}),
+    ("stage2", {"reference": ("forward",), "reward": ("forward",)}),
+    ("old_log_prob", {"actor": ("forward",)}),
+    ("update", {"actor": ("train",)}),
+)
+
 
 @dataclass(frozen=True)
 class GRPOAsyncConfig(GRPOFlowConfig):
@@ -117,8 +125,10 @@ async def train_on(cfg: GRPOFlowConfig, t: StageTimer, rollout: BatchHandle, *, 
     kw = {"timeout_s": CALL_TIMEOUT_S}
     ref, scores = await t.together(
         "stage2", ref_log_prob=reference.compute_log_prob(rollout, **kw), reward=reward.score(rollout, **kw))
-    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))
+    # as in grpo: one optimizer step takes the actor's current log-probs as the old ones (the
+    # proximal policy); the rollout engine's own log-probs enter through tis_cap
+    old = [] if cfg.on_policy(len(rollout)) else [await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))]
     adv = await t.one("advantages", actor.compute_advantages(
-        rollout, scores, old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
-    actor_ranks = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **kw))
+        rollout, scores, *old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
+    actor_ranks = await t.one("update", actor.update(rollout, *old, ref, adv, **actor_loss_options(cfg), **kw))
     return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))
