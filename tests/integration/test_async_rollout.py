@@ -19,6 +19,7 @@ import pytest
 from hfrt.deploy.base import DaemonSpec
 from hfrt.errors import RemoteError
 from hfrt.flows.common import CALL_TIMEOUT_S, non_tensor, prompts_handle
+from hfrt.run import free_tcp_address
 from tests.support import local_cluster
 
 TRAIN = {"micro_batch_size": 32, "optim": {"lr": 2e-3}}
@@ -26,9 +27,10 @@ PROMPTS = {"prompt": ["1+1=", "2+0=", "0+1=", "2+2="], "ground_truth": ["2", "2"
 
 
 def specs(rollout_ranks: int = 1) -> list[DaemonSpec]:
+    group = {"dist_master": free_tcp_address().removeprefix("tcp://")} if rollout_ranks > 1 else {}
     return [
         DaemonSpec("actor", impl="actor", options={"model": "tiny", "engine": TRAIN}),
-        *[DaemonSpec("rollout", rank, rollout_ranks, impl="rollout", options={"model": "tiny", "seed": 5})
+        *[DaemonSpec("rollout", rank, rollout_ranks, impl="rollout", options={"model": "tiny", "seed": 5, **group})
           for rank in range(rollout_ranks)],
     ]
 
@@ -67,6 +69,20 @@ async def test_sync_by_handle_versions_and_checksums() -> None:
         [good] = await actor.publish_weights(2, bucket_mb=0.05)
         await rollout.load_weights(good, timeout_s=CALL_TIMEOUT_S)
         assert await rollout.weight_version() == [2]
+        assert ctl.stats()["controller_bulk_bytes"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_two_rollout_ranks_load_one_version_and_split_the_prompts() -> None:
+    async with local_cluster(specs(rollout_ranks=2)) as (ctl, _):
+        actor, rollout = await ctl.role("actor", timeout_s=60), await ctl.role("rollout", timeout_s=60)
+        [published] = await actor.publish_weights(4, bucket_mb=0.1)
+        loaded = await rollout.load_weights(published, timeout_s=CALL_TIMEOUT_S)
+        assert [r["version"] for r in loaded] == [4, 4] and all(r["held_verified"] == r["buckets"] for r in loaded)
+        out = await rollout.generate(prompts_handle(PROMPTS), n=2, max_new_tokens=4, seed=0, timeout_s=CALL_TIMEOUT_S)
+        assert len(out) == 8 and sorted({s.owner for s in out.shards}) == ["rollout:0", "rollout:1"]
+        assert non_tensor(out, "weight_version") == [4] * 8 and out.meta["weight_version"] == 4
         assert ctl.stats()["controller_bulk_bytes"] == 0
 
 
@@ -119,6 +135,13 @@ def test_max_staleness_1_runs_ahead_with_tis(tmp_path: Path) -> None:
             assert r[key] >= 0, key
     assert rows[0]["sync/version"] == 0 and rows[0]["sync/buckets"] >= 4 and rows[0]["sync/bytes"] > 0
     assert {r.get("sync/version") for r in rows} >= {0.0, 1.0}
+    # the call trace shows the rollout role generating while the actor trains
+    events = json.loads((tmp_path / "run" / "trace.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    spans = {role: [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and names.get(e["pid"]) == role
+                    and e["name"] == endpoint] for role, endpoint in (("rollout", "generate"), ("actor", "update"))}
+    assert any(a0 < b1 and b0 < a1 for a0, a1 in spans["rollout"] for b0, b1 in spans["actor"]), spans
 
 
 def daemon_pid(parent: int, role: str) -> int | None:
