@@ -20,7 +20,9 @@ from .plan_model import (
     generate_cost, kv_bytes_per_seq, static_memory, train_cost,
 )
 
-OPS = ("generate", "generate_greedy", "forward", "forward_greedy", "train")
+#: generate / forward / train a call's work; *_greedy on one sequence per prompt; forward_offpolicy
+#: is a pass the flow skips when the update is one optimizer step (GRPO's old log-probs).
+OPS = ("generate", "generate_greedy", "forward", "forward_greedy", "forward_offpolicy", "train")
 BUDGET_STEPS = 64
 
 
@@ -222,6 +224,8 @@ def simu(p: Problem, role: str, op: str, layout: Layout, gen: Layout | None, kv_
         return generate_cost(m, layout, gen, w, op, p.hw, p.per_node, kv_budget)
     if op == "train":
         return train_cost(m, layout, w, p.hw, p.per_node)
+    if op == "forward_offpolicy" and w.ppo_epochs * w.ppo_mini_batches == 1:
+        return Cost()
     return forward_cost(m, layout, w, op, p.hw, p.per_node)
 
 

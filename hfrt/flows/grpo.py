@@ -24,7 +24,7 @@ ROLES: dict[str, dict[str, Any]] = {name: s for name, s in PPO_ROLES.items() if 
 STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
     ("generate", {"actor": ("generate",)}),
     ("stage2", {"reference": ("forward",), "reward": ("forward",)}),
-    ("old_log_prob", {"actor": ("forward",)}),
+    ("old_log_prob", {"actor": ("forward_offpolicy",)}),  # skipped when on-policy
     ("update", {"actor": ("train",)}),
 )
 

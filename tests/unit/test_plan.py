@@ -299,3 +299,15 @@ def test_calibration_fit_recovers_known_factors() -> None:
     assert fitted[3] == 1  # comm never exercised: keeps its prior
     for got, want in zip(fitted[:3] + fitted[4:], truth[:3] + truth[4:], strict=True):
         assert got == pytest.approx(want, rel=0.05, abs=2e-3)
+
+
+def test_grpo_old_log_prob_pass_is_priced_only_off_policy() -> None:
+    """GRPO skips the old-log-prob pass when the update is one optimizer step (its default)."""
+    def old_log_prob_s(**workload: int) -> float:
+        plan = parse_plan({"flow": "grpo", "cluster": {"hardware": "H100"}, "workload": workload,
+                           "models": {"actor": "llama-7b", "reference": "llama-7b"}})
+        best = search(plan.problem).ranked[0]
+        return best.stage_s[[s.name for s in plan.problem.stages].index("old_log_prob")]
+
+    assert old_log_prob_s() == 0.0
+    assert old_log_prob_s(ppo_epochs=2) > 0 and old_log_prob_s(ppo_mini_batches=4) > 0
