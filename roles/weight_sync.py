@@ -98,11 +98,12 @@ class WeightPublisher:
         if not bucket_mb > 0:
             raise ValueError(f"publish_weights: bucket_mb must be > 0, got {bucket_mb!r}")
         start = time.perf_counter()
-        keep = self.context.rank == 0
         buckets: list[dict[str, Any]] = []
+        if self.context.rank != 0:  # take part in gathering (collective on sharded backends), keep nothing
+            for _ in self.engine.state_dict_for_generation():
+                pass
+            return {"version": version, "buckets": buckets, "timing/publish_s": time.perf_counter() - start}
         for index, (flat, layout) in enumerate(pack_buckets(self.engine.state_dict_for_generation(), int(bucket_mb * 2**20))):
-            if not keep:
-                continue
             record = {"index": index, "layout": layout, "checksum": bucket_checksum(flat), "nbytes": flat.numel()}
             if corrupt_buckets and index in corrupt_buckets:
                 flat[flat.numel() // 2] ^= 0xFF
