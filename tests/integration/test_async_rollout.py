@@ -86,6 +86,29 @@ async def test_two_rollout_ranks_load_one_version_and_split_the_prompts() -> Non
         assert ctl.stats()["controller_bulk_bytes"] == 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+async def test_a_sharded_actor_publishes_from_rank_0() -> None:
+    """Two fsdp2 actor ranks gather together; rank 0 alone keeps buckets; the rollout then samples
+    what the actor samples."""
+    master = {"dist_master": free_tcp_address().removeprefix("tcp://")}
+    engine = {**TRAIN, "backend": "fsdp2"}
+    daemons = [DaemonSpec("actor", rank, 2, impl="actor", options={"model": "tiny", "engine": engine, **master}) for rank in range(2)]
+    daemons.append(DaemonSpec("rollout", impl="rollout", options={"model": "tiny", "seed": 5}))
+    async with local_cluster(daemons) as (ctl, _):
+        actor, rollout = await ctl.role("actor", timeout_s=90), await ctl.role("rollout", timeout_s=90)
+        first, second = await actor.publish_weights(1, bucket_mb=0.1, timeout_s=CALL_TIMEOUT_S)
+        assert first["buckets"] and second["buckets"] == []
+        [loaded] = await rollout.load_weights(first, timeout_s=CALL_TIMEOUT_S)
+        assert loaded["held_verified"] == loaded["buckets"]
+        out = await actor.generate(prompts_handle(PROMPTS), n=2, max_new_tokens=6, seed=3, timeout_s=CALL_TIMEOUT_S)
+        # the actor's rank 0 sampled the first two prompts with seed 3: so does the rollout daemon
+        half = {k: v[:2] for k, v in PROMPTS.items()}
+        mine = await rollout.generate(prompts_handle(half), n=2, max_new_tokens=6, seed=3, timeout_s=CALL_TIMEOUT_S)
+        assert non_tensor(mine, "response") == non_tensor(out, "response")[:4]
+        assert ctl.stats()["controller_bulk_bytes"] == 0
+
+
 def run_cli(run_dir: Path, *sets: str, timeout: float = 170) -> subprocess.CompletedProcess[str]:
     args = [sys.executable, "-m", "hfrt", "controller", "--flow", "grpo_async", "--run-dir", str(run_dir),
             "--set", "progress=off", "--set", "export_hf=false"]
