@@ -38,7 +38,7 @@ def test_kill_9_mid_run_then_resume(tmp_path: Path) -> None:
     first = subprocess.Popen(
         [sys.executable, "-m", "hfrt", "controller", "--flow", "ppo", "--run-dir", str(run_dir),
          "--set", f"steps={STEPS}", "--set", "checkpoint_every=2", "--set", "export_hf=false",
-         "--heartbeat", "0.5", "--orphan-timeout", "3"],
+         "--heartbeat", "1.0", "--orphan-timeout", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     daemons: list[psutil.Process] = []
