@@ -22,7 +22,6 @@ and ROLES constants. A PLAN.toml looks like::
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from .plan import OPS, Problem, Stage
 from .plan_model import HARDWARE, MODELS, Efficiency, Hardware, ModelSpec, Workload, model_from_hf_config
 from .reader import Reader, SpecError
+from .spec import read_toml
 
 FUNCTION = "function"
 _HW_OVERRIDES = {  # PLAN key → (Hardware field, scale)
@@ -54,14 +54,7 @@ class PlanInput:
 
 
 def load_plan(path: str | Path, efficiency: Efficiency | None = None) -> PlanInput:
-    p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text())
-    except OSError as exc:
-        raise SpecError(str(p), [f"cannot read: {exc.strerror}"]) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(str(p), [f"not valid TOML: {exc}"]) from None
-    return parse_plan(data, str(p), efficiency)
+    return parse_plan(read_toml(path), str(path), efficiency)
 
 
 def parse_plan(data: dict[str, Any], source: str = "<plan>", efficiency: Efficiency | None = None) -> PlanInput:

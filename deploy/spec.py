@@ -185,16 +185,20 @@ class ClusterSpec:
             raise SpecError(self.source, problems)
 
 
-def load_spec(path: str | Path) -> ClusterSpec:
-    """Read and validate a TOML spec file."""
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file as a dict; an unreadable or invalid file is a SpecError naming it."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except OSError as exc:
         raise SpecError(str(p), [f"cannot read: {exc.strerror}"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(str(p), [f"not valid TOML: {exc}"]) from None
-    return parse_spec(data, str(p))
+
+
+def load_spec(path: str | Path) -> ClusterSpec:
+    """Read and validate a TOML spec file."""
+    return parse_spec(read_toml(path), str(path))
 
 
 def parse_spec(data: dict[str, Any], source: str = "<spec>") -> ClusterSpec:
