@@ -28,7 +28,7 @@ from typing import Any
 
 from .plan import OPS, Problem, Stage
 from .plan_model import HARDWARE, MODELS, Efficiency, Hardware, ModelSpec, Workload, model_from_hf_config
-from .reader import Reader, SpecError
+from .reader import Reader
 from .spec import read_toml
 
 FUNCTION = "function"
