@@ -2,7 +2,8 @@
 
 The cluster key goes to each child in $HFRT_KEY, never on its command line. A watcher per child
 reports an unexpected exit to the controller at once (faster than missed heartbeats), and removes
-the tensor files a killed child left in /dev/shm (hfrt.shm).
+the tensor files a killed child left in /dev/shm (hfrt.shm). `relaunch` replaces one child by a
+fresh process with the same spec (hfrt.recovery's Relauncher).
 """
 
 from __future__ import annotations
@@ -47,11 +48,15 @@ class LocalLauncher:
         self.python = python
         self.processes: dict[str, asyncio.subprocess.Process] = {}
         self._watchers: list[asyncio.Task[None]] = []
+        self._specs: dict[str, DaemonSpec] = {}
+        self._retired: list[asyncio.subprocess.Process] = []  # processes a relaunch replaced
+        self._start: tuple[str, bytes, OnExit] | None = None  # controller, key, on_exit (for relaunch)
         self._logs: list[IO[Any]] = []
         self._stopping = False
         self._log = get_logger(part="launcher.local")
 
     async def start(self, specs: list[DaemonSpec], *, controller: str, key: bytes, on_exit: OnExit) -> None:
+        self._start = (controller, key, on_exit)
         try:
             for spec in specs:
                 await self._spawn(spec, controller, key, on_exit)
@@ -79,13 +84,14 @@ class LocalLauncher:
             env=env, stdin=asyncio.subprocess.DEVNULL, stdout=stderr, stderr=stderr,
         )
         self.processes[spec.identity] = proc
+        self._specs[spec.identity] = spec
         self._log.info("daemon_started", daemon=spec.identity, pid=proc.pid)
         self._watchers.append(asyncio.get_running_loop().create_task(self._watch(spec.identity, proc, on_exit)))
 
     async def _watch(self, identity: str, proc: asyncio.subprocess.Process, on_exit: OnExit) -> None:
         code = await proc.wait()
         shm.remove_files_of(proc.pid)
-        if not self._stopping:
+        if not self._stopping and self.processes.get(identity) is proc:  # not one relaunch replaced
             reason = f"process {proc.pid} exited with code {code}"
             if code < 0:
                 reason = f"process {proc.pid} killed by {signal.Signals(-code).name}"
@@ -93,6 +99,24 @@ class LocalLauncher:
                 role, _, rank = identity.partition(":")
                 reason = with_tail(reason, self.log_dir / f"{role}-{rank}.log", lines=4)
             on_exit(identity, reason)
+
+    async def relaunch(self, identity: str) -> int:
+        """Kill daemon `identity` if it still runs, remove its /dev/shm files, start a new process
+        with the same spec, and return its pid; the old process's exit is not reported."""
+        spec, proc = self._specs.get(identity), self.processes.get(identity)
+        if spec is None or proc is None or self._start is None:
+            raise KeyError(f"{identity}: not a daemon this launcher started")
+        del self.processes[identity]  # from here on, its watcher stays silent
+        self._retired.append(proc)  # and stop() still makes sure it is gone
+        if proc.returncode is None:
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+            await proc.wait()
+        shm.remove_files_of(proc.pid)
+        await self._spawn(spec, *self._start)
+        return self.processes[identity].pid
 
     async def detach(self) -> list[list[str]]:
         """Stop watching the children and leave them running; they exit on Shutdown or orphaning."""
@@ -110,10 +134,11 @@ class LocalLauncher:
     async def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping = True
         live = [p for p in self.processes.values() if p.returncode is None]
+        live += [p for p in self._retired if p.returncode is None]
         if live:
             await self._wait(live, timeout_s)
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            live = [p for p in self.processes.values() if p.returncode is None]
+            live = [p for p in [*self.processes.values(), *self._retired] if p.returncode is None]
             if not live:
                 break
             for proc in live:
@@ -125,7 +150,7 @@ class LocalLauncher:
         for task in self._watchers:
             task.cancel()
         await asyncio.gather(*self._watchers, return_exceptions=True)
-        for proc in self.processes.values():
+        for proc in [*self.processes.values(), *self._retired]:
             shm.remove_files_of(proc.pid)
         for f in self._logs:
             f.close()

@@ -14,9 +14,10 @@ import asyncio
 import functools
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -45,6 +46,12 @@ from .lifetimes import HandleTracker
 from .log import get_logger
 from .plane_control import TensorPlaneControl
 from .trace import MAX_SPANS, CallTrace
+
+if TYPE_CHECKING:
+    from .recovery import Recovery
+
+#: Called with (daemon, reason, expected) when a daemon that said hello is declared gone.
+GoneListener = Callable[["DaemonInfo", str, bool], None]
 
 #: A daemon silent for this many heartbeat intervals is declared dead. Daemons beat twice per
 #: interval, so a live one is silent for at most half an interval plus its own scheduling delays;
@@ -136,6 +143,10 @@ class Controller(TensorPlaneControl):
         self._log = get_logger(part="controller", session=self.session)
         #: spans of the calls sent since record_calls() (None: not recording)
         self.trace: CallTrace | None = None
+        #: the retry layer role groups route calls through (hfrt.recovery; None: recovery off)
+        self.recovery: Recovery | None = None
+        #: told of every daemon declared gone, before the calls pending on it fail
+        self.gone_listeners: list[GoneListener] = []
         self._stats: dict[str, int] = {
             "calls_sent": 0,
             "replies": 0,
@@ -233,6 +244,18 @@ class Controller(TensorPlaneControl):
             if identity.startswith(role + ":"):
                 raise DaemonGone(f"daemon {identity} exited before saying hello: {reason}")
 
+    def daemon(self, identity: str) -> DaemonInfo | None:
+        """The latest daemon that said hello as `identity` (alive or not), if any."""
+        return self._daemons.get(identity)
+
+    async def wait_change(self, timeout: float) -> None:
+        """Return when a daemon said hello or was declared gone, or after `timeout` seconds."""
+        await self._wait_change(timeout)
+
+    def notify_change(self) -> None:
+        """Wake whoever waits in wait_change (e.g. a launcher saw a process end)."""
+        self._notify_change()
+
     async def _wait_change(self, timeout: float) -> None:
         assert self._changed is not None
         self._changed.clear()
@@ -263,6 +286,8 @@ class Controller(TensorPlaneControl):
         info.alive = False
         info.gone_reason = reason
         (self._log.info if expected else self._log.warning)("daemon_gone", daemon=info.describe(), reason=reason)
+        for listener in self.gone_listeners:
+            listener(info, reason, expected)
         for call_id, pending in list(self._calls.items()):
             if pending.daemon is info:
                 del self._calls[call_id]

@@ -2,7 +2,8 @@
 
 A RoleGroup is a view of one role's ranks; an EndpointRef turns a call into per-rank messages by
 the endpoint's declared dispatch mode and combines the per-rank futures. Calling sends at once and
-returns a future: start early, await late. Knows the controller's submit() and dispatch rules;
+returns a future: start early, await late (with recovery on, a task that may retry once: see
+hfrt.recovery). Knows the controller's submit() and dispatch rules;
 knows nothing of sockets or of what the endpoints do.
 """
 
@@ -29,6 +30,11 @@ class RoleGroup:
         self.daemons = list(daemons)
         self.slots = [RankSlot(d.rank, d.dp_rank, d.dp_size) for d in self.daemons]
         self._refs: dict[str, EndpointRef] = {}
+
+    def refresh(self, daemons: Sequence[DaemonInfo]) -> None:
+        """Point this group at `daemons` (the same ranks, e.g. after hfrt.recovery replaced one)."""
+        self.daemons = list(daemons)
+        self.slots = [RankSlot(d.rank, d.dp_rank, d.dp_size) for d in self.daemons]
 
     @property
     def world_size(self) -> int:
@@ -71,7 +77,35 @@ class EndpointRef:
         self.mode = mode
 
     def __call__(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
+        return self._invoke(("dispatch", 0, timeout_s), args, kwargs)
+
+    def call(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[list[Any]]:
+        return self._invoke(("call", 0, timeout_s), args, kwargs)
+
+    def call_one(self, rank: int, /, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
+        if all(d.rank != rank for d in self.group.daemons):
+            raise IndexError(f"role {self.group.name!r} has no rank {rank} (world_size {self.group.world_size})")
+        return self._invoke(("call_one", rank, timeout_s), args, kwargs)
+
+    def resend(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        """Deliver a call again exactly as `how` says (hfrt.recovery remakes lost handles with it)."""
+        return self._invoke(how, args, kwargs)
+
+    def _invoke(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        """Send now; with recovery on, the returned future is a task that retries once (hfrt.recovery)."""
+        recovery = self.group._controller.recovery
+        if recovery is None:
+            return self._send(how, args, kwargs)
+        send = lambda a, kw: self._send(how, a, kw)  # noqa: E731
+        return asyncio.ensure_future(recovery.call(self, how, args, kwargs, send))
+
+    def _send(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        kind, rank, timeout_s = how
         group = self.group
+        if kind == "call":
+            return _combine([self._submit(d, list(args), kwargs, timeout_s) for d in group.daemons], list)
+        if kind == "call_one":
+            return self._submit(next(d for d in group.daemons if d.rank == rank), list(args), kwargs, timeout_s)
         if self.mode is Dispatch.RANK0:
             return self._submit(group.daemons[0], list(args), kwargs, timeout_s)
         try:
@@ -85,16 +119,6 @@ class EndpointRef:
         slots = [slot for slot, _, _ in plan]
         mode = self.mode
         return _combine(futures, lambda results: collect(mode, slots, results))
-
-    def call(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[list[Any]]:
-        futures = [self._submit(d, list(args), kwargs, timeout_s) for d in self.group.daemons]
-        return _combine(futures, list)
-
-    def call_one(self, rank: int, /, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
-        for d in self.group.daemons:
-            if d.rank == rank:
-                return self._submit(d, list(args), kwargs, timeout_s)
-        raise IndexError(f"role {self.group.name!r} has no rank {rank} (world_size {self.group.world_size})")
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every rank and return at once; failures are logged by the controller."""

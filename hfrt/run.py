@@ -28,6 +28,7 @@ from hfrt.protocols import check_heartbeat_s, load_key, new_key, write_key_file
 from .controller import Controller
 from .flows import Flow
 from .log import get_logger
+from .recovery import Recovery, RecoveryPolicy
 from .trace import CallTrace
 
 if TYPE_CHECKING:
@@ -178,6 +179,9 @@ async def run_flow(
 ) -> dict[str, Any]:
     """Run `flow` once and return its summary (plus where things are)."""
     log = get_logger(part="run", flow=flow.name)
+    policy = RecoveryPolicy.from_config(config)
+    if policy.enabled and attach is not None:
+        raise ValueError("config recovery=on: only daemons this controller starts can be relaunched, not --attach ones")
     run_dir.mkdir(parents=True, exist_ok=True)
     if attach is not None:
         key, address, heartbeat_s = load_key(attach.key_file), attach.bind_address, attach.heartbeat_s
@@ -186,20 +190,25 @@ async def run_flow(
         key_file = write_key_file(run_dir / "cluster.key", key)
         address = free_tcp_address() if keep_daemons else "tcp://127.0.0.1:0"
     async with Controller(address, key, heartbeat_s=heartbeat_s) as ctl:
-        launcher = None
+        launcher = recovery = None
         if attach is None:
             launcher = LocalLauncher(
                 heartbeat_s=heartbeat_s,
                 orphan_timeout_s=max(orphan_timeout_s, 600.0) if keep_daemons else orphan_timeout_s,
                 log_dir=run_dir / "logs",
             )
-            await launcher.start(specs_for(roles or flow.roles), controller=ctl.address, key=key, on_exit=ctl.mark_gone)
+            recovery = Recovery(ctl, launcher, policy) if policy.enabled else None
+            on_exit = recovery.on_exit if recovery is not None else ctl.mark_gone
+            await launcher.start(specs_for(roles or flow.roles), controller=ctl.address, key=key, on_exit=on_exit)
         summary: dict[str, Any] = {}
         trace = start_trace(ctl, config, run_dir)
         try:
             summary = dict(await flow.run(ctl, with_run_dir(config, run_dir)) or {})
         finally:
             summary |= save_trace(trace, run_dir)
+            if recovery is not None:
+                await recovery.close()
+                summary |= {"recovery_replace_s": [round(s, 2) for s in recovery.stats.replace_s]}
             if launcher is not None and not keep_daemons:
                 await ctl.shutdown_daemons()
                 await launcher.stop()
@@ -248,6 +257,8 @@ async def run_on_cluster(
 
     if flow.roles:
         cluster.check_roles(flow.roles, f"flow {flow.name!r}")
+    if RecoveryPolicy.from_config(config).enabled:
+        raise ValueError("config recovery=on: the SSH and Slurm launchers cannot relaunch a daemon yet; local runs only")
     run_dir.mkdir(parents=True, exist_ok=True)
     key = new_key()
     key_file = write_key_file(run_dir / "cluster.key", key)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from hfrt.loss_options import check_update_options
 from hfrt.protocols import BatchHandle
+from hfrt.recovery import RecoveryPolicy
 
 C = TypeVar("C", bound="FlowConfig")
 #: how long one call of a flow may take before the flow gives up (a step on CPU takes seconds)
@@ -55,6 +56,9 @@ class FlowConfig:
     progress: "auto" (a bar on a terminal, nothing otherwise), "on" or "off". trace: write
     RUN_DIR/trace.json (Chrome trace of every call).
     run_dir / resume: set by `hfrt controller` (--run-dir, --resume); run_dir "" writes no file.
+    recovery: "on" relaunches a dead or hung reward / reference / rollout daemon and retries the
+    calls that failed with it (hfrt.recovery; local runs only); recovery_max_restarts restarts of
+    one role within recovery_window_s seconds are allowed, one more ends the run.
     """
 
     steps: int = 150
@@ -83,6 +87,9 @@ class FlowConfig:
     trace: bool = True
     run_dir: str = ""
     resume: bool = False
+    recovery: str = "off"
+    recovery_max_restarts: int = 3
+    recovery_window_s: float = 600.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts_per_step", "max_new_tokens", "ppo_epochs"):
@@ -96,6 +103,7 @@ class FlowConfig:
         if self.tis_cap < 0:
             raise ValueError(f"config tis_cap={self.tis_cap!r}: must not be negative (0: off)")
         self.check_update_options()
+        RecoveryPolicy.from_config({k: getattr(self, k) for k in ("recovery", "recovery_max_restarts", "recovery_window_s")})
         if self.progress not in ("auto", "on", "off"):
             raise ValueError(f"config progress={self.progress!r}: use auto, on or off")
         if self.wandb_project and importlib.util.find_spec("wandb") is None:

@@ -69,6 +69,8 @@ class Trainer:
                 if due(cfg.val_every, step, cfg.steps):
                     record |= await self.validate()
                 record["controller_bulk_bytes"] = self.ctl.stats()["controller_bulk_bytes"]
+                if getattr(self.ctl, "recovery", None) is not None:
+                    record |= self.ctl.recovery.metrics()
                 log.write(record)
                 if due(cfg.checkpoint_every, step, cfg.steps):
                     await self.save(step + 1)

@@ -1,0 +1,266 @@
+"""Elastic recovery of stateless roles: a daemon of a stateless role (reward, reference, rollout)
+that dies or hangs is relaunched on the same slot, and the calls that failed with it are retried
+once, after the replacement said hello.
+
+Two halves. The supervisor (`Recovery.on_gone`) hears of every death from the controller, asks a
+`Relauncher` (a launcher that can restart one daemon) for a new process, waits for its hello and
+counts restarts; a role that keeps dying (more than `max_restarts` within `window_s`) ends the run
+with RecoveryFailed naming it and its last log lines. The call layer (`Recovery.call`, used by
+hfrt.group for every endpoint call once recovery is on) retries a call that failed because its
+callee died, or because an argument handle was made by a daemon that has since been replaced: such
+a handle is made again by re-running the call that produced it (its lineage, kept for calls to
+stateless roles only, as long as the handle is alive). It knows role names, launchers' relaunch
+and the controller's registry; nothing of what endpoints compute or of torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hfrt.protocols import BatchHandle
+
+from .errors import DaemonGone, HfrtError, RemoteError
+from .log import get_logger
+
+if TYPE_CHECKING:
+    from .controller import Controller, DaemonInfo
+    from .group import EndpointRef, RoleGroup
+
+#: How a call was delivered: (adverb: "dispatch" | "call" | "call_one", rank for call_one, timeout_s).
+How = tuple[str, int, "float | None"]
+#: Roles whose daemons hold no state a step depends on beyond their model path: safe to relaunch.
+STATELESS = frozenset({"reward", "reference", "rollout", "cost"})
+
+
+class RecoveryFailed(HfrtError):
+    """A role could not be brought back (it kept dying, or its replacement never said hello)."""
+
+
+class Relauncher(Protocol):
+    """What a launcher offers recovery: replace one daemon it started by a fresh process."""
+
+    async def relaunch(self, identity: str) -> int:
+        """Kill the daemon `identity` if it still runs (and remove its /dev/shm files), start a
+        new one with the same spec, and return the new process id."""
+        ...
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """`--set recovery=on` and its limits (FlowConfig carries the keys; run.py builds this).
+
+    max_restarts: restarts of one role allowed within window_s; one more ends the run.
+    hello_timeout_s: how long a replacement may take to say hello (model load included).
+    roles: the roles that are relaunched (default STATELESS); others' deaths still end the run.
+    """
+
+    enabled: bool = False
+    max_restarts: int = 3
+    window_s: float = 600.0
+    hello_timeout_s: float = 120.0
+    roles: frozenset[str] = STATELESS
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> RecoveryPolicy:
+        """From a flow's config dict: recovery = "on" | "off" (or true/false), recovery_max_restarts,
+        recovery_window_s; a bad value raises naming the key."""
+        value = config.get("recovery", "off")
+        if value not in ("on", "off", True, False):
+            raise ValueError(f"config recovery={value!r}: use on or off")
+        restarts = config.get("recovery_max_restarts", cls.max_restarts)
+        window = config.get("recovery_window_s", cls.window_s)
+        if not isinstance(restarts, int) or restarts < 0:
+            raise ValueError(f"config recovery_max_restarts={restarts!r}: must be a whole number >= 0")
+        if not isinstance(window, int | float) or window <= 0:
+            raise ValueError(f"config recovery_window_s={window!r}: must be a positive number of seconds")
+        return cls(value in ("on", True), restarts, float(window))
+
+
+@dataclass(slots=True)
+class _Recipe:
+    """How a handle was made: the call to re-run, and the daemons (identity → pid) that made it."""
+
+    ref: EndpointRef
+    how: How
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    makers: dict[str, int]
+
+
+@dataclass(slots=True)
+class RecoveryStats:
+    restarts: int = 0
+    retried_calls: int = 0
+    lost_s: float = 0.0  # flow time spent from a failed call to its retry's result
+    replace_s: list[float] = field(default_factory=list)  # per restart: death → replacement's hello
+
+
+class Recovery:
+    """The supervisor and the retry layer, for one controller; see the module docstring."""
+
+    def __init__(self, ctl: Controller, launcher: Relauncher, policy: RecoveryPolicy) -> None:
+        self.ctl, self.launcher, self.policy = ctl, launcher, policy
+        self.stats = RecoveryStats()
+        self.failure: RecoveryFailed | None = None
+        self.closing = False
+        self._replacing: dict[str, asyncio.Task[None]] = {}
+        self._history: dict[str, deque[float]] = {}
+        self._exits: dict[str, str] = {}
+        self._lineage: dict[int, _Recipe] = {}  # id of a live handle → how it was made
+        self._log = get_logger(part="recovery")
+        ctl.recovery = self
+        ctl.gone_listeners.append(self.on_gone)
+
+    # -- supervisor ----------------------------------------------------------------------------
+
+    def on_exit(self, identity: str, reason: str) -> None:
+        """The launcher's exit callback: a process it started ended (old daemon or replacement)."""
+        self._exits[identity] = reason
+        self.ctl.mark_gone(identity, reason)
+        self.ctl.notify_change()
+
+    def on_gone(self, info: DaemonInfo, reason: str, expected: bool) -> None:
+        """The controller declared `info` gone: relaunch it if its role is recoverable."""
+        if expected or self.closing or info.role not in self.policy.roles or info.identity in self._replacing:
+            return
+        task = asyncio.get_running_loop().create_task(self._replace(info.identity, info.role, reason))
+        self._replacing[info.identity] = task
+        task.add_done_callback(lambda _: self._replacing.pop(info.identity, None))
+
+    async def _replace(self, identity: str, role: str, reason: str) -> None:
+        died = time.monotonic()
+        while self.failure is None and not self.closing:
+            if not self._within_limits(role, identity, reason):
+                return
+            try:
+                self._exits.pop(identity, None)
+                pid = await self.launcher.relaunch(identity)
+                failed = await self._await_hello(identity, pid)
+            except Exception as exc:  # a launcher that cannot relaunch ends the run, named
+                self._fail(f"{identity}: relaunch failed: {type(exc).__name__}: {exc}")
+                return
+            if failed is None:
+                self.stats.restarts += 1
+                self.stats.replace_s.append(time.monotonic() - died)
+                self._log.warning("daemon_replaced", daemon=identity, pid=pid, after_s=round(self.stats.replace_s[-1], 2))
+                return
+            reason = failed
+
+    def _within_limits(self, role: str, identity: str, reason: str) -> bool:
+        now = time.monotonic()
+        history = self._history.setdefault(role, deque())
+        while history and now - history[0] > self.policy.window_s:
+            history.popleft()
+        if len(history) >= self.policy.max_restarts:
+            self._fail(
+                f"role {role!r} keeps dying: {len(history)} restarts within {self.policy.window_s:.0f}s "
+                f"(recovery_max_restarts={self.policy.max_restarts}); last, {identity}: {reason}"
+            )
+            return False
+        history.append(now)
+        return True
+
+    async def _await_hello(self, identity: str, pid: int) -> str | None:
+        """None once process `pid` said hello as `identity`; else why not (it exited, or timed out)."""
+        deadline = time.monotonic() + self.policy.hello_timeout_s
+        while True:
+            info = self.ctl.daemon(identity)
+            if info is not None and info.alive and info.pid == pid:
+                return None
+            if identity in self._exits:
+                return self._exits.pop(identity)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"replacement pid {pid} did not say hello within {self.policy.hello_timeout_s:.0f}s"
+            await self.ctl.wait_change(left)
+
+    def _fail(self, message: str) -> None:
+        self.failure = RecoveryFailed(message)
+        self._log.error("recovery_failed", error=message)
+        self.ctl.notify_change()
+
+    # -- call layer ----------------------------------------------------------------------------
+
+    async def call(self, ref: EndpointRef, how: How, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   send: Callable[[tuple[Any, ...], dict[str, Any]], Awaitable[Any]]) -> Any:
+        """`send(args, kwargs)` once; if it failed with a daemon that recovery replaces, or read a
+        handle such a daemon made, wait for the replacement, remake stale handles, and send once more."""
+        makers = self._makers(ref.group)
+        try:
+            result = await send(args, kwargs)
+        except (DaemonGone, RemoteError) as exc:
+            if not self._retryable(ref.group, args, kwargs):
+                raise
+            failed_at = time.monotonic()
+            self._log.warning("call_retried", call=f"{ref.group.name}.{ref.name}", error=str(exc).splitlines()[0])
+            await self._settle(ref.group)
+            args, kwargs = await self._remade(args, kwargs)
+            makers = self._makers(ref.group)
+            result = await send(args, kwargs)
+            self.stats.retried_calls += 1
+            self.stats.lost_s += time.monotonic() - failed_at
+        if ref.group.name in self.policy.roles and isinstance(result, BatchHandle):
+            self._lineage[id(result)] = _Recipe(ref, how, args, kwargs, makers)
+            weakref.finalize(result, self._lineage.pop, id(result), None)  # forgotten with the handle
+        return result
+
+    def _makers(self, group: RoleGroup) -> dict[str, int]:
+        return {d.identity: d.pid for d in group.daemons}
+
+    def _retryable(self, group: RoleGroup, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        callee_replaced = group.name in self.policy.roles and any(not d.alive for d in group.daemons)
+        return callee_replaced or any(self._stale(h) for h in _handles(args, kwargs))
+
+    def _stale(self, handle: BatchHandle) -> bool:
+        recipe = self._lineage.get(id(handle))
+        if recipe is None:
+            return False
+        for identity, pid in recipe.makers.items():
+            info = self.ctl.daemon(identity)
+            if info is None or not info.alive or info.pid != pid:
+                return True
+        return False
+
+    async def _settle(self, group: RoleGroup) -> None:
+        """Wait until every daemon recovery is replacing has said hello (or recovery failed), then
+        point `group` at its role's live daemons."""
+        while self._replacing:
+            await asyncio.gather(*self._replacing.values(), return_exceptions=True)
+        if self.failure is not None:
+            raise self.failure
+        group.refresh([self.ctl.daemon(d.identity) or d for d in group.daemons])
+
+    async def _remade(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The arguments with every stale handle made again by re-running its recipe."""
+        fresh: dict[int, BatchHandle] = {}
+        for handle in _handles(args, kwargs):
+            if id(handle) not in fresh and self._stale(handle):
+                recipe = self._lineage[id(handle)]
+                await self._settle(recipe.ref.group)
+                fresh[id(handle)] = await recipe.ref.resend(recipe.how, recipe.args, recipe.kwargs)
+        swap = lambda v: fresh.get(id(v), v)  # noqa: E731
+        return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+    def metrics(self) -> dict[str, float]:
+        """Cumulative figures for a step's metrics record."""
+        return {"recovery/restarts": self.stats.restarts, "recovery/lost_s": round(self.stats.lost_s, 3),
+                "recovery/retried_calls": self.stats.retried_calls}
+
+    async def close(self) -> None:
+        """Stop relaunching (the run is ending) and wait for relaunches in progress to settle."""
+        self.closing = True
+        tasks = list(self._replacing.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _handles(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[BatchHandle]:
+    """The batch handles among a call's top-level arguments (where flows pass them)."""
+    return [v for v in (*args, *kwargs.values()) if isinstance(v, BatchHandle)]
