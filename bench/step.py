@@ -102,9 +102,12 @@ def bench_flow(name: str, steps: int, warmup: int, settings: Mapping[str, Any] |
 
         try:
             await trainer.run(step)
-        finally:
+        except BaseException:
             if owned is not None:
-                await owned.close()
+                await owned.close(abort=True)
+            raise
+        if owned is not None:
+            await owned.close()
         serial = [await serial_stage2(cfg, roles, prompts_handle(trainer.source.batch(cfg.prompts_per_step)))
                   for _ in range(steps)]
         return {"records": records[warmup:], "serial": serial, "controller_bulk_bytes": ctl.stats()["controller_bulk_bytes"],

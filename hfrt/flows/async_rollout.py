@@ -136,7 +136,7 @@ class RolloutPipeline:
             batch, info = await pipeline.take(step)     # await late: started up to `depth` steps ago
             ...                                         # train on batch: the actor's weights become step + 1
             info |= await pipeline.trained(step + 1)    # publish that version, start early the next rollouts
-        await pipeline.close()
+        await pipeline.close()                          # close(abort=True) when the loop failed
 
     `take` reports async/staleness_* (policy versions each sample lags the weights it trains,
     from the samples' `weight_version`), async/train_wait_s (training idle: waiting for samples),
@@ -217,8 +217,10 @@ class RolloutPipeline:
         self._fill()
         return self.sync.finished()
 
-    async def close(self) -> None:
-        """Stop rollouts still in flight and wait for the loads already sent."""
+    async def close(self, *, abort: bool = False) -> None:
+        """Stop rollouts still in flight and wait for the loads already sent (raising a failed
+        load's error); with abort=True (the flow is failing already) drop them without raising,
+        so the first error is the one reported."""
         for entry in self._flight:
             entry.future.cancel()
         for entry in self._flight:
@@ -226,7 +228,8 @@ class RolloutPipeline:
                 await entry.future
         self._flight.clear()
         try:
-            await self.sync.drain()
+            if not abort:
+                await self.sync.drain()
         finally:
             self.sync.cancel()
 

@@ -75,9 +75,12 @@ async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
     trainer = Trainer(ctl, cfg, roles)
     step = AsyncGRPO(cfg, roles, trainer)
     try:
-        return await trainer.run(step)
-    finally:
-        await step.close()
+        summary = await trainer.run(step)
+    except BaseException:
+        await step.close(abort=True)  # the first error is the one reported
+        raise
+    await step.close()
+    return summary
 
 
 class AsyncGRPO:
@@ -116,8 +119,8 @@ class AsyncGRPO:
         info["perf/train_tokens_per_s"] = float(record.get("response_tokens", 0.0)) / trained_s
         return record | info | {"timing/step_s": t.step_s()}
 
-    async def close(self) -> None:
-        await self.pipeline.close()
+    async def close(self, *, abort: bool = False) -> None:
+        await self.pipeline.close(abort=abort)
 
 
 async def train_on(cfg: GRPOFlowConfig, t: StageTimer, rollout: BatchHandle, *, actor: Any, reference: Any, reward: Any) -> dict[str, Any]:

@@ -204,5 +204,57 @@ def test_kill_9_of_the_rollout_daemon_names_it(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode != 0
-    assert "rollout:0" in err and "gone" in err, err[-3000:]
-    assert re.search(r"(rollout for step \d+ failed|weight sync to version \d+)", err), err[-3000:]
+    # the error the run ends with (its last line, not one raised while cleaning up) names the step
+    # or version, the daemon and how it died
+    last = err.strip().splitlines()[-1]
+    assert re.search(r"(the rollout for step \d+|weight sync to version \d+) failed: rollout\[0\] \(\S+ pid \d+\) "
+                     r"is gone \(process \d+ killed by SIGKILL\)", last), err[-3000:]
+
+
+SPLIT_SPEC = """
+# split.toml: training on device 0, generation on device 1 of this machine
+name = "grpo-async-split"
+
+[[nodes]]
+name = "localhost"
+devices = 2
+
+[pools.train]
+nodes = ["localhost"]
+devices = [0]
+
+[pools.gen]
+nodes = ["localhost"]
+devices = [1]
+
+[roles.actor]
+pool = "train"
+options = { model = "tiny", engine = { micro_batch_size = 32, optim = { lr = 2e-3 } }, sampling = { top_k = 0 } }
+
+[roles.reference]
+pool = "train"
+options = { model = "tiny", engine = { micro_batch_size = 32 } }
+
+[roles.reward]
+pool = "train"
+options = { kind = "function", function = "hfrt.flows.tasks:task_reward" }
+
+[roles.rollout]
+pool = "gen"
+options = { model = "tiny", sampling = { top_k = 0 } }
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_grpo_async_on_split_pools_from_a_cluster_spec(tmp_path: Path) -> None:
+    """`hfrt controller --cluster split.toml --flow grpo_async`: training roles on one pool, the
+    rollout role on another, as a user runs it."""
+    spec = tmp_path / "split.toml"
+    spec.write_text(SPLIT_SPEC)
+    out = subprocess.run([sys.executable, "-m", "hfrt", "controller", "--cluster", str(spec), "--flow", "grpo_async",
+                          "--run-dir", str(tmp_path / "run"), "--set", "steps=2", "--set", "progress=off",
+                          "--set", "export_hf=false"], capture_output=True, text=True, timeout=190)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = records(tmp_path / "run")
+    assert len(rows) == 2 and rows[1]["async/staleness_max"] == 1.0 and rows[1]["controller_bulk_bytes"] == 0

@@ -100,3 +100,26 @@ def test_staleness_histogram_and_config_checks() -> None:
     with pytest.raises(ValueError, match="max_staleness=-1"):
         GRPOAsyncConfig.read({"max_staleness": -1})
     assert StalenessPolicy(1, "wait", ahead=3).depth == 1 and StalenessPolicy(1, "drop", ahead=3).depth == 3
+
+
+class FailingLoads(FakeRollout):
+    def load_weights(self, record: dict[str, Any], timeout_s: float) -> asyncio.Future[Any]:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_exception(RuntimeError("rollout[0] (vm pid 1) is gone (killed); load_weights did not finish"))
+        return fut
+
+
+@pytest.mark.parametrize("abort", [False, True])
+async def test_close_reports_a_failed_load_unless_aborting(abort: bool) -> None:
+    rollout = FailingLoads()
+    pipeline = RolloutPipeline(WeightSync(FakeActor(), rollout), StalenessPolicy(1), lambda step, prompts: rollout.generate(step),
+                               lambda: BatchHandle.inline({"prompt": ["1+1="]}), steps=3)
+    try:
+        await pipeline.start(0)
+        if abort:  # the flow already failed: its first error stays the one reported
+            await pipeline.close(abort=True)
+        else:
+            with pytest.raises(RolloutError, match=r"weight sync to version 0 failed: rollout\[0\] \(vm pid 1\) is gone"):
+                await pipeline.close()
+    finally:
+        rollout.task.cancel()
