@@ -5,8 +5,8 @@ leaving nothing running."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +17,131 @@ import psutil
 import pytest
 
 from hfrt import shm
-from tests.support import STARTED_PIDS
+from hfrt.controller import Controller
+from hfrt.deploy.base import DaemonSpec
+from hfrt.deploy.local import LocalLauncher
+from hfrt.errors import RemoteError
+from hfrt.protocols import new_key
+from hfrt.recovery import Recovery, RecoveryFailed, RecoveryPolicy
+from tests.support import STARTED_PIDS, pid_alive
+
+# -- the mechanism, on probe daemons (each starts real daemons: ~10 s on a loaded 2-core box) -------
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Cluster:
+    """A controller, a local launcher and (unless recovery=False) Recovery, over two probe
+    daemons: `maker` (recoverable, as a reward daemon would be) and `user` (not)."""
+
+    def __init__(self, tmp: Path, *, recovery: bool = True, heartbeat_s: float = 2.0, max_restarts: int = 3) -> None:
+        self.key = new_key()
+        self.ctl = Controller("tcp://127.0.0.1:0", self.key, heartbeat_s=heartbeat_s)
+        self.launcher = LocalLauncher(heartbeat_s=heartbeat_s, orphan_timeout_s=10.0, log_dir=tmp / "logs")
+        self.policy = RecoveryPolicy(recovery, max_restarts, 600.0, 60.0, frozenset({"maker"}))
+        self.recovery: Recovery | None = None
+
+    async def __aenter__(self) -> Cluster:
+        await self.ctl.start()
+        on_exit = self.ctl.mark_gone
+        if self.policy.enabled:
+            self.recovery = Recovery(self.ctl, self.launcher, self.policy)
+            on_exit = self.recovery.on_exit
+        specs = [DaemonSpec("maker", impl="probe"), DaemonSpec("user", impl="probe")]
+        await self.launcher.start(specs, controller=self.ctl.address, key=self.key, on_exit=on_exit)
+        STARTED_PIDS.update(p.pid for p in self.launcher.processes.values())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.recovery is not None:
+            await self.recovery.close()
+        await self.ctl.shutdown_daemons(wait_s=5.0)
+        await self.launcher.stop(timeout_s=5.0)
+        await self.ctl.close()
+
+    def pid(self, identity: str) -> int:
+        return self.launcher.processes[identity].pid
+
+
+async def wait_gone(pid: int) -> None:
+    for _ in range(200):
+        if not pid_alive(pid):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"process {pid} still running")
+
+
+@pytest.mark.slow
+async def test_a_call_to_a_killed_daemon_is_retried_on_its_replacement(tmp_path: Path) -> None:
+    async with Cluster(tmp_path) as c:
+        maker = await c.ctl.role("maker")
+        old = c.pid("maker:0")
+        await maker.make([0, 1])  # warm
+        proc = c.launcher.processes["maker:0"]
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        made = await maker.make([0, 1, 2])
+        assert len(made) == 3
+        assert c.pid("maker:0") != old and maker.daemons[0].pid == c.pid("maker:0")
+        assert c.recovery is not None and c.recovery.stats.restarts == 1 and c.recovery.stats.retried_calls == 1
+        assert not list(shm.SHM_DIR.glob(f"{shm.PREFIX}{old}-*"))
+
+
+@pytest.mark.slow
+async def test_a_handle_made_by_a_dead_daemon_is_made_again_for_the_call_that_reads_it(tmp_path: Path) -> None:
+    async with Cluster(tmp_path) as c:
+        maker, user = await c.ctl.role("maker"), await c.ctl.role("user")
+        made = await maker.make([5, 6, 7])
+        proc = c.launcher.processes["maker:0"]
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        owned = await user.reshard(made)  # pulls rows from the dead maker: remade, then retried
+        assert await user.inspect(owned) is not None
+        assert c.recovery is not None and c.recovery.stats.retried_calls == 1 and c.recovery.stats.restarts == 1
+
+
+@pytest.mark.slow
+async def test_without_recovery_the_same_read_fails(tmp_path: Path) -> None:
+    async with Cluster(tmp_path, recovery=False) as c:
+        maker, user = await c.ctl.role("maker"), await c.ctl.role("user")
+        made = await maker.make([5, 6, 7])
+        proc = c.launcher.processes["maker:0"]
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        with pytest.raises(RemoteError):
+            await user.reshard(made)
+
+
+@pytest.mark.slow
+async def test_a_hung_daemon_sigstop_is_declared_gone_killed_and_replaced(tmp_path: Path) -> None:
+    async with Cluster(tmp_path, heartbeat_s=0.5) as c:
+        maker = await c.ctl.role("maker")
+        old = c.launcher.processes["maker:0"]
+        old.send_signal(signal.SIGSTOP)
+        made = await maker.make([1, 2])  # sent to a frozen daemon: fails when it is declared gone
+        assert len(made) == 2 and maker.daemons[0].pid != old.pid
+        await wait_gone(old.pid)  # the frozen process was killed, not left behind
+        assert not list(shm.SHM_DIR.glob(f"{shm.PREFIX}{old.pid}-*"))
+
+
+@pytest.mark.slow
+async def test_a_role_whose_replacements_crash_ends_with_an_error_naming_it(tmp_path: Path) -> None:
+    crash = tmp_path / "crash.sh"
+    crash.write_text("#!/bin/sh\necho 'maker: broken on purpose' >&2\nexit 3\n")
+    crash.chmod(0o755)
+    async with Cluster(tmp_path, max_restarts=2) as c:
+        maker = await c.ctl.role("maker")
+        c.launcher.python = str(crash)  # every relaunch from now on crashes at start
+        proc = c.launcher.processes["maker:0"]
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        with pytest.raises(RecoveryFailed, match=r"role 'maker' keeps dying: 2 restarts(.|\n)*broken on purpose"):
+            await maker.make([1])
+        assert c.recovery is not None and c.recovery.stats.restarts == 0
+    assert not [p for p in c.launcher._retired + list(c.launcher.processes.values()) if pid_alive(p.pid)]
+
+
+# -- whole runs (slow) ---------------------------------------------------------------------------
 
 
 def steps_done(run_dir: Path) -> list[int]:
