@@ -355,8 +355,12 @@ class Controller(TensorPlaneControl):
         pending = self._calls.pop(call_id, None)
         if pending is None:
             return
-        self._span(call_id, pending, "timeout")
         info = pending.daemon
+        if self.recovery is not None and self.recovery.hung(info):  # treated as a death: replaced, retried
+            self._calls[call_id] = pending
+            self.mark_gone(info.identity, f"hung: {pending.endpoint} ran past its {timeout:.1f}s deadline")
+            return
+        self._span(call_id, pending, "timeout")
         self._send_to(info, Cancel(call_id))
         _settle(
             pending.future,

@@ -91,6 +91,10 @@ class EndpointRef:
         """Deliver a call again exactly as `how` says (hfrt.recovery remakes lost handles with it)."""
         return self._invoke(how, args, kwargs)
 
+    def resend_now(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        """Deliver a call as `how` says, without the retry layer (hfrt.recovery sets its deadline)."""
+        return self._send(how, args, kwargs)
+
     def _invoke(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
         """Send now; with recovery on, the returned future is a task that retries once (hfrt.recovery)."""
         recovery = self.group._controller.recovery

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 #: How a call was delivered: (adverb: "dispatch" | "call" | "call_one", rank for call_one, timeout_s).
 How = tuple[str, int, "float | None"]
+#: Calls of one endpoint that must have finished before its hang deadline applies; recent ones kept.
+HANG_SAMPLES, RECENT = 3, 20
 #: Roles whose daemons hold no state a step depends on beyond their model path: safe to relaunch.
 STATELESS = frozenset({"reward", "reference", "rollout", "cost"})
 
@@ -58,6 +60,9 @@ class RecoveryPolicy:
     max_restarts: restarts of one role allowed within window_s; one more ends the run.
     hello_timeout_s: how long a replacement may take to say hello (model load included).
     roles: the roles that are relaunched (default STATELESS); others' deaths still end the run.
+    hang_factor / hang_floor_s: once an endpoint of a recoverable role has finished HANG_SAMPLES
+        calls, a call to it that runs past max(hang_floor_s, hang_factor × the slowest of its
+        recent calls) is treated as its daemon hanging: the daemon is declared gone and replaced.
     """
 
     enabled: bool = False
@@ -65,6 +70,8 @@ class RecoveryPolicy:
     window_s: float = 600.0
     hello_timeout_s: float = 120.0
     roles: frozenset[str] = STATELESS
+    hang_factor: float = 10.0
+    hang_floor_s: float = 60.0
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> RecoveryPolicy:
@@ -112,6 +119,7 @@ class Recovery:
         self._replacing: dict[str, asyncio.Task[None]] = {}
         self._history: dict[str, deque[float]] = {}
         self._exits: dict[str, str] = {}
+        self._recent: dict[tuple[str, str], deque[float]] = {}  # (role, endpoint) → recent durations
         self._lineage: dict[int, _Recipe] = {}  # id of a live handle → how it was made
         self._log = get_logger(part="recovery")
         ctl.recovery = self
@@ -192,6 +200,7 @@ class Recovery:
         """`send(args, kwargs)` once; if it failed with a daemon that recovery replaces, or read a
         handle such a daemon made, wait for the replacement, remake stale handles, and send once more."""
         makers = self._makers(ref.group)
+        send = self._with_deadline(ref, how, send)
         try:
             result = await send(args, kwargs)
         except (DaemonGone, RemoteError) as exc:
@@ -209,6 +218,30 @@ class Recovery:
             self._lineage[id(result)] = _Recipe(ref, how, args, kwargs, makers)
             weakref.finalize(result, self._lineage.pop, id(result), None)  # forgotten with the handle
         return result
+
+    def _with_deadline(self, ref: EndpointRef, how: How,
+                       send: Callable[[tuple[Any, ...], dict[str, Any]], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        """`send`, timed into the endpoint's recent durations; for a recoverable role whose endpoint
+        has a hang deadline, sent with timeout min(the call's own, the deadline)."""
+        key = (ref.group.name, ref.name)
+        recent = self._recent.setdefault(key, deque(maxlen=RECENT))
+        deadline = None
+        if ref.group.name in self.policy.roles and len(recent) >= HANG_SAMPLES:
+            deadline = max(self.policy.hang_floor_s, self.policy.hang_factor * max(recent))
+        timeout = how[2] if deadline is None else min(deadline, how[2] or deadline)
+
+        async def timed(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            started = time.monotonic()
+            result = await (ref.resend_now((how[0], how[1], timeout), args, kwargs) if timeout != how[2] else send(args, kwargs))
+            recent.append(time.monotonic() - started)
+            return result
+
+        return timed
+
+    def hung(self, info: DaemonInfo) -> bool:
+        """Whether a call to `info` that timed out means its daemon hangs (the controller then
+        declares it gone, which replaces it and retries the call, rather than raise CallTimeout)."""
+        return info.role in self.policy.roles and not self.closing
 
     def _makers(self, group: RoleGroup) -> dict[str, int]:
         return {d.identity: d.pid for d in group.daemons}

@@ -34,11 +34,12 @@ class Cluster:
     """A controller, a local launcher and (unless recovery=False) Recovery, over two probe
     daemons: `maker` (recoverable, as a reward daemon would be) and `user` (not)."""
 
-    def __init__(self, tmp: Path, *, recovery: bool = True, heartbeat_s: float = 2.0, max_restarts: int = 3) -> None:
+    def __init__(self, tmp: Path, *, recovery: bool = True, heartbeat_s: float = 2.0, max_restarts: int = 3,
+                 hang_floor_s: float = 60.0) -> None:
         self.key = new_key()
         self.ctl = Controller("tcp://127.0.0.1:0", self.key, heartbeat_s=heartbeat_s)
         self.launcher = LocalLauncher(heartbeat_s=heartbeat_s, orphan_timeout_s=10.0, log_dir=tmp / "logs")
-        self.policy = RecoveryPolicy(recovery, max_restarts, 600.0, 60.0, frozenset({"maker"}))
+        self.policy = RecoveryPolicy(recovery, max_restarts, 600.0, 60.0, frozenset({"maker"}), hang_floor_s=hang_floor_s)
         self.recovery: Recovery | None = None
 
     async def __aenter__(self) -> Cluster:
@@ -122,6 +123,23 @@ async def test_a_hung_daemon_sigstop_is_declared_gone_killed_and_replaced(tmp_pa
         assert len(made) == 2 and maker.daemons[0].pid != old.pid
         await wait_gone(old.pid)  # the frozen process was killed, not left behind
         assert not list(shm.SHM_DIR.glob(f"{shm.PREFIX}{old.pid}-*"))
+
+
+@pytest.mark.slow
+async def test_a_call_past_its_endpoints_deadline_counts_as_a_hang_and_is_retried_on_a_replacement(tmp_path: Path) -> None:
+    # heartbeats every 10 s: only the deadline (2 s, past 3 quick calls) can catch the freeze in time
+    async with Cluster(tmp_path, heartbeat_s=10.0, hang_floor_s=2.0) as c:
+        maker = await c.ctl.role("maker")
+        for _ in range(3):
+            await maker.make([0])
+        old = c.launcher.processes["maker:0"]
+        old.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        made = await maker.make([1, 2])
+        assert len(made) == 2 and maker.daemons[0].pid != old.pid
+        assert time.monotonic() - started < 15.0, "not caught by the deadline (heartbeats would take 17.5 s)"
+        await wait_gone(old.pid)
+        assert c.recovery is not None and c.recovery.stats.restarts == 1
 
 
 @pytest.mark.slow
