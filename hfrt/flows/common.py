@@ -27,7 +27,7 @@ CALL_TIMEOUT_S = 300.0
 #: the defaults a data file brings in place of the addition task's (a real model's answers are
 #: sentences, not one digit; a pretrained policy needs no entropy bonus to keep exploring); a
 #: setting given explicitly wins
-DATA_DEFAULTS: dict[str, Any] = {"max_new_tokens": 256, "entropy_coeff": 0.0}
+DATA_DEFAULTS: dict[str, Any] = {"max_new_tokens": 256, "entropy_coeff": 0.0, "kl_coef": 0.001, "prompts_per_step": 16}
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,8 @@ class FlowConfig:
     val_prompts prompts of val_data (default: data's first rows, or held-out addition prompts);
     with val_before_train (the default) also one before the first step (`val_before/*` in step
     0's record; the summary shows the first and last validation accuracy).
-    With a data file the defaults of DATA_DEFAULTS apply (256 new tokens, no entropy bonus), and
+    With a data file the defaults of DATA_DEFAULTS apply (256 new tokens, no entropy bonus, PPO's
+    in-reward KL at 0.001, 16 prompts a step), and
     the default reward scores its rows with the generic numeric reward (hfrt.flows.tasks).
     checkpoint_every: a checkpoint every N steps and after the last (0: none).
     export_hf: at the end, write the actor as a Hugging Face model folder, RUN_DIR/hf.

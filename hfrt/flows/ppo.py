@@ -58,11 +58,26 @@ class PPOConfig(FlowConfig):
         return {"cliprange_value": self.cliprange_value}
 
 
-Config = PPOConfig
+@dataclass(frozen=True)
+class PPOFlowConfig(PPOConfig):
+    """The `ppo` flow's own defaults, where the embedded run (tiny preset, addition task, sums
+    0-4) learns to add: greedy validation accuracy >= 0.9 within 500 steps (~2.5 min on 2 CPU
+    cores). Measured over seeds 0-2 (see the README): with 16 prompts a step and kl_coef 0.001
+    the policy settled on one answer for every prompt (reward 0.4, accuracy 0.44); 64 prompts a
+    step gave 0.88, 0.28 and 0.5; a KL of 0.1 towards the initial policy keeps it from settling
+    before it has learnt the sums. PPOConfig's defaults stay as they are for Safe-RLHF."""
+
+    steps: int = 500
+    prompts_per_step: int = 64
+    kl_coef: float = 0.1
+    val_every: int = 100
+
+
+Config = PPOFlowConfig
 
 
 async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
-    cfg = PPOConfig.read(config)
+    cfg = PPOFlowConfig.read(config)
     roles = await get_roles(ctl, "actor", "critic", "reference", "reward")
     trainer = Trainer(ctl, cfg, roles, trained=("actor", "critic"))
     return await trainer.run(lambda step, prompts: ppo_step(cfg, step, prompts, **roles))

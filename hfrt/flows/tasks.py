@@ -26,7 +26,12 @@ ASCII_DIGITS = frozenset("0123456789")
 @dataclass
 class AdditionTask:
     """Prompts "a+b=" with 0 <= a, b <= max_operand, drawn from a seeded generator (a fixed order
-    for a given seed); the ground truth is the sum as text."""
+    for a given seed); the ground truth is the sum as text.
+
+    The sum is drawn uniformly (0 to 2 x max_operand), then a split of it: with a and b drawn
+    independently the sums pile up in the middle (sums 0-4: "2" is right a third of the time), and
+    a small policy settles on always answering the most common sum instead of learning to add
+    (the embedded PPO default plateaued at reward 0.4, greedy accuracy 0.44, that way)."""
 
     seed: int = 0
     max_operand: int = 2
@@ -37,12 +42,18 @@ class AdditionTask:
 
     def batch(self, count: int) -> dict[str, list[Any]]:
         """`count` prompts as non-tensor columns: prompt, ground_truth, data_source."""
-        pairs = [(self._rng.randint(0, self.max_operand), self._rng.randint(0, self.max_operand)) for _ in range(count)]
+        pairs = [self._pair() for _ in range(count)]
         return {
             "prompt": [f"{a}+{b}=" for a, b in pairs],
             "ground_truth": [str(a + b) for a, b in pairs],
             "data_source": ["addition"] * count,
         }
+
+    def _pair(self) -> tuple[int, int]:
+        top = self.max_operand
+        total = self._rng.randint(0, 2 * top)
+        a = self._rng.randint(max(0, total - top), min(top, total))
+        return a, total - a
 
     def state_dict(self) -> dict[str, Any]:
         """Where the prompt stream is (the generator's state), as JSON-able data for checkpoints."""

@@ -33,3 +33,25 @@ def test_the_default_reward_scores_a_data_files_rows_numerically() -> None:
     assert task_reward("\\boxed{0.5} since 1/2", "0.5", "math") == 1.0
     assert task_reward("I think 12", "twelve", "trivia") == 0.0 and numeric_reward(" Twelve ", "twelve") == 1.0
     assert numeric_reward("", "3") == 0.0
+
+
+def test_addition_sums_are_drawn_uniformly() -> None:
+    """With independent addends the sum 2 of 0-4 came a third of the time, and the embedded PPO
+    run settled on always answering 2 (accuracy 0.44); every sum now comes as often."""
+    from collections import Counter
+
+    from hfrt.flows.tasks import AdditionTask
+
+    rows = AdditionTask(seed=0, max_operand=2).batch(5000)
+    counts = Counter(rows["ground_truth"])
+    assert sorted(counts) == ["0", "1", "2", "3", "4"]
+    assert max(counts.values()) < 1.15 * min(counts.values())
+    assert all(0 <= int(p[0]) <= 2 and 0 <= int(p[2]) <= 2 for p in rows["prompt"])  # still a+b with a, b <= 2
+
+
+def test_the_ppo_flows_defaults_are_the_ones_that_learn() -> None:
+    from hfrt.flows import ppo
+
+    cfg = ppo.Config.read({})
+    assert (cfg.steps, cfg.prompts_per_step, cfg.kl_coef, cfg.val_every, cfg.val_before_train) == (500, 64, 0.1, 100, True)
+    assert ppo.PPOConfig.read({}).kl_coef == 0.001  # the base (Safe-RLHF's) keeps verl's
