@@ -193,6 +193,12 @@ class RolloutPipeline:
             dropped += 1  # too old: generate this step again with the newest weights sent
             if step - self.sync.sent > self.policy.max_staleness:
                 raise RolloutError(f"step {step}: its samples are too old and no newer weights were sent (newest: {self.sync.sent})")
+            if dropped == 2:  # too old although generated after the newest version was sent: a restarted daemon?
+                await self.sync.publish(self.version)  # push the current weights once more
+            elif dropped > 2:
+                raise RolloutError(
+                    f"step {step}: the rollout role keeps generating with version {min(versions)} although version "
+                    f"{self.sync.sent} was sent (a rollout daemon restarted without its weights?)")
             self._flight.appendleft(_InFlight(step, asyncio.ensure_future(self.generate(step, self._prompts[step])), time.perf_counter()))
         self._prompts.pop(step, None)
         now = time.perf_counter()

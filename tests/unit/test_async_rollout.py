@@ -123,3 +123,29 @@ async def test_close_reports_a_failed_load_unless_aborting(abort: bool) -> None:
                 await pipeline.close()
     finally:
         rollout.task.cancel()
+
+
+class Amnesiac(FakeRollout):
+    """A rollout daemon that restarts (back to version -1) before generating step 2, and again
+    after every load when `forever`."""
+
+    def __init__(self, forever: bool) -> None:
+        super().__init__()
+        self.forever, self.restarted = forever, False
+
+    def generate(self, step: int) -> asyncio.Future[Any]:
+        if step == 2 and (self.forever or not self.restarted):
+            self.restarted = True
+            self.queue.put_nowait(("load", {"version": -1}, asyncio.get_running_loop().create_future()))
+        return super().generate(step)
+
+
+async def test_a_restarted_rollout_daemon_gets_the_weights_again() -> None:
+    infos = await run(StalenessPolicy(1, "wait"), 4, Amnesiac(forever=False))
+    assert max(i["async/staleness_max"] for i in infos) <= 1  # the version -1 samples were never trained on
+    assert sum(i["async/dropped_batches"] for i in infos) >= 1
+
+
+async def test_a_rollout_that_never_holds_new_weights_is_an_error_not_a_loop() -> None:
+    with pytest.raises(RolloutError, match="keeps generating with version -1 although version 2 was sent"):
+        await run(StalenessPolicy(0, "wait"), 4, Amnesiac(forever=True))
