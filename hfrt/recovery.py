@@ -59,7 +59,11 @@ class RecoveryPolicy:
 
     max_restarts: restarts of one role allowed within window_s; one more ends the run.
     hello_timeout_s: how long a replacement may take to say hello (model load included).
-    roles: the roles that are relaunched (default STATELESS); others' deaths still end the run.
+    roles: the roles that are relaunched and whose failed calls are retried (default STATELESS).
+    stateful: roles that are relaunched (every rank, when one dies: their process group is
+        rebuilt) but not retried: the step fails, and hfrt.flows.trainer reloads the last
+        checkpoint into every trained role and redoes the steps after it (see `lost_state`).
+        Deaths of roles in neither set end the run.
     hang_factor / hang_floor_s: once an endpoint of a recoverable role has finished HANG_SAMPLES
         calls, a call to it that runs past max(hang_floor_s, hang_factor × the slowest of its
         recent calls) is treated as its daemon hanging: the daemon is declared gone and replaced.
@@ -70,6 +74,7 @@ class RecoveryPolicy:
     window_s: float = 600.0
     hello_timeout_s: float = 120.0
     roles: frozenset[str] = STATELESS
+    stateful: frozenset[str] = frozenset({"actor", "critic"})
     hang_factor: float = 10.0
     hang_floor_s: float = 60.0
 
@@ -104,6 +109,7 @@ class _Recipe:
 class RecoveryStats:
     restarts: int = 0
     retried_calls: int = 0
+    rewinds: int = 0  # checkpoint reloads after a stateful role was replaced
     lost_s: float = 0.0  # flow time spent from a failed call to its retry's result
     replace_s: list[float] = field(default_factory=list)  # per restart: death → replacement's hello
 
@@ -119,6 +125,7 @@ class Recovery:
         self._replacing: dict[str, asyncio.Task[None]] = {}
         self._history: dict[str, deque[float]] = {}
         self._exits: dict[str, str] = {}
+        self._lost: dict[str, str] = {}  # stateful daemons replaced since the last rewind → why
         self._recent: dict[tuple[str, str], deque[float]] = {}  # (role, endpoint) → recent durations
         self._lineage: dict[int, _Recipe] = {}  # id of a live handle → how it was made
         self._log = get_logger(part="recovery")
@@ -134,12 +141,37 @@ class Recovery:
         self.ctl.notify_change()
 
     def on_gone(self, info: DaemonInfo, reason: str, expected: bool) -> None:
-        """The controller declared `info` gone: relaunch it if its role is recoverable."""
-        if expected or self.closing or info.role not in self.policy.roles or info.identity in self._replacing:
+        """The controller declared `info` gone: relaunch it if its role is recoverable (and, for a
+        stateful role, every other rank of it too)."""
+        stateful = info.role in self.policy.stateful
+        if expected or self.closing or info.identity in self._replacing or not (stateful or info.role in self.policy.roles):
             return
         task = asyncio.get_running_loop().create_task(self._replace(info.identity, info.role, reason))
         self._replacing[info.identity] = task
         task.add_done_callback(lambda _: self._replacing.pop(info.identity, None))
+        if stateful:
+            self._lost[info.identity] = reason
+            for peer in self.ctl.daemons(info.role):
+                if peer.alive:  # its process group is broken: it is restarted with the rank that died
+                    self.ctl.mark_gone(peer.identity, f"restarted with {info.identity}")
+
+    def lost_state(self) -> dict[str, str]:
+        """The stateful daemons replaced since the last `rewound()` (identity → why): when any,
+        the trained roles must reload a checkpoint before the run goes on."""
+        return dict(self._lost)
+
+    def rewound(self, lost_s: float) -> None:
+        """The trainer reloaded a checkpoint into every trained role, `lost_s` after the step failed
+        (the steps it redoes are not counted)."""
+        self._lost.clear()
+        self.stats.rewinds += 1
+        self.stats.lost_s += lost_s
+
+    async def settle(self, groups: list[RoleGroup]) -> None:
+        """Wait for every replacement in progress (raising RecoveryFailed if one failed), then
+        point each of `groups` at its role's live daemons."""
+        for group in groups:
+            await self._settle(group)
 
     async def _replace(self, identity: str, role: str, reason: str) -> None:
         died = time.monotonic()
@@ -162,13 +194,13 @@ class Recovery:
 
     def _within_limits(self, role: str, identity: str, reason: str) -> bool:
         now = time.monotonic()
-        history = self._history.setdefault(role, deque())
+        history = self._history.setdefault(identity, deque())
         while history and now - history[0] > self.policy.window_s:
             history.popleft()
         if len(history) >= self.policy.max_restarts:
             self._fail(
-                f"role {role!r} keeps dying: {len(history)} restarts within {self.policy.window_s:.0f}s "
-                f"(recovery_max_restarts={self.policy.max_restarts}); last, {identity}: {reason}"
+                f"role {role!r} keeps dying: {identity} restarted {len(history)} times within {self.policy.window_s:.0f}s "
+                f"(recovery_max_restarts={self.policy.max_restarts}); last exit: {reason}"
             )
             return False
         history.append(now)
@@ -268,6 +300,9 @@ class Recovery:
         if self.failure is not None:
             raise self.failure
         group.refresh([self.ctl.daemon(d.identity) or d for d in group.daemons])
+        if any(not d.alive for d in group.daemons):
+            raise DaemonGone(f"role {group.name!r}: {', '.join(d.describe() for d in group.daemons if not d.alive)} "
+                             "gone and not being replaced")
 
     async def _remade(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The arguments with every stale handle made again by re-running its recipe."""
@@ -283,7 +318,7 @@ class Recovery:
     def metrics(self) -> dict[str, float]:
         """Cumulative figures for a step's metrics record."""
         return {"recovery/restarts": self.stats.restarts, "recovery/lost_s": round(self.stats.lost_s, 3),
-                "recovery/retried_calls": self.stats.retried_calls}
+                "recovery/retried_calls": self.stats.retried_calls, "recovery/rewinds": self.stats.rewinds}
 
     async def close(self) -> None:
         """Stop relaunching (the run is ending) and wait for relaunches in progress to settle."""

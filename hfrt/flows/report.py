@@ -89,6 +89,7 @@ class MetricsLog:
         if self.path is None or not self.path.exists():
             return
         kept = []
+        self.rewards.clear()  # refilled from the kept records (a mid-run rewind had written some)
         for line in self.path.read_text().splitlines():
             try:
                 record = json.loads(line)

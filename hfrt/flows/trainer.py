@@ -1,7 +1,8 @@
 """The step loop every built-in RL flow shares: prompts from the data source, the flow's own step
 function, a validation pass every `val_every` steps, metrics per step, checkpoints every
-`checkpoint_every` steps, resume from the run's latest checkpoint, and the actor's export as a
-Hugging Face folder at the end.
+`checkpoint_every` steps, resume from the run's latest checkpoint, an in-run rewind to the latest
+checkpoint when recovery replaced an actor or critic daemon (hfrt.recovery), and the actor's
+export as a Hugging Face folder at the end.
 
 A flow supplies `step(step_index, prompts) -> metrics`; the loop supplies everything around it.
 It knows role groups by name ("actor" for validation and the advantage state, "reward" for
@@ -10,6 +11,7 @@ validation scores) and the FlowConfig fields; it knows nothing of what a step co
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -17,7 +19,10 @@ from typing import Any, Protocol
 from hfrt.log import get_logger
 from hfrt.protocols import BatchHandle
 
-from .checkpoint import load_checkpoint, resumable_checkpoint, save_checkpoint
+from hfrt.errors import HfrtError
+from hfrt.recovery import RecoveryFailed
+
+from .checkpoint import Checkpoint, load_checkpoint, resumable_checkpoint, save_checkpoint
 from .common import CALL_TIMEOUT_S, FlowConfig, non_tensor, prompts_handle
 from .data import make_source, validation_rows
 from .report import MetricsLog
@@ -51,37 +56,76 @@ class Trainer:
         self.state = state
         self.source = make_source(cfg.data, seed=cfg.seed, max_operand=cfg.max_operand)
         self.start_step = 0
+        self.resumed_from = 0  # the checkpoint step a resumed run started from
+        self.rewinds: list[list[int]] = []  # [failed step, checkpoint step] per in-run rewind (hfrt.recovery)
         self._val_rows: dict[str, list[Any]] | None = None  # read once, on the first validation
         self._val_accuracy: dict[str, float] = {}  # the first and last validation accuracy, for the summary
 
     async def run(self, step_fn: StepFn) -> dict[str, Any]:
         cfg = self.cfg
+        self.step_fn = step_fn
         with MetricsLog(cfg.run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project, progress=cfg.progress, total_steps=cfg.steps) as log:
             if cfg.resume:
                 await self._resume(log)
             before: dict[str, float] = {}
             if cfg.val_every and cfg.val_before_train and self.start_step == 0:
                 before = {k.replace("val/", "val_before/", 1): v for k, v in (await self.validate()).items()}
-            for step in range(self.start_step, cfg.steps):
-                prompts = prompts_handle(self.source.batch(cfg.prompts_per_step))
-                record = {"step": step, **before, **await step_fn(step, prompts)}
-                before = {}
-                if due(cfg.val_every, step, cfg.steps):
-                    record |= await self.validate()
-                record["controller_bulk_bytes"] = self.ctl.stats()["controller_bulk_bytes"]
-                if getattr(self.ctl, "recovery", None) is not None:
-                    record |= self.ctl.recovery.metrics()
-                log.write(record)
-                if due(cfg.checkpoint_every, step, cfg.steps):
-                    await self.save(step + 1)
+            step = self.start_step
+            while step < cfg.steps:
+                try:
+                    before = await self._step(step, before, log)
+                except HfrtError as exc:
+                    if not await self._rewind(step, exc, log):
+                        raise
+                    step = self.start_step
+                    continue
+                step += 1
         summary = log.summary() | {"controller_bulk_bytes": self.ctl.stats()["controller_bulk_bytes"]}
         summary |= {f"val_accuracy_{k}": v for k, v in self._val_accuracy.items()}
         if cfg.export_hf and cfg.run_dir and "actor" in self.roles:
             await self.roles["actor"].export_hf(str(Path(cfg.run_dir) / "hf"), timeout_s=CALL_TIMEOUT_S)
             summary["hf_export"] = str(Path(cfg.run_dir) / "hf")
-        if self.start_step:
-            summary["resumed_from_step"] = self.start_step
+        if self.resumed_from:
+            summary["resumed_from_step"] = self.resumed_from
+        if self.rewinds:
+            summary["rewound"] = self.rewinds
         return summary
+
+    async def _step(self, step: int, before: dict[str, float], log: MetricsLog) -> dict[str, float]:
+        """One step: run it, validate if due, write its record, checkpoint if due."""
+        cfg = self.cfg
+        prompts = prompts_handle(self.source.batch(cfg.prompts_per_step))
+        record = {"step": step, **before, **await self.step_fn(step, prompts)}
+        if due(cfg.val_every, step, cfg.steps):
+            record |= await self.validate()
+        record["controller_bulk_bytes"] = self.ctl.stats()["controller_bulk_bytes"]
+        if getattr(self.ctl, "recovery", None) is not None:
+            record |= self.ctl.recovery.metrics()
+        log.write(record)
+        if due(cfg.checkpoint_every, step, cfg.steps):
+            await self.save(step + 1)
+        return {}
+
+    async def _rewind(self, step: int, exc: HfrtError, log: MetricsLog) -> bool:
+        """After a stateful role's daemon was replaced (hfrt.recovery), reload the last checkpoint
+        into every trained role, rewind the data and the metrics to it, and return True; without
+        recovery or such a death, False (the error stands); without a checkpoint, RecoveryFailed."""
+        recovery = getattr(self.ctl, "recovery", None)
+        if recovery is None or not recovery.lost_state():
+            return False
+        lost = recovery.lost_state()
+        found = resumable_checkpoint(self.cfg.run_dir, max_step=self.cfg.steps) if self.cfg.run_dir else None
+        if found is None or found.checkpoint is None:
+            raise RecoveryFailed(
+                f"{', '.join(lost)} died at step {step} ({next(iter(lost.values()))}) and there is no checkpoint "
+                "to reload (set checkpoint_every)") from exc
+        failed_at = time.monotonic()
+        get_logger(part="trainer").warning("rewinding", step=step, to_step=found.checkpoint.step, lost=lost, error=str(exc).splitlines()[0])
+        await recovery.settle([g for g in self.roles.values() if hasattr(g, "refresh")])
+        await self._load(found.checkpoint, log)
+        recovery.rewound(time.monotonic() - failed_at)
+        self.rewinds.append([step, found.checkpoint.step])
+        return True
 
     def more_prompts(self, count: int) -> BatchHandle:
         """The data source's next `count` prompts, for a step that needs more than it was given
@@ -126,6 +170,11 @@ class Trainer:
             return  # nothing saved yet: start from step 0
         if found.damaged:
             get_logger(part="trainer").info("checkpoint_passed_over", using=str(ckpt.path), damaged=found.damaged)
+        await self._load(ckpt, log)
+        self.resumed_from = ckpt.step
+
+    async def _load(self, ckpt: Checkpoint, log: MetricsLog) -> None:
+        """Weights, optimizer, data position, advantage and flow state from `ckpt`; steps from its on."""
         await load_checkpoint(ckpt, self.trained, timeout_s=CALL_TIMEOUT_S)
         self.source.load_state_dict(ckpt.state["data"])
         if "advantage" in ckpt.state:

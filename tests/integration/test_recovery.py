@@ -153,7 +153,7 @@ async def test_a_role_whose_replacements_crash_ends_with_an_error_naming_it(tmp_
         proc = c.launcher.processes["maker:0"]
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
-        with pytest.raises(RecoveryFailed, match=r"role 'maker' keeps dying: 2 restarts(.|\n)*broken on purpose"):
+        with pytest.raises(RecoveryFailed, match=r"role 'maker' keeps dying: maker:0 restarted 2 times(.|\n)*broken on purpose"):
             await maker.make([1])
         assert c.recovery is not None and c.recovery.stats.restarts == 0
     assert not [p for p in c.launcher._retired + list(c.launcher.processes.values()) if pid_alive(p.pid)]
@@ -255,7 +255,7 @@ def test_a_role_that_crashes_on_every_restart_ends_the_run_naming_it(tmp_path: P
         if run.poll() is None:
             run.kill()
     assert run.returncode != 0
-    assert "role 'reward' keeps dying: 2 restarts" in err, err[-3000:]
+    assert "role 'reward' keeps dying: reward:0 restarted 2 times" in err, err[-3000:]
     assert "broken on purpose" in err, "the error does not show the daemon's last log lines"
     assert not list(shm.SHM_DIR.glob(f"{shm.PREFIX}{first}-*"))
     assert not [p for p in descendants(run) if p.is_running()], "daemons left running"
