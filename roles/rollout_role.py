@@ -20,6 +20,7 @@ from hfrt.batch import Batch
 from hfrt.daemon import Daemon, DaemonContext
 from hfrt.endpoints import Dispatch, endpoint
 
+from .agent_turns import AgentTurns
 from .common import build_dataclass, check_options, close_group, prepare_process, role_errors, sampling_params
 from .generate import GenerationEngine, HFGenerationEngine
 from .models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
@@ -31,8 +32,9 @@ from .weight_sync import WeightSyncError, apply_sync
 INITIAL_VERSION = -1
 
 
-class RolloutDaemon(Daemon):
-    """Endpoints: generate (SPLIT); load_weights, weight_version (REPLICATE)."""
+class RolloutDaemon(AgentTurns, Daemon):
+    """Endpoints: generate (SPLIT); load_weights, weight_version (REPLICATE); generate_turn and
+    assemble_trajectories (SPLIT, roles/agent_turns.py: multi-turn agent rollouts)."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm"})
     GENERATORS = ("hf", "vllm")

@@ -27,6 +27,7 @@ BUILTIN: dict[str, str] = {
     "safe_rlhf": "hfrt.flows.safe_rlhf",
     "dapo": "hfrt.flows.dapo",
     "grpo_async": "hfrt.flows.grpo_async",
+    "agent_calc": "hfrt.flows.agent_calc",
 }
 
 FlowFn = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any] | None]]

@@ -1,0 +1,112 @@
+"""The `agent_calc` flow: GRPO on multi-turn, tool-using rollouts of the addition task. The policy
+may write `<calc>EXPR</calc>`; the agent loop runs the calculator and appends `[RESULT]` (masked out
+of training); the policy then answers. Reward: 1 when the answer (the text after the last tool
+output) starts with the right sum, else 0.
+
+A step: push the actor's weights to the rollout role → run the agents (turns batched on the rollout
+role, token-in/token-out) → trajectories assembled into a rollout batch on the rollout daemons →
+(reference log-probs ∥ reward) → advantages → actor update. It knows endpoints, not engines.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .agent import AgentConfig, Conversation, agent_metrics, assemble, run_agents
+from .async_rollout import WeightSync
+from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, reduce_rank_metrics, step_metrics
+from .grpo import GRPOFlowConfig, actor_loss_options
+from .grpo import ROLES as GRPO_ROLES
+from .tasks import leading_number
+from .trainer import Trainer, sampling_seed
+
+#: grpo's roles, a rollout daemon for the turns, and the reward role reading the agents' rewards.
+ROLES: dict[str, dict[str, Any]] = {
+    **GRPO_ROLES,
+    "rollout": {"impl": "rollout", "options": {"model": "tiny", "sampling": {"top_k": 0}}},
+    "reward": {"impl": "reward", "options": {"kind": "function", "function": "hfrt.flows.agent:agent_reward"}},
+}
+CALL = re.compile(r"<calc>([^<>]{0,40})</calc>$")
+OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def calculator(expression: str) -> int:
+    """+, - and * of integers (ValueError on anything else)."""
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in OPS:
+            return int(OPS[type(node.op)](value(node.left), value(node.right)))
+        raise ValueError(f"calculator: {expression!r} is not +, - or * of integers")
+    return value(ast.parse(expression.strip(), mode="eval").body)
+
+
+async def calc_agent(conv: Conversation, sample: dict[str, Any], *, max_calls: int = 2) -> float:
+    """Generate until a turn ends outside a tool call; run each `<calc>…</calc>` and append its result."""
+    segment, calls = "", 0
+    while True:
+        turn = await conv.generate(stop=[">"])
+        segment += turn.text
+        found = CALL.search(segment)
+        if found and calls < max_calls:
+            result = await conv.tool(calculator, found.group(1), timeout_s=2.0)
+            conv.add(f"[{result}]")
+            segment, calls = "", calls + 1
+        elif not segment.endswith("<calc>") or not turn.ids:
+            break
+    sample["tool_calls"] = calls
+    got = leading_number(segment)
+    return 1.0 if got is not None and got == int(sample["ground_truth"]) else 0.0
+
+
+@dataclass(frozen=True)
+class AgentCalcConfig(GRPOFlowConfig):
+    """grpo's settings (max_new_tokens per turn) plus max_total_tokens per conversation, max_turns
+    and tool_timeout_s."""
+
+    n: int = 8
+    prompts_per_step: int = 8
+    max_new_tokens: int = 8
+    max_total_tokens: int = 48
+    max_turns: int = 6
+    sample_timeout_s: float = 60.0
+
+    def agent(self, step: int) -> AgentConfig:
+        return AgentConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                           max_total_tokens=self.max_total_tokens, max_turns=self.max_turns,
+                           sample_timeout_s=self.sample_timeout_s, seed=sampling_seed(self, step))
+
+
+Config = AgentCalcConfig
+
+
+async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+    cfg = AgentCalcConfig.read(config)
+    roles = await get_roles(ctl, "actor", "rollout", "reference", "reward")
+    sync = WeightSync(roles["actor"], roles["rollout"])
+    return await Trainer(ctl, cfg, roles).run(lambda step, prompts: agent_step(cfg, step, prompts, sync, **roles))
+
+
+async def agent_step(cfg: AgentCalcConfig, step: int, prompts: Any, sync: WeightSync, *,
+                     actor: Any, rollout: Any, reference: Any, reward: Any) -> dict[str, Any]:
+    """One step on a batch of prompts; its metrics (agent/* included)."""
+    t, kw = StageTimer(), {"timeout_s": CALL_TIMEOUT_S}
+    await sync.publish(step)
+    info = await t.one("sync", sync.drain())
+    columns = {c: non_tensor(prompts, c) for c in ("prompt", "ground_truth")}
+    samples = [{"prompt": p, "ground_truth": g, "uid": f"{step}-{i}"}
+               for i, (p, g) in enumerate(zip(columns["prompt"], columns["ground_truth"], strict=True)) for _ in range(cfg.n)]
+    trajectories = await t.one("generate", run_agents(rollout, calc_agent, samples, cfg.agent(step)))
+    batch = await t.one("assemble", assemble(rollout, trajectories, carry=("ground_truth", "uid", "tool_calls")))
+    ref, scores = await t.together("stage2", ref_log_prob=reference.compute_log_prob(batch, **kw), reward=reward.score(batch, **kw))
+    old = [] if cfg.on_policy(len(batch)) else [await t.one("old_log_prob", actor.compute_log_prob(batch, **kw))]
+    adv = await t.one("advantages", actor.compute_advantages(
+        batch, scores, *old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
+    ranks = await t.one("update", actor.update(batch, *old, ref, adv, **actor_loss_options(cfg), **kw))
+    calls = [float(tr.sample.get("tool_calls", 0)) for tr in trajectories]
+    extra = agent_metrics(trajectories) | {"agent/tool_calls_mean": sum(calls) / max(len(calls), 1)} | info
+    return step_metrics(t, scores, batch, adv.meta["metrics"], reduce_rank_metrics(ranks)) | extra
