@@ -259,3 +259,42 @@ def test_a_role_that_crashes_on_every_restart_ends_the_run_naming_it(tmp_path: P
     assert "broken on purpose" in err, "the error does not show the daemon's last log lines"
     assert not list(shm.SHM_DIR.glob(f"{shm.PREFIX}{first}-*"))
     assert not [p for p in descendants(run) if p.is_running()], "daemons left running"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("ranks", [1, 2], ids=["one_rank", "two_ranks_fsdp2"])
+def test_a_killed_actor_is_replaced_and_the_run_rewinds_to_its_last_checkpoint(tmp_path: Path, ranks: int) -> None:
+    run_dir, steps = tmp_path / "run", 16
+    multi = [f"roles.actor.world_size={ranks}", "roles.actor.options.engine.backend=fsdp2"] if ranks > 1 else []
+    run = start_run(run_dir, f"steps={steps}", "checkpoint_every=3", *multi)
+    try:
+        wait_for_step(run, run_dir, 7)
+        kill_9(run, "actor")
+        out, err = run.communicate(timeout=400)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err[-4000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(steps)), "a step was lost or repeated in metrics.jsonl"
+    assert records[-1]["recovery/rewinds"] == 1 and records[-1]["recovery/restarts"] == ranks  # every rank relaunched
+    [(failed, to)] = json.loads(out)["rewound"]
+    assert to % 3 == 0 and to <= failed, (failed, to)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_actor_without_a_checkpoint_ends_the_run_saying_so(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run = start_run(run_dir, "steps=200")
+    try:
+        wait_for_step(run, run_dir, 2)
+        kill_9(run, "actor")
+        _, err = run.communicate(timeout=240)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode != 0
+    assert "actor:0 died at step" in err and "no checkpoint to reload (set checkpoint_every)" in err, err[-3000:]
+    assert not [p for p in descendants(run) if p.is_running()], "daemons left running"
