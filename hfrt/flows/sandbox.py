@@ -74,7 +74,7 @@ def _why(returncode: int, stderr: str, limits: SandboxLimits) -> str:
 
 async def run_python(code: str, limits: SandboxLimits | None = None, *, stdin: str = "") -> SandboxResult:
     """Run `code` with `python -I` in a fresh temporary directory under `limits`; on a wall-clock
-    overrun the process group is killed (SIGKILL) and error says so."""
+    overrun the process group is killed (SIGKILL) and error says so (the output so far is kept)."""
     limits = limits or SandboxLimits()
     with tempfile.TemporaryDirectory(prefix="hfrt-sandbox-") as cwd:
         proc = await asyncio.create_subprocess_exec(
@@ -82,20 +82,32 @@ async def run_python(code: str, limits: SandboxLimits | None = None, *, stdin: s
             stderr=asyncio.subprocess.PIPE, start_new_session=True, preexec_fn=_limit(limits),
             env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"},
         )
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        readers = [asyncio.ensure_future(_read(stream, limits.output_bytes)) for stream in (proc.stdout, proc.stderr)]
+        error = ""
         try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), limits.timeout_s)
+            proc.stdin.write(stdin.encode())
+            proc.stdin.close()
+            await asyncio.wait_for(proc.wait(), limits.timeout_s)
         except TimeoutError:
-            _kill_group(proc.pid)
-            out, err = await proc.communicate()
-            return SandboxResult(proc.returncode or -9, _cap(out, limits), _cap(err, limits),
-                                 f"timed out after {limits.timeout_s} s (killed)")
-        except BaseException:
-            _kill_group(proc.pid)
+            error = f"timed out after {limits.timeout_s} s (killed)"
+        finally:
+            _kill_group(proc.pid)  # whatever it started goes too
             await proc.wait()
-            raise
-    code_ = proc.returncode if proc.returncode is not None else -1
-    stderr = _cap(err, limits)
-    return SandboxResult(code_, _cap(out, limits), stderr, _why(code_, stderr, limits))
+            done, pending = await asyncio.wait(readers, timeout=2.0)  # a child that left the group may hold the pipes
+            for task in pending:
+                task.cancel()
+    out, err = [task.result().decode("utf-8", errors="replace") if task in done else "" for task in readers]
+    returncode = proc.returncode if proc.returncode is not None else -1
+    return SandboxResult(returncode, out, err, error or _why(returncode, err, limits))
+
+
+async def _read(stream: asyncio.StreamReader, cap: int) -> bytes:
+    """All of a stream, keeping the first `cap` bytes."""
+    kept = bytearray()
+    while chunk := await stream.read(65536):
+        kept += chunk[: max(0, cap - len(kept))]
+    return bytes(kept)
 
 
 def _kill_group(pid: int) -> None:
@@ -103,10 +115,6 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _cap(data: bytes, limits: SandboxLimits) -> str:
-    return data[: limits.output_bytes].decode("utf-8", errors="replace")
 
 
 async def call_tool(fn: Callable[..., Any], *args: Any, timeout_s: float = 5.0, name: str | None = None) -> Any:
