@@ -96,12 +96,11 @@ class EndpointRef:
         return self._send(how, args, kwargs)
 
     def _invoke(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
-        """Send now; with recovery on, the returned future is a task that retries once (hfrt.recovery)."""
+        """Send now; with recovery on, the returned future is a task that may send once more (hfrt.recovery)."""
         recovery = self.group._controller.recovery
         if recovery is None:
             return self._send(how, args, kwargs)
-        send = lambda a, kw: self._send(how, a, kw)  # noqa: E731
-        return asyncio.ensure_future(recovery.call(self, how, args, kwargs, send))
+        return recovery.call(self, how, args, kwargs)
 
     def _send(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
         kind, rank, timeout_s = how

@@ -19,7 +19,7 @@ import asyncio
 import time
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -227,14 +227,21 @@ class Recovery:
 
     # -- call layer ----------------------------------------------------------------------------
 
-    async def call(self, ref: EndpointRef, how: How, args: tuple[Any, ...], kwargs: dict[str, Any],
-                   send: Callable[[tuple[Any, ...], dict[str, Any]], Awaitable[Any]]) -> Any:
-        """`send(args, kwargs)` once; if it failed with a daemon that recovery replaces, or read a
-        handle such a daemon made, wait for the replacement, remake stale handles, and send once more."""
+    def call(self, ref: EndpointRef, how: How, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        """Send the call now (as the group would without recovery) and return a task for its result:
+        if it failed with a daemon that recovery replaces, or read a handle such a daemon made, the
+        task waits for the replacement, remakes stale handles, and sends it once more."""
+        how = self._deadline(ref, how)
+        first, sent = ref.resend_now(how, args, kwargs), time.monotonic()
+        task = asyncio.ensure_future(self._finish(ref, how, args, kwargs, first, sent))
+        task.add_done_callback(lambda t: first.cancel() if t.cancelled() else None)  # cancelled before it ran
+        return task
+
+    async def _finish(self, ref: EndpointRef, how: How, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      first: asyncio.Future[Any], sent: float) -> Any:
         makers = self._makers(ref.group)
-        send = self._with_deadline(ref, how, send)
         try:
-            result = await send(args, kwargs)
+            result = await first
         except (DaemonGone, RemoteError) as exc:
             if not self._retryable(ref.group, args, kwargs):
                 raise
@@ -242,33 +249,24 @@ class Recovery:
             self._log.warning("call_retried", call=f"{ref.group.name}.{ref.name}", error=str(exc).splitlines()[0])
             await self._settle(ref.group)
             args, kwargs = await self._remade(args, kwargs)
-            makers = self._makers(ref.group)
-            result = await send(args, kwargs)
+            makers, sent = self._makers(ref.group), time.monotonic()
+            result = await ref.resend_now(how, args, kwargs)
             self.stats.retried_calls += 1
             self.stats.lost_s += time.monotonic() - failed_at
+        self._recent.setdefault((ref.group.name, ref.name), deque(maxlen=RECENT)).append(time.monotonic() - sent)
         if ref.group.name in self.policy.roles and isinstance(result, BatchHandle):
             self._lineage[id(result)] = _Recipe(ref, how, args, kwargs, makers)
             weakref.finalize(result, self._lineage.pop, id(result), None)  # forgotten with the handle
         return result
 
-    def _with_deadline(self, ref: EndpointRef, how: How,
-                       send: Callable[[tuple[Any, ...], dict[str, Any]], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-        """`send`, timed into the endpoint's recent durations; for a recoverable role whose endpoint
-        has a hang deadline, sent with timeout min(the call's own, the deadline)."""
-        key = (ref.group.name, ref.name)
-        recent = self._recent.setdefault(key, deque(maxlen=RECENT))
-        deadline = None
-        if ref.group.name in self.policy.roles and len(recent) >= HANG_SAMPLES:
-            deadline = max(self.policy.hang_floor_s, self.policy.hang_factor * max(recent))
-        timeout = how[2] if deadline is None else min(deadline, how[2] or deadline)
-
-        async def timed(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            started = time.monotonic()
-            result = await (ref.resend_now((how[0], how[1], timeout), args, kwargs) if timeout != how[2] else send(args, kwargs))
-            recent.append(time.monotonic() - started)
-            return result
-
-        return timed
+    def _deadline(self, ref: EndpointRef, how: How) -> How:
+        """`how` with its timeout lowered to the endpoint's hang deadline, for a recoverable role
+        whose endpoint has finished HANG_SAMPLES calls."""
+        recent = self._recent.get((ref.group.name, ref.name), ())
+        if ref.group.name not in self.policy.roles or len(recent) < HANG_SAMPLES:
+            return how
+        deadline = max(self.policy.hang_floor_s, self.policy.hang_factor * max(recent))
+        return (how[0], how[1], min(deadline, how[2] or deadline))
 
     def hung(self, info: DaemonInfo) -> bool:
         """Whether a call to `info` that timed out means its daemon hangs (the controller then
