@@ -1,4 +1,5 @@
-"""What every launcher takes (DaemonSpec) and offers (Launcher): start daemons, report exits, stop.
+"""What every launcher takes (DaemonSpec) and offers (Launcher): start daemons, report exits, stop;
+and what a launcher that can replace one daemon offers besides (Relauncher, for hfrt.recovery).
 
 It knows the `hfrt daemon` command line, not how any particular launcher runs it.
 """
@@ -71,6 +72,20 @@ class Launcher(Protocol):
         Returns commands `hfrt stop` should run once the daemons have exited (e.g. scancel of an
         allocation this launcher made); usually none.
         """
+
+
+class Relauncher(Launcher, Protocol):
+    """A launcher that can replace one of its daemons in place (`--set recovery=on` needs one).
+
+    LocalLauncher is one. SshLauncher and SlurmLauncher are not yet: for them, relaunch would
+    end the old session (ssh wrapper / srun step) for `identity` and open a new one on the same
+    placement, reporting the new daemon's pid as its hello will.
+    """
+
+    async def relaunch(self, identity: str) -> int:
+        """Kill daemon `identity` if it still runs (its exit is not reported to on_exit), remove
+        its /dev/shm files, start a fresh process from the same spec, and return that pid (the
+        one its hello will carry)."""
 
 
 def placed_for(placed: dict[str, Any], spec: DaemonSpec) -> Any:

@@ -45,12 +45,9 @@ class RecoveryFailed(HfrtError):
 
 
 class Relauncher(Protocol):
-    """What a launcher offers recovery: replace one daemon it started by a fresh process."""
+    """What recovery needs of a launcher (hfrt.deploy.base.Relauncher has the full contract)."""
 
-    async def relaunch(self, identity: str) -> int:
-        """Kill the daemon `identity` if it still runs (and remove its /dev/shm files), start a
-        new one with the same spec, and return the new process id."""
-        ...
+    async def relaunch(self, identity: str) -> int: ...
 
 
 @dataclass(frozen=True)
