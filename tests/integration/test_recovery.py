@@ -18,7 +18,7 @@ import pytest
 
 from hfrt import shm
 from hfrt.controller import Controller
-from hfrt.deploy.base import DaemonSpec
+from hfrt.deploy.base import DaemonSpec, OnExit
 from hfrt.deploy.local import LocalLauncher
 from hfrt.errors import RemoteError
 from hfrt.protocols import new_key
@@ -44,7 +44,7 @@ class Cluster:
 
     async def __aenter__(self) -> Cluster:
         await self.ctl.start()
-        on_exit = self.ctl.mark_gone
+        on_exit: OnExit = self.ctl.mark_gone
         if self.policy.enabled:
             self.recovery = Recovery(self.ctl, self.launcher, self.policy)
             on_exit = self.recovery.on_exit
