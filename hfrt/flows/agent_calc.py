@@ -65,15 +65,23 @@ async def calc_agent(conv: Conversation, sample: dict[str, Any], *, max_calls: i
 
 @dataclass(frozen=True)
 class AgentCalcConfig(GRPOFlowConfig):
-    """grpo's settings (max_new_tokens per turn) plus max_total_tokens per conversation, max_turns
-    and tool_timeout_s."""
+    """grpo's settings (max_new_tokens per turn) plus max_total_tokens per conversation (prompt
+    included), max_turns and sample_timeout_s (a sample running longer ends with an error)."""
 
+    steps: int = 300
     n: int = 8
     prompts_per_step: int = 8
     max_new_tokens: int = 8
     max_total_tokens: int = 48
     max_turns: int = 6
     sample_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.val_every:
+            raise ValueError(f"config val_every={self.val_every}: agent_calc has no validation pass (its reward comes from the agent loop); use 0")
+        if self.max_total_tokens < 2 or self.max_turns < 1:
+            raise ValueError(f"config max_total_tokens={self.max_total_tokens}, max_turns={self.max_turns}: need at least 2 and 1")
 
     def agent(self, step: int) -> AgentConfig:
         return AgentConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature,

@@ -155,3 +155,22 @@ def test_agent_calc_flow_runs_from_the_cli(tmp_path: Path) -> None:
     for r in records:
         assert r["agent/error_rate"] == 0.0 and r["agent/turns_mean"] >= 1.0 and 0.0 <= r["reward/mean"] <= 1.0
         assert r["controller_bulk_bytes"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_two_rollout_ranks_share_the_turns_and_assemble_one_fixed_width_batch() -> None:
+    from hfrt.run import free_tcp_address
+    from tests.support import local_cluster
+
+    group = {"dist_master": free_tcp_address().removeprefix("tcp://")}
+    ranks = [DaemonSpec("rollout", r, 2, impl="rollout", options={"model": "tiny", **group}) for r in range(2)]
+    async with local_cluster(ranks) as (ctl, _):
+        rollout = await ctl.role("rollout", timeout_s=60)
+        samples = [{"prompt": p} for p in ("1+1=", "12+12=", "0+0=")]  # 2 rows on rank 0, 1 on rank 1
+        out = await run_agents(rollout, two_turns, samples, AgentConfig(seed=3))
+        handle = await assemble(rollout, out)
+        assert [s.rows for s in handle.shards] == [2, 1]
+        batch = await ctl.fetch(handle)  # the shards stack: one prompt width and one response width
+        assert batch["prompts"].shape[1] == len("12+12=") and batch["responses"].shape[1] == max(len(t.response_ids) for t in out)
+        assert batch["response_mask"].sum().item() == sum(sum(t.gen_mask) for t in out)
