@@ -1,16 +1,19 @@
-"""Elastic recovery of stateless roles: a daemon of a stateless role (reward, reference, rollout)
-that dies or hangs is relaunched on the same slot, and the calls that failed with it are retried
-once, after the replacement said hello.
+"""Elastic recovery (`--set recovery=on`): a daemon that dies or hangs is relaunched on its slot.
+
+Stateless roles (reward, reference, cost): the calls that failed with the daemon are retried once,
+after the replacement said hello. Stateful roles (actor, critic): every rank is relaunched, the
+step fails, and hfrt.flows.trainer reloads the last checkpoint in place and redoes the steps after it.
 
 Two halves. The supervisor (`Recovery.on_gone`) hears of every death from the controller, asks a
 `Relauncher` (a launcher that can restart one daemon) for a new process, waits for its hello and
-counts restarts; a role that keeps dying (more than `max_restarts` within `window_s`) ends the run
-with RecoveryFailed naming it and its last log lines. The call layer (`Recovery.call`, used by
+counts restarts; a daemon that keeps dying (more than `max_restarts` within `window_s`) ends the
+run with RecoveryFailed naming it and its last log lines. The call layer (`Recovery.call`, used by
 hfrt.group for every endpoint call once recovery is on) retries a call that failed because its
 callee died, or because an argument handle was made by a daemon that has since been replaced: such
 a handle is made again by re-running the call that produced it (its lineage, kept for calls to
-stateless roles only, as long as the handle is alive). It knows role names, launchers' relaunch
-and the controller's registry; nothing of what endpoints compute or of torch.
+stateless roles only, as long as the handle is alive). A call to a stateless role that runs past
+its endpoint's deadline counts as a hang of its daemon. It knows role names, launchers' relaunch
+and the controller's registry; nothing of what endpoints compute, and no torch.
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ if TYPE_CHECKING:
 How = tuple[str, int, "float | None"]
 #: Calls of one endpoint that must have finished before its hang deadline applies; recent ones kept.
 HANG_SAMPLES, RECENT = 3, 20
-#: Roles whose daemons hold no state a step depends on beyond their model path: safe to relaunch.
-STATELESS = frozenset({"reward", "reference", "rollout", "cost"})
+#: Roles whose daemons hold no state a step depends on beyond their options (model path, reward
+#: function): safe to relaunch and retry. Not "rollout": a fresh rollout daemon would sample with its
+#: initial weights until the next weight sync, and nothing forces one yet.
+STATELESS = frozenset({"reward", "reference", "cost"})
 
 
 class RecoveryFailed(HfrtError):

@@ -57,9 +57,10 @@ class FlowConfig:
     progress: "auto" (a bar on a terminal, nothing otherwise), "on" or "off". trace: write
     RUN_DIR/trace.json (Chrome trace of every call).
     run_dir / resume: set by `hfrt controller` (--run-dir, --resume); run_dir "" writes no file.
-    recovery: "on" relaunches a dead or hung reward / reference / rollout daemon and retries the
-    calls that failed with it (hfrt.recovery; local runs only); recovery_max_restarts restarts of
-    one role within recovery_window_s seconds are allowed, one more ends the run.
+    recovery: "on" relaunches a dead or hung reward / reference / cost daemon and retries the calls
+    that failed with it, and relaunches a dead actor / critic and rewinds to the last checkpoint
+    (hfrt.recovery; local runs only); recovery_max_restarts restarts of one daemon within
+    recovery_window_s seconds are allowed, one more ends the run.
     """
 
     steps: int = 150
