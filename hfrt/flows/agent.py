@@ -26,6 +26,10 @@ from .sandbox import SandboxLimits, SandboxResult, ToolError, call_tool, run_pyt
 AgentFn = Callable[["Conversation", dict[str, Any]], Awaitable[float]]
 
 
+class ConversationLimit(RuntimeError):
+    """A conversation reached max_turns or max_total_tokens (ends that sample, as a tool error does)."""
+
+
 class AgentGenerationError(RuntimeError):
     """A generate_turn call on the rollout role failed: the run cannot go on without generation."""
 
@@ -158,10 +162,10 @@ class Conversation:
         """The policy's next turn (ends at a `stop` string, eos or max_new_tokens)."""
         t, cfg = self.trajectory, self.cfg
         if t.turns >= cfg.max_turns:
-            raise ToolError(f"the conversation reached max_turns={cfg.max_turns}")
+            raise ConversationLimit(f"the conversation reached max_turns={cfg.max_turns}")
         budget = min(max_new_tokens or cfg.max_new_tokens, cfg.max_total_tokens - self.tokens)
         if budget < 1:
-            raise ToolError(f"the conversation reached max_total_tokens={cfg.max_total_tokens}")
+            raise ConversationLimit(f"the conversation reached max_total_tokens={cfg.max_total_tokens}")
         options = {"max_new_tokens": budget, "temperature": cfg.temperature, "stop": list(stop), **sampling}
         queued, self._queued = self._queued, []
         row = await self.batcher.request(t.prompt_ids + t.response_ids, queued, options)
@@ -218,7 +222,8 @@ async def _one(agent: AgentFn, conv: Conversation, cfg: AgentConfig) -> None:
     except TimeoutError:
         t.reward, t.error = cfg.error_reward, f"the agent ran past sample_timeout_s={cfg.sample_timeout_s}"
     except Exception as exc:  # the sample's own failure: recorded, the run goes on
-        t.reward, t.error = cfg.error_reward, f"{type(exc).__name__}: {exc}" if not isinstance(exc, ToolError) else str(exc)
+        named = isinstance(exc, (ToolError, ConversationLimit))  # their messages say what happened
+        t.reward, t.error = cfg.error_reward, str(exc) if named else f"{type(exc).__name__}: {exc}"
     finally:
         conv.batcher.done()
 
