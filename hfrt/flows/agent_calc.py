@@ -49,7 +49,7 @@ async def calc_agent(conv: Conversation, sample: dict[str, Any], *, max_calls: i
     """Generate until a turn ends outside a tool call; run each `<calc>…</calc>` and append its result."""
     segment, calls = "", 0
     while True:
-        turn = await conv.generate(stop=[">"])
+        turn = await conv.generate(stop=[">", "\n"])
         segment += turn.text
         found = CALL.search(segment)
         if found and calls < max_calls:
