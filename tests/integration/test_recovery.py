@@ -240,6 +240,26 @@ def test_reward_and_reference_killed_mid_run_are_replaced_and_the_run_finishes(t
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_frozen_reward_daemon_sigstop_is_replaced_and_the_run_finishes(tmp_path: Path) -> None:
+    run_dir, steps = tmp_path / "run", 12
+    run = start_run(run_dir, f"steps={steps}")
+    try:
+        wait_for_step(run, run_dir, 4)
+        frozen = daemon_of(run, "reward")
+        frozen.send_signal(signal.SIGSTOP)
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err[-4000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(steps))
+    assert records[-1]["recovery/restarts"] == 1
+    assert not frozen.is_running() or frozen.status() == psutil.STATUS_ZOMBIE, "the frozen daemon was left behind"
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_role_that_crashes_on_every_restart_ends_the_run_naming_it(tmp_path: Path) -> None:
     reward_file = tmp_path / "my_reward.py"
