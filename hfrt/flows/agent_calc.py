@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .agent import AgentConfig, Conversation, agent_metrics, assemble, run_agents
+from .agent import AgentConfig, AgentFn, Conversation, agent_metrics, assemble, run_agents
 from .async_rollout import WeightSync
 from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, reduce_rank_metrics, step_metrics
 from .grpo import GRPOFlowConfig, actor_loss_options
@@ -93,28 +93,36 @@ Config = AgentCalcConfig
 
 
 async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
-    cfg = AgentCalcConfig.read(config)
+    return await agent_grpo(ctl, config, calc_agent)
+
+
+async def agent_grpo(ctl: Any, config: dict[str, Any], agent: AgentFn, *, config_cls: type[AgentCalcConfig] = AgentCalcConfig) -> dict[str, Any]:
+    """GRPO over `agent`'s trajectories, with this module's ROLES: what a user's tool flow calls
+    (`async def flow(ctl, config): return await agent_grpo(ctl, config, my_agent)`)."""
+    cfg = config_cls.read(config)
     roles = await get_roles(ctl, "actor", "rollout", "reference", "reward")
     sync = WeightSync(roles["actor"], roles["rollout"])
-    return await Trainer(ctl, cfg, roles).run(lambda step, prompts: agent_step(cfg, step, prompts, sync, **roles))
+    return await Trainer(ctl, cfg, roles).run(lambda step, prompts: agent_step(cfg, step, prompts, sync, agent, **roles))
 
 
-async def agent_step(cfg: AgentCalcConfig, step: int, prompts: Any, sync: WeightSync, *,
+async def agent_step(cfg: AgentCalcConfig, step: int, prompts: Any, sync: WeightSync, agent: AgentFn, *,
                      actor: Any, rollout: Any, reference: Any, reward: Any) -> dict[str, Any]:
-    """One step on a batch of prompts; its metrics (agent/* included)."""
+    """One step on a batch of prompts (each row sampled n times, a sample dict of its columns
+    and a `uid` per prompt); its metrics, agent/* included (agent/tool_calls_mean from the
+    samples' `tool_calls` where the agent sets it)."""
     t, kw = StageTimer(), {"timeout_s": CALL_TIMEOUT_S}
     await sync.publish(step)
     info = await t.one("sync", sync.drain())
-    columns = {c: non_tensor(prompts, c) for c in ("prompt", "ground_truth")}
-    samples = [{"prompt": p, "ground_truth": g, "uid": f"{step}-{i}"}
-               for i, (p, g) in enumerate(zip(columns["prompt"], columns["ground_truth"], strict=True)) for _ in range(cfg.n)]
-    trajectories = await t.one("generate", run_agents(rollout, calc_agent, samples, cfg.agent(step)))
-    batch = await t.one("assemble", assemble(rollout, trajectories, carry=("ground_truth", "uid", "tool_calls")))
+    names = [name for name in prompts.shards[0].non_tensor if name != "uid"]
+    rows = [dict(zip(names, values, strict=True)) for values in zip(*(non_tensor(prompts, c) for c in names), strict=True)]
+    samples = [row | {"uid": f"{step}-{i}"} for i, row in enumerate(rows) for _ in range(cfg.n)]
+    trajectories = await t.one("generate", run_agents(rollout, agent, samples, cfg.agent(step)))
+    batch = await t.one("assemble", assemble(rollout, trajectories, carry=(*names, "uid", "tool_calls")))
     ref, scores = await t.together("stage2", ref_log_prob=reference.compute_log_prob(batch, **kw), reward=reward.score(batch, **kw))
     old = [] if cfg.on_policy(len(batch)) else [await t.one("old_log_prob", actor.compute_log_prob(batch, **kw))]
     adv = await t.one("advantages", actor.compute_advantages(
         batch, scores, *old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
     ranks = await t.one("update", actor.update(batch, *old, ref, adv, **actor_loss_options(cfg), **kw))
-    calls = [float(tr.sample.get("tool_calls", 0)) for tr in trajectories]
+    calls = [float(tr.sample.get("tool_calls") or 0) for tr in trajectories]
     extra = agent_metrics(trajectories) | {"agent/tool_calls_mean": sum(calls) / max(len(calls), 1)} | info
     return step_metrics(t, scores, batch, adv.meta["metrics"], reduce_rank_metrics(ranks)) | extra
