@@ -143,8 +143,8 @@ class Recovery:
         self.ctl.notify_change()
 
     def on_gone(self, info: DaemonInfo, reason: str, expected: bool) -> None:
-        """The controller declared `info` gone: relaunch it if its role is recoverable (and, for a
-        stateful role, every other rank of it too)."""
+        """The controller declared `info` gone: relaunch it if its role is recoverable, and every
+        other rank of its role too (their process group, if any, is broken with it)."""
         stateful = info.role in self.policy.stateful
         if expected or self.closing or info.identity in self._replacing or not (stateful or info.role in self.policy.roles):
             return
@@ -153,9 +153,9 @@ class Recovery:
         task.add_done_callback(lambda _: self._replacing.pop(info.identity, None))
         if stateful:
             self._lost[info.identity] = reason
-            for peer in self.ctl.daemons(info.role):
-                if peer.alive:  # its process group is broken: it is restarted with the rank that died
-                    self.ctl.mark_gone(peer.identity, f"restarted with {info.identity}")
+        for peer in self.ctl.daemons(info.role):
+            if peer.alive:
+                self.ctl.mark_gone(peer.identity, f"restarted with {info.identity}")
 
     def lost_state(self) -> dict[str, str]:
         """The stateful daemons replaced since the last `rewound()` (identity → why): when any,

@@ -241,6 +241,24 @@ def test_reward_and_reference_killed_mid_run_are_replaced_and_the_run_finishes(t
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+def test_one_rank_of_a_two_rank_fsdp2_reference_killed_restarts_both_and_the_run_finishes(tmp_path: Path) -> None:
+    run_dir, steps = tmp_path / "run", 12
+    run = start_run(run_dir, f"steps={steps}", "roles.reference.world_size=2", "roles.reference.options.engine.backend=fsdp2")
+    try:
+        wait_for_step(run, run_dir, 4)
+        kill_9(run, "reference")
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err[-4000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(steps))
+    assert records[-1]["recovery/restarts"] == 2, "both ranks (one process group) are relaunched"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
 def test_a_frozen_reward_daemon_sigstop_is_replaced_and_the_run_finishes(tmp_path: Path) -> None:
     run_dir, steps = tmp_path / "run", 12
     run = start_run(run_dir, f"steps={steps}")
