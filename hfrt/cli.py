@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("controller", help="run an algorithm script (flow) against role daemons")
-    c.add_argument("--flow", required=True, help="built-in flow (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf, dapo, ping) or a .py file defining `async def flow(ctl, config)`")
+    c.add_argument("--flow", required=True, help="built-in flow (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf, dapo, grpo_async, agent_calc, ping) or a .py file defining `async def flow(ctl, config)`")
     c.add_argument("--role", action="append", default=[], metavar="NAME=IMPL[:RANKS]", help="override the flow's roles, e.g. echo=echo:4 (repeatable)")
     c.add_argument("--config", metavar="FILE", help="flow settings and role overrides (TOML or YAML); see README 'Configuring a run'")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one setting (dots nest: roles.actor.options.engine.optim.lr=1e-3); VALUE parsed as JSON when it can be (repeatable)")
