@@ -22,7 +22,7 @@ import asyncio
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -157,6 +157,24 @@ class Recovery:
             if peer.alive:
                 self.ctl.mark_gone(peer.identity, f"restarted with {info.identity}")
 
+    async def _eventually(self, ready: Callable[[], bool]) -> bool:
+        """Whether `ready()` holds now or within two heartbeat intervals: a call can fail through a
+        peer's death (a broken collective, a pull from a killed owner) before that death has been
+        reported, and the controller promises to report one within two intervals."""
+        deadline = time.monotonic() + 2 * self.ctl.heartbeat_s
+        while not ready():
+            left = deadline - time.monotonic()
+            if left <= 0 or self.closing:
+                return False
+            await self.ctl.wait_change(left)
+        return True
+
+    async def wait_lost_state(self) -> dict[str, str]:
+        """lost_state(), waiting up to two heartbeat intervals for a death to be reported (called
+        when a step failed: a broken collective can fail it before its cause is reported)."""
+        await self._eventually(lambda: bool(self._lost))
+        return self.lost_state()
+
     def lost_state(self) -> dict[str, str]:
         """The stateful daemons replaced since the last `rewound()` (identity → why): when any,
         the trained roles must reload a checkpoint before the run goes on."""
@@ -245,7 +263,7 @@ class Recovery:
         try:
             result = await first
         except (DaemonGone, RemoteError) as exc:
-            if not self._retryable(ref.group, args, kwargs):
+            if not await self._eventually(lambda: self._retryable(ref.group, args, kwargs)):
                 raise
             failed_at = time.monotonic()
             self._log.warning("call_retried", call=f"{ref.group.name}.{ref.name}", error=str(exc).splitlines()[0])

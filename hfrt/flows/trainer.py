@@ -111,9 +111,11 @@ class Trainer:
         into every trained role, rewind the data and the metrics to it, and return True; without
         recovery or such a death, False (the error stands); without a checkpoint, RecoveryFailed."""
         recovery = getattr(self.ctl, "recovery", None)
-        if recovery is None or not recovery.lost_state():
+        if isinstance(exc, RecoveryFailed):
             return False
-        lost = recovery.lost_state()
+        lost = await recovery.wait_lost_state() if recovery is not None else {}
+        if recovery is None or not lost:
+            return False
         found = resumable_checkpoint(self.cfg.run_dir, max_step=self.cfg.steps) if self.cfg.run_dir else None
         if found is None or found.checkpoint is None:
             raise RecoveryFailed(
