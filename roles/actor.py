@@ -31,6 +31,7 @@ from .common import (
     build_dataclass,
     build_engine,
     check_backend,
+    check_generation_options,
     check_options,
     close_group,
     needs_group,
@@ -91,18 +92,12 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
     compute_advantages, advantage_state, load_advantage_state (RANK0, from roles/advantage.py)."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm"})
-    GENERATORS = ("hf", "vllm")
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
         check_options(context, cls.OPTIONS)
         check_backend(context, ModelOptions.read(context.options, trainable=True).engine)
-        sampling_params(context.options.get("sampling"))
-        kind = context.options.get("generator", "hf")
-        if kind not in cls.GENERATORS:
-            raise ValueError(f"unknown generator {kind!r}: use hf or vllm")
-        if not isinstance(context.options.get("vllm") or {}, dict):
-            raise ValueError("option vllm must be a table of VLLMConfig fields")
+        check_generation_options(context.options)
 
     async def setup(self) -> None:
         with role_errors(self.context):

@@ -88,6 +88,20 @@ def sampling_params(base: SamplingParams | Mapping[str, Any] | None = None, **ov
     return build_dataclass(SamplingParams, values, "sampling")  # type: ignore[no-any-return]
 
 
+#: generation engines a generating role (actor, rollout) can run
+GENERATORS = ("hf", "vllm")
+
+
+def check_generation_options(options: Mapping[str, Any]) -> None:
+    """The options every generating role reads: `sampling` (SamplingParams), `generator` and `vllm`."""
+    sampling_params(options.get("sampling"))
+    kind = options.get("generator", "hf")
+    if kind not in GENERATORS:
+        raise ValueError(f"unknown generator {kind!r}: use {' or '.join(GENERATORS)}")
+    if not isinstance(options.get("vllm") or {}, dict):
+        raise ValueError("option vllm must be a table of VLLMConfig fields")
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """The model-related options of one role, parsed once in setup."""

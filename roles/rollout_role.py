@@ -21,7 +21,7 @@ from hfrt.daemon import Daemon, DaemonContext
 from hfrt.endpoints import Dispatch, endpoint
 
 from .agent_turns import AgentTurns
-from .common import build_dataclass, check_options, close_group, prepare_process, role_errors, sampling_params
+from .common import build_dataclass, check_generation_options, check_options, close_group, prepare_process, role_errors, sampling_params
 from .generate import GenerationEngine, HFGenerationEngine
 from .models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
 from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
@@ -37,19 +37,13 @@ class RolloutDaemon(AgentTurns, Daemon):
     assemble_trajectories (SPLIT, roles/agent_turns.py: multi-turn agent rollouts)."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm"})
-    GENERATORS = ("hf", "vllm")
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
         check_options(context, cls.OPTIONS)
-        sampling_params(context.options.get("sampling"))
+        check_generation_options(context.options)
         if context.options.get("engine"):
             raise ValueError("the rollout role does not train: option engine is not read (remove it)")
-        kind = context.options.get("generator", "hf")
-        if kind not in cls.GENERATORS:
-            raise ValueError(f"unknown generator {kind!r}: use hf or vllm")
-        if not isinstance(context.options.get("vllm") or {}, dict):
-            raise ValueError("option vllm must be a table of VLLMConfig fields")
 
     async def setup(self) -> None:
         with role_errors(self.context):
