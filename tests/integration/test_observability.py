@@ -292,7 +292,8 @@ def _x_events(path: Path) -> int:
 def ppo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real two-step PPO run, shared by the tests that read what it wrote."""
     run_dir = tmp_path_factory.mktemp("obs") / "run"
-    args = [sys.executable, "-m", "hfrt", "controller", "--flow", "ppo", "--run-dir", str(run_dir), "--set", "steps=2"]
+    args = [sys.executable, "-m", "hfrt", "controller", "--flow", "ppo", "--run-dir", str(run_dir), "--set", "steps=2",
+            "--set", "val_every=0"]  # the training stages only (the ppo default validates every 100 steps and at the end)
     out = subprocess.run(args, capture_output=True, text=True, timeout=170)
     assert out.returncode == 0, out.stderr[-4000:]
     assert json.loads(out.stdout)["trace"] == str(run_dir / "trace.json")
