@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -177,6 +179,16 @@ def start_run(run_dir: Path, *sets: str) -> subprocess.Popen[str]:
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@contextmanager
+def killed_on_exit(run: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """The run, killed on the way out if it is still going (a failed assertion, a timeout)."""
+    try:
+        yield run
+    finally:
+        if run.poll() is None:
+            run.kill()
+
+
 def daemon_of(run: subprocess.Popen[str], role: str) -> psutil.Process:
     """The live daemon process of `role` (rank 0) under the controller `run`."""
     for child in psutil.Process(run.pid).children(recursive=True):
@@ -218,15 +230,12 @@ def test_reward_and_reference_killed_mid_run_are_replaced_and_the_run_finishes(t
     run_dir, steps = tmp_path / "run", 20
     run = start_run(run_dir, f"steps={steps}")
     killed: list[int] = []
-    try:
+    with killed_on_exit(run):
         wait_for_step(run, run_dir, 5)
         killed.append(kill_9(run, "reward"))
         wait_for_step(run, run_dir, 12)
         killed.append(kill_9(run, "reference"))
         out, err = run.communicate(timeout=400)
-    finally:
-        if run.poll() is None:
-            run.kill()
     assert run.returncode == 0, err[-4000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(steps)), "a step was lost or repeated"
@@ -244,13 +253,10 @@ def test_reward_and_reference_killed_mid_run_are_replaced_and_the_run_finishes(t
 def test_one_rank_of_a_two_rank_fsdp2_reference_killed_restarts_both_and_the_run_finishes(tmp_path: Path) -> None:
     run_dir, steps = tmp_path / "run", 12
     run = start_run(run_dir, f"steps={steps}", "roles.reference.world_size=2", "roles.reference.options.engine.backend=fsdp2")
-    try:
+    with killed_on_exit(run):
         wait_for_step(run, run_dir, 4)
         kill_9(run, "reference")
         out, err = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
     assert run.returncode == 0, err[-4000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(steps))
@@ -262,14 +268,11 @@ def test_one_rank_of_a_two_rank_fsdp2_reference_killed_restarts_both_and_the_run
 def test_a_frozen_reward_daemon_sigstop_is_replaced_and_the_run_finishes(tmp_path: Path) -> None:
     run_dir, steps = tmp_path / "run", 12
     run = start_run(run_dir, f"steps={steps}")
-    try:
+    with killed_on_exit(run):
         wait_for_step(run, run_dir, 4)
         frozen = daemon_of(run, "reward")
         frozen.send_signal(signal.SIGSTOP)
         out, err = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
     assert run.returncode == 0, err[-4000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(steps))
@@ -284,14 +287,11 @@ def test_a_role_that_crashes_on_every_restart_ends_the_run_naming_it(tmp_path: P
     reward_file.write_text("def score(prompt, response, **kw):\n    return 0.0\n")
     run_dir = tmp_path / "run"
     run = start_run(run_dir, "steps=200", "recovery_max_restarts=2", "roles.reward.options.function=" + f"{reward_file}:score")
-    try:
+    with killed_on_exit(run):
         wait_for_step(run, run_dir, 2)
         reward_file.write_text("raise SystemExit('my_reward: broken on purpose')\n")
         first = kill_9(run, "reward")
         _, err = run.communicate(timeout=240)
-    finally:
-        if run.poll() is None:
-            run.kill()
     assert run.returncode != 0
     assert "role 'reward' keeps dying: reward:0 restarted 2 times" in err, err[-3000:]
     assert "broken on purpose" in err, "the error does not show the daemon's last log lines"
@@ -306,13 +306,10 @@ def test_a_killed_actor_is_replaced_and_the_run_rewinds_to_its_last_checkpoint(t
     run_dir, steps = tmp_path / "run", 16
     multi = [f"roles.actor.world_size={ranks}", "roles.actor.options.engine.backend=fsdp2"] if ranks > 1 else []
     run = start_run(run_dir, f"steps={steps}", "checkpoint_every=3", *multi)
-    try:
+    with killed_on_exit(run):
         wait_for_step(run, run_dir, 7)
         kill_9(run, "actor")
         out, err = run.communicate(timeout=400)
-    finally:
-        if run.poll() is None:
-            run.kill()
     assert run.returncode == 0, err[-4000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(steps)), "a step was lost or repeated in metrics.jsonl"
@@ -326,13 +323,10 @@ def test_a_killed_actor_is_replaced_and_the_run_rewinds_to_its_last_checkpoint(t
 def test_a_killed_actor_without_a_checkpoint_ends_the_run_saying_so(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run = start_run(run_dir, "steps=200")
-    try:
+    with killed_on_exit(run):
         wait_for_step(run, run_dir, 2)
         kill_9(run, "actor")
         _, err = run.communicate(timeout=240)
-    finally:
-        if run.poll() is None:
-            run.kill()
     assert run.returncode != 0
     assert "actor:0 died at step" in err and "no checkpoint to reload (set checkpoint_every)" in err, err[-3000:]
     assert not [p for p in descendants(run) if p.is_running()], "daemons left running"
