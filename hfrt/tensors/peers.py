@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import zmq
 
+from hfrt import shm
 from hfrt.log import get_logger
 from hfrt.protocols import Call, Error, Limits, OutOfBand, Reply, TensorHandle, Wire
 
@@ -126,6 +127,8 @@ class Peers:
             try:
                 dtype, shape, nbytes = shmfile.read_header(path)
             except FileNotFoundError:
+                if not shm.owner_alive(peer.pid):  # killed mid-run: its files went with it
+                    raise HandleError(f"{owner} (pid {peer.pid}) is gone: its tensor {h.key!r} went with it") from None
                 raise HandleError(f"{owner} holds no tensor {h.key!r} (freed, or never stored there)") from None
             if (dtype, shape, nbytes) != (h.dtype, h.shape, h.nbytes):
                 raise HandleError(f"handle {h.key!r} says {h.dtype}{list(h.shape)} but {owner} stores {dtype}{list(shape)}")
