@@ -11,8 +11,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,7 +56,10 @@ def start_bare_daemon(spec: DaemonSpec, ctl_address: str, key: bytes, heartbeat_
     return proc
 
 
-async def test_the_controller_removes_the_files_of_a_daemon_it_saw_die() -> None:
+@asynccontextmanager
+async def bare_probe_with_tensors() -> AsyncIterator[tuple[Any, subprocess.Popen[bytes]]]:
+    """A controller and one probe daemon it did not launch, holding tensors in /dev/shm; the
+    daemon is killed and its files removed on the way out."""
     from hfrt.controller import Controller
     from hfrt.protocols import new_key
 
@@ -64,35 +69,28 @@ async def test_the_controller_removes_the_files_of_a_daemon_it_saw_die() -> None
         try:
             p = await ctl.role("p", timeout_s=60)
             await p.make(list(range(8)))
-            assert files_of(proc.pid)
-            os.kill(proc.pid, signal.SIGKILL)  # a zombie now: nobody reaps it until the end
-            assert await wait_for(lambda: not ctl.daemons("p")[0].alive, 30.0)
-            assert not files_of(proc.pid), f"left behind: {files_of(proc.pid)}"
+            yield ctl, proc
         finally:
             proc.kill()
             proc.wait()
             shm.remove_files_of(proc.pid)
+
+
+async def test_the_controller_removes_the_files_of_a_daemon_it_saw_die() -> None:
+    async with bare_probe_with_tensors() as (ctl, proc):
+        assert files_of(proc.pid)
+        os.kill(proc.pid, signal.SIGKILL)  # a zombie now: nobody reaps it until the end
+        assert await wait_for(lambda: not ctl.daemons("p")[0].alive, 30.0)
+        assert not files_of(proc.pid), f"left behind: {files_of(proc.pid)}"
 
 
 async def test_a_frozen_daemon_declared_gone_keeps_its_files() -> None:
-    from hfrt.controller import Controller
-    from hfrt.protocols import new_key
-
-    key = new_key()
-    async with Controller("tcp://127.0.0.1:0", key, heartbeat_s=0.5) as ctl:
-        proc = start_bare_daemon(probe()[0], ctl.address, key, 0.5)
-        try:
-            p = await ctl.role("p", timeout_s=60)
-            await p.make(list(range(8)))
-            before = files_of(proc.pid)
-            os.kill(proc.pid, signal.SIGSTOP)  # alive, but silent: the controller declares it gone
-            assert await wait_for(lambda: not ctl.daemons("p")[0].alive, 30.0)
-            ctl.mark_gone("p:0", "again")  # any later report of its death still leaves a live daemon's files
-            assert files_of(proc.pid) == before and before
-        finally:
-            proc.kill()
-            proc.wait()
-            shm.remove_files_of(proc.pid)
+    async with bare_probe_with_tensors() as (ctl, proc):
+        before = files_of(proc.pid)
+        os.kill(proc.pid, signal.SIGSTOP)  # alive, but silent: the controller declares it gone
+        assert await wait_for(lambda: not ctl.daemons("p")[0].alive, 30.0)
+        ctl.mark_gone("p:0", "again")  # any later report of its death still leaves a live daemon's files
+        assert files_of(proc.pid) == before and before
 
 
 def test_files_are_removed_only_when_their_pid_is_gone_or_not_hfrt(tmp_path: Path) -> None:
