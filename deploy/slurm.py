@@ -192,6 +192,8 @@ class SlurmLauncher:
             state = await self._job_state()
             if state == "RUNNING":
                 return
+            if state in GONE_STATES and _read_lines(self.exits_file):
+                return  # it ran and its daemons already exited: the watcher reports each with its log
             if state in GONE_STATES:
                 out = self.log_dir / f"slurm-{self.job_id}.out"
                 raise LaunchError(with_tail(
