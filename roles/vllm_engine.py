@@ -12,6 +12,7 @@ output layout and the GenerationEngine contract.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -81,6 +82,45 @@ def kv_budget(config: VLLMConfig) -> int | None:
     return kv_cache_bytes(model_config, config.dtype, config.max_model_len * config.max_num_seqs)
 
 
+#: vLLM's layer-wise reload logs this, once per push, for every layer that received no tensor.
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class ExpectedReloadGaps(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" warning for the layers that get no checkpoint
+    tensor by design, so a real gap still shows:
+
+    - rotary embeddings: their cos/sin cache is computed from the config, never in a checkpoint,
+      and vLLM puts the unchanged cache back;
+    - a tied lm_head (`tie_word_embeddings`): its weight is the embedding, which is pushed; the
+      engine re-processes the head after every push (_reprocess_tied_layers).
+    """
+
+    def __init__(self, tied_head: bool) -> None:
+        super().__init__()
+        self.tied_head = tied_head
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "%s: Failed to load weights" or not record.args:
+            return True
+        layer = str(record.args[0] if isinstance(record.args, tuple) else record.args)
+        if layer.endswith("RotaryEmbedding"):
+            return False
+        return not (self.tied_head and layer == "ParallelLMHead")
+
+
+def _silence_expected_reload_gaps(model_dir: str) -> None:
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            tied = bool(json.load(f).get("tie_word_embeddings", False))
+    except (OSError, ValueError):
+        tied = False
+    logger = logging.getLogger(RELOAD_LOGGER)
+    for old in [f for f in logger.filters if isinstance(f, ExpectedReloadGaps)]:
+        logger.removeFilter(old)
+    logger.addFilter(ExpectedReloadGaps(tied))
+
+
 class VLLMGenerationEngine:
     """GenerationEngine over `vllm.LLM`. Build it in the daemon process, after torch is set up."""
 
@@ -105,6 +145,7 @@ class VLLMGenerationEngine:
         self._sleep_mode = sleep_ok
         self._asleep = False
         self._kv_asleep = False
+        _silence_expected_reload_gaps(config.model_dir)
 
     # ---- memory
     def sleep(self) -> None:
