@@ -1,5 +1,5 @@
 """PPO-family math on [batch, response_len] tensors: policy losses (clipped PPO, GSPO, CISPO,
-truncated importance sampling), value, entropy, KL, aggregation, advantage estimators (GAE, GRPO, RLOO, REINFORCE++, ReMax) and in-reward KL controllers.
+decoupled PPO, truncated importance sampling), value, entropy, KL, aggregation, advantage estimators (GAE, GRPO, RLOO, REINFORCE++, ReMax) and in-reward KL controllers.
 
 Pure torch functions, run daemon-side inside a training engine's loss function. They know
 nothing of engines, ranks or messages, and the controller must not import this module (torch).
@@ -119,11 +119,12 @@ def agg_loss(
 class PolicyLossConfig:
     """Policy-loss settings (hfrt.loss_options.ActorLoss documents each option).
 
-    mode: vanilla | gspo | cispo. clip_ratio_low / clip_ratio_high: the ratio is clipped to
+    mode: vanilla | gspo | cispo | decoupled. clip_ratio_low / clip_ratio_high: the ratio is clipped to
         [1 - low, 1 + high] (DAPO's clip-higher uses high > low). clip_ratio_c: vanilla's
         dual-clip bound for negative advantages (Ye et al. 2020), > 1; None disables it.
     agg_mode / norm_horizon: loss aggregation (see agg_loss).
-    tis_cap: truncated importance sampling cap against the sampler's log-probs (None: off).
+    tis_cap: truncated importance sampling cap against the sampler's log-probs (None: off); the
+        decoupled mode's cap on the behaviour weight π_prox / π_behav (required there).
     """
 
     clip_ratio_low: float = 0.2
@@ -149,19 +150,34 @@ def policy_loss(
 ) -> tuple[torch.Tensor, Metrics]:
     """The policy loss of `config.mode`, optionally truncated-IS weighted → (loss, metrics).
 
+    decoupled (decoupled PPO, Hilton et al. 2021, as AReaL uses it for stale rollouts): PPO's
+    clipped ratio π_θ / π_prox against the proximal policy (`old_log_prob`: the trainer's own
+    log-probs before this update), the whole term weighted by min(π_prox / π_behav, tis_cap),
+    detached, with the behaviour policy's log-probs `rollout_log_probs` (what the rollout engine
+    sampled with, possibly several versions old). Its value is vanilla's with tis_cap; the mode
+    states the objective and refuses to run without the behaviour log-probs and the cap.
+
     Inputs that carry no gradient (old log-probs, advantages, rollout log-probs) are zeroed on
     masked positions first, so NaN there cannot reach the loss or its gradient."""
     old_log_prob, advantages = zero_masked(old_log_prob, mask), zero_masked(advantages, mask)
-    losses_of = {"vanilla": vanilla_losses, "gspo": gspo_losses, "cispo": cispo_losses}
+    losses_of = {"vanilla": vanilla_losses, "gspo": gspo_losses, "cispo": cispo_losses, "decoupled": vanilla_losses}
     if config.mode not in losses_of:
         raise ValueError(f"unknown policy_loss_mode {config.mode!r}; use one of {', '.join(losses_of)}")
+    if config.mode == "decoupled" and (config.tis_cap is None or rollout_log_probs is None):
+        raise ValueError(
+            "policy_loss_mode decoupled needs the behaviour policy's log-probs (the rollout's rollout_log_probs "
+            f"column) and tis_cap, the cap of the weight π_prox / π_behav (got tis_cap={config.tis_cap!r}, "
+            f"rollout_log_probs {'given' if rollout_log_probs is not None else 'missing'})")
     losses, metrics = losses_of[config.mode](log_prob, old_log_prob, advantages, mask, config)
     if config.tis_cap is not None:
         if rollout_log_probs is None:
             raise ValueError("tis_cap needs the sampler's log-probs (the rollout's rollout_log_probs column)")
-        weights, tis_metrics = tis_weights(old_log_prob, zero_masked(rollout_log_probs, mask), mask, config.tis_cap)
+        behaviour = zero_masked(rollout_log_probs, mask)
+        weights, tis_metrics = tis_weights(old_log_prob, behaviour, mask, config.tis_cap)
         losses = losses * weights
         metrics |= tis_metrics
+        if config.mode == "decoupled":  # how far the proximal policy has moved from the sampler
+            metrics["actor/behav_kl"] = masked_mean(behaviour - old_log_prob, mask).detach()
     return agg_loss(losses, mask, config.agg_mode, scale, config.norm_horizon), metrics
 
 

@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: policy_loss_mode: clipped PPO (dual clip), GSPO's sequence-level ratio, CISPO's clipped IS weight
-POLICY_LOSS_MODES = ("vanilla", "gspo", "cispo")
+#: policy_loss_mode: clipped PPO (dual clip), GSPO's sequence-level ratio, CISPO's clipped IS weight,
+#: decoupled PPO (clip against the proximal policy, weighted by the truncated behaviour ratio)
+POLICY_LOSS_MODES = ("vanilla", "gspo", "cispo", "decoupled")
 #: loss_agg_mode (see hfrt.algos.agg_loss)
 AGG_MODES = (
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
@@ -55,7 +56,9 @@ class ActorLoss:
 
     policy_loss_mode: vanilla (clipped PPO with dual clip), gspo (sequence-level importance ratio,
         GSPO; seq-mean-token-mean is the aggregation its authors use) or cispo (clipped importance
-        weight with stop-gradient times the log-prob, MiniMax-M1).
+        weight with stop-gradient times the log-prob, MiniMax-M1) or decoupled (decoupled PPO for
+        stale samples: the clip against the proximal policy, i.e. the old log-probs, the term
+        weighted by min(π_prox / π_behav, tis_cap) with the rollout engine's log-probs; needs tis_cap).
     clip_ratio_low / high: ratio clip [1 - low, 1 + high]; clip_ratio_c: vanilla's dual clip
         (> 1; None: off).
     tis_cap: truncated importance sampling against the sampler's log-probs (the rollout's
@@ -91,6 +94,9 @@ class ActorLoss:
             raise ValueError(f"option clip_ratio_c={self.clip_ratio_c!r}: the dual-clip bound must be > 1 (or None: off)")
         if self.tis_cap is not None and not self.tis_cap > 0:
             raise ValueError(f"option tis_cap={self.tis_cap!r}: the truncation cap must be > 0 (or None: off)")
+        if self.policy_loss_mode == "decoupled" and self.tis_cap is None:
+            raise ValueError("option policy_loss_mode='decoupled' needs tis_cap, the cap of its behaviour weight "
+                             "π_prox / π_behav (e.g. tis_cap=2)")
         _at_least(self, "norm_horizon", 1)
         _at_least(self, "temperature", 0.0)
 

@@ -35,6 +35,7 @@ def test_every_accepted_option_is_listed_when_one_is_unknown() -> None:
     ({"kl_loss_type": "k4"}, "kl_loss_type='k4': use one of kl, "),
     ({"clip_ratio_c": 1.0}, "clip_ratio_c=1.0: the dual-clip bound must be > 1"),
     ({"tis_cap": 0}, "tis_cap=0.0: the truncation cap must be > 0"),
+    ({"policy_loss_mode": "decoupled"}, "policy_loss_mode='decoupled' needs tis_cap"),
     ({"ppo_epochs": 0}, "ppo_epochs=0: must be at least 1"),
     ({"micro_batch_size": 0}, "micro_batch_size=0: must be at least 1"),
     ({"entropy_coeff": True}, "entropy_coeff=True must be float"),
@@ -56,6 +57,7 @@ def test_good_options_parse_with_ints_as_floats() -> None:
     assert schedule == UpdateSchedule(ppo_epochs=2, micro_batch_size=4)
     assert loss == ActorLoss(policy_loss_mode="gspo", tis_cap=2.0, clip_ratio_c=None)
     assert isinstance(loss.tis_cap, float)
+    assert check_update_options("actor", {"policy_loss_mode": "decoupled", "tis_cap": 2})[1].policy_loss_mode == "decoupled"
     assert check_update_options("critic", {"cliprange_value": None})[1] == CriticLoss(cliprange_value=None)
 
 
@@ -90,6 +92,7 @@ def test_flow_configs_merge_mode_tis_and_tables_into_update_options() -> None:
     ({"loss_agg_mode": "x"}, "loss_agg_mode='x'"),
     ({"kl_loss_type": "x"}, "kl_loss_type='x'"),
     ({"tis_cap": -1}, "tis_cap=-1.0: must not be negative"),
+    ({"policy_loss_mode": "decoupled"}, "policy_loss_mode='decoupled' needs tis_cap"),
     ({"actor_loss": 3}, "config actor_loss=3: expected a table"),
     ({"actor_loss": {1: 2}}, "expected a table"),
 ])

@@ -1,6 +1,6 @@
 """Loss math against verl's core_algos conventions and hand-computed values: aggregation over rows
 that have tokens, Dr.GRPO's sum-norm, whitening's minimum, padding that holds NaN, and the policy
-loss modes (GSPO's and CISPO's gradients, truncated importance sampling)."""
+loss modes (GSPO's, CISPO's and decoupled PPO's gradients, truncated importance sampling)."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def _clean(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: torch.where(b["mask"].bool(), v, 0.0) if k != "mask" else v for k, v in b.items()}
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "gspo", "cispo"])
+@pytest.mark.parametrize("mode", ["vanilla", "gspo", "cispo", "decoupled"])
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_nan_on_padding_reaches_neither_loss_nor_gradient(mode: str, agg: str) -> None:
     dirty, clean = _padded_batch(), _clean(_padded_batch())
@@ -249,3 +249,45 @@ def test_truncated_importance_sampling_weights_each_token() -> None:
         policy_loss(log_prob, old, adv, mask, PolicyLossConfig(tis_cap=2.0))
     with pytest.raises(ValueError, match="policy_loss_mode"):
         policy_loss(log_prob, old, adv, mask, PolicyLossConfig(mode="ppo2"))
+
+
+def test_decoupled_ppo_value_and_gradient_are_its_objective() -> None:
+    """Decoupled PPO: L = −mean_t w_t · min(r_t A_t, clip(r_t) A_t) with r = π/π_prox and the
+    detached behaviour weight w = min(π_prox/π_behav, cap), written here independently (no dual
+    clip is reached: the negative advantages' ratios stay below 3)."""
+    mask = T([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    prox = T([[-1.0, -0.5, -2.0, -1.2], [-0.3, -0.9, -1.1, 0.0]])
+    new = prox + T([[0.3, -0.05, 0.1, -0.4], [0.02, 0.5, -0.3, 0.0]])  # ratios 1.35 (clipped), .95, 1.1, .67 (clipped for A<0)...
+    behaviour = prox + T([[0.2, -1.5, 0.0, 0.4], [-0.1, 0.3, 2.0, 0.0]])  # weights e^-.2, e^1.5 → cap 2, 1, e^-.4, ...
+    adv = T([[1.0, 1.0, -0.5, -2.0], [0.7, -1.0, 1.5, 0.0]])
+    cap, low, high = 2.0, 0.2, 0.28
+    config = PolicyLossConfig(clip_ratio_low=low, clip_ratio_high=high, mode="decoupled", tis_cap=cap)
+    log_prob = new.clone().requires_grad_(True)
+    loss, metrics = policy_loss(log_prob, prox, adv, mask, config, rollout_log_probs=behaviour)
+    loss.backward()
+
+    ref_lp = new.clone().requires_grad_(True)
+    ratio = torch.exp(ref_lp - prox)
+    weight = torch.exp(prox - behaviour).clamp(max=cap)
+    objective = weight * torch.minimum(ratio * adv, ratio.clamp(1 - low, 1 + high) * adv)
+    want = -(objective * mask).sum() / mask.sum()
+    want.backward()
+    assert ref_lp.grad is not None and log_prob.grad is not None
+    assert torch.allclose(loss, want, atol=1e-6)
+    assert torch.allclose(log_prob.grad, ref_lp.grad, atol=1e-6)
+    # where the clip holds the term the gradient is 0; elsewhere −w·A·r / tokens
+    r = torch.exp(new - prox)
+    clipped = ((r > 1 + high) & (adv > 0)) | ((r < 1 - low) & (adv < 0))
+    assert clipped.sum() == 2 and (log_prob.grad[clipped] == 0).all()
+    free = mask.bool() & ~clipped
+    assert torch.allclose(log_prob.grad[free], (-weight * adv * r / mask.sum())[free], atol=1e-6)
+    assert metrics["actor/tis_truncated_frac"].item() == pytest.approx(1 / 7)
+    assert metrics["actor/behav_kl"].item() == pytest.approx(float(((behaviour - prox) * mask).sum() / 7), abs=1e-6)
+    # the same numbers as vanilla with tis_cap: the mode names the objective and requires its inputs
+    plain, _ = policy_loss(new, prox, adv, mask, PolicyLossConfig(clip_ratio_low=low, clip_ratio_high=high, tis_cap=cap),
+                           rollout_log_probs=behaviour)
+    assert torch.allclose(plain, loss.detach())
+    with pytest.raises(ValueError, match="decoupled needs the behaviour policy's log-probs .* rollout_log_probs missing"):
+        policy_loss(new, prox, adv, mask, config)
+    with pytest.raises(ValueError, match=r"decoupled needs .* tis_cap=None"):
+        policy_loss(new, prox, adv, mask, PolicyLossConfig(mode="decoupled"), rollout_log_probs=behaviour)
