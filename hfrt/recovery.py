@@ -12,8 +12,11 @@ hfrt.group for every endpoint call once recovery is on) retries a call that fail
 callee died, or because an argument handle was made by a daemon that has since been replaced: such
 a handle is made again by re-running the call that produced it (its lineage, kept for calls to
 stateless roles only, as long as the handle is alive). A call to a stateless role that runs past
-its endpoint's deadline counts as a hang of its daemon. It knows role names, launchers' relaunch
-and the controller's registry; nothing of what endpoints compute, and no torch.
+its endpoint's deadline counts as a hang of its daemon; for a stateful role the same, and the
+trainer's rewind follows. `on_restart(role, callback)` lets a flow bring a replacement up to date
+before the failed calls are retried (e.g. push the actor's current weights to a new rollout daemon);
+registering one makes `role` recoverable. It knows role names, launchers' relaunch and the
+controller's registry; nothing of what endpoints compute, and no torch.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import asyncio
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hfrt import shm
 from hfrt.protocols import BatchHandle
 
 from .errors import DaemonGone, HfrtError, RemoteError
@@ -40,9 +44,12 @@ How = tuple[str, int, "float | None"]
 #: Calls of one endpoint that must have finished before its hang deadline applies; recent ones kept.
 HANG_SAMPLES, RECENT = 3, 20
 #: Roles whose daemons hold no state a step depends on beyond their options (model path, reward
-#: function): safe to relaunch and retry. Not "rollout": a fresh rollout daemon would sample with its
-#: initial weights until the next weight sync, and nothing forces one yet.
+#: function): safe to relaunch and retry. Not "rollout": a fresh rollout daemon samples with its
+#: initial weights; it becomes recoverable once a flow registers `Recovery.on_restart("rollout", ...)`
+#: to push it the current ones.
 STATELESS = frozenset({"reward", "reference", "cost"})
+#: A flow's hook for replacements (`Recovery.on_restart`): called with the identities replaced.
+RestartHook = Callable[[list[str]], Awaitable[None]]
 
 
 class RecoveryFailed(HfrtError):
@@ -53,6 +60,11 @@ class Relauncher(Protocol):
     """What recovery needs of a launcher (hfrt.deploy.base.Relauncher has the full contract)."""
 
     async def relaunch(self, identity: str) -> int: ...
+
+
+#: What Relauncher.relaunch returns when it cannot know the new process's pid (a Slurm step):
+#: recovery then accepts the first hello from a pid other than the dead daemon's.
+PID_UNKNOWN = 0
 
 
 @dataclass(frozen=True)
@@ -66,9 +78,10 @@ class RecoveryPolicy:
         rebuilt) but not retried: the step fails, and hfrt.flows.trainer reloads the last
         checkpoint into every trained role and redoes the steps after it (see `lost_state`).
         Deaths of roles in neither set end the run.
-    hang_factor / hang_floor_s: once an endpoint of a recoverable role has finished HANG_SAMPLES
-        calls, a call to it that runs past max(hang_floor_s, hang_factor × the slowest of its
-        recent calls) is treated as its daemon hanging: the daemon is declared gone and replaced.
+    hang_factor / hang_floor_s: once an endpoint of a recoverable or stateful role has finished
+        HANG_SAMPLES calls, a call to it that runs past max(hang_floor_s, hang_factor × the
+        slowest of its recent calls) is treated as its daemon hanging: the daemon is declared gone
+        and replaced (stateful: and the step fails into the trainer's rewind).
     """
 
     enabled: bool = False
@@ -113,7 +126,7 @@ class RecoveryStats:
     retried_calls: int = 0
     rewinds: int = 0  # checkpoint reloads after a stateful role was replaced
     lost_s: float = 0.0  # flow time spent from a failed call to its retry's result
-    replace_s: list[float] = field(default_factory=list)  # per restart: death → replacement's hello
+    replace_s: list[float] = field(default_factory=list)  # per restart: death → replacement ready (hello, hooks)
 
 
 class Recovery:
@@ -130,11 +143,28 @@ class Recovery:
         self._lost: dict[str, str] = {}  # stateful daemons replaced since the last rewind → why
         self._recent: dict[tuple[str, str], deque[float]] = {}  # (role, endpoint) → recent durations
         self._lineage: dict[int, _Recipe] = {}  # id of a live handle → how it was made
+        self.roles: set[str] = set(policy.roles)  # relaunched and retried (policy.roles + on_restart's)
+        self._hooks: dict[str, list[RestartHook]] = {}
+        self._outstanding: dict[str, int] = {}  # role → replacements in progress
+        self._fresh: dict[str, list[str]] = {}  # role → identities replaced in this round (for hooks)
+        self._groups: weakref.WeakSet[RoleGroup] = weakref.WeakSet()  # groups calls went through
         self._log = get_logger(part="recovery")
         ctl.recovery = self
         ctl.gone_listeners.append(self.on_gone)
 
     # -- supervisor ----------------------------------------------------------------------------
+
+    def on_restart(self, role: str, callback: RestartHook) -> None:
+        """Await `callback(identities)` once the daemons of `role` being replaced have all said
+        hello, before the calls that failed with them are retried (and before the trainer's
+        rewind, for a stateful role). It gets the replaced identities; role groups of `role`
+        already point at the replacements, and its calls go through the retry layer as usual.
+        Registering makes `role` recoverable (relaunched, failed calls retried) if it was not: a
+        rollout role is safe to relaunch once such a hook pushes it the actor's current weights.
+        A callback that raises ends the run with RecoveryFailed naming it."""
+        self._hooks.setdefault(role, []).append(callback)
+        if role not in self.policy.stateful:
+            self.roles.add(role)
 
     def on_exit(self, identity: str, reason: str) -> None:
         """The launcher's exit callback: a process it started ended (old daemon or replacement)."""
@@ -146,9 +176,10 @@ class Recovery:
         """The controller declared `info` gone: relaunch it if its role is recoverable, and every
         other rank of its role too (their process group, if any, is broken with it)."""
         stateful = info.role in self.policy.stateful
-        if expected or self.closing or info.identity in self._replacing or not (stateful or info.role in self.policy.roles):
+        if expected or self.closing or info.identity in self._replacing or not (stateful or info.role in self.roles):
             return
-        task = asyncio.get_running_loop().create_task(self._replace(info.identity, info.role, reason))
+        self._outstanding[info.role] = self._outstanding.get(info.role, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._replace(info, reason))
         self._replacing[info.identity] = task
         task.add_done_callback(lambda _: self._replacing.pop(info.identity, None))
         if stateful:
@@ -193,24 +224,48 @@ class Recovery:
         for group in groups:
             await self._settle(group)
 
-    async def _replace(self, identity: str, role: str, reason: str) -> None:
-        died = time.monotonic()
-        while self.failure is None and not self.closing:
-            if not self._within_limits(role, identity, reason):
-                return
+    async def _replace(self, info: DaemonInfo, reason: str) -> None:
+        identity, role, died = info.identity, info.role, time.monotonic()
+        old_pid, old_host = info.pid, str(info.meta.get("host", ""))
+        try:
+            while self.failure is None and not self.closing:
+                if not self._within_limits(role, identity, reason):
+                    return
+                try:
+                    self._exits.pop(identity, None)
+                    pid = await self.launcher.relaunch(identity)
+                    shm.remove_files_of(old_pid, old_host)  # the old process is gone now (this host only)
+                    failed = await self._await_hello(identity, pid, old_pid)
+                except Exception as exc:  # a launcher that cannot relaunch ends the run, named
+                    self._fail(f"{identity}: relaunch failed: {type(exc).__name__}: {exc}")
+                    return
+                if failed is None:
+                    self._fresh.setdefault(role, []).append(identity)
+                    break
+                reason = failed
+        finally:
+            self._outstanding[role] -= 1
+        if self._outstanding[role] == 0 and self.failure is None and not self.closing:  # the role's last: hooks
+            replaced = self._fresh.pop(role, [])
+            await self._run_hooks(role, replaced)
+            if self.failure is None:
+                self.stats.restarts += len(replaced)
+                self.stats.replace_s += [time.monotonic() - died] * len(replaced)
+                self._log.warning("daemon_replaced", daemons=replaced, after_s=round(time.monotonic() - died, 2))
+
+    async def _run_hooks(self, role: str, replaced: list[str]) -> None:
+        if not replaced or not self._hooks.get(role):
+            return
+        for group in list(self._groups):
+            if group.name == role:
+                group.refresh([self.ctl.daemon(d.identity) or d for d in group.daemons])
+        for hook in self._hooks[role]:
             try:
-                self._exits.pop(identity, None)
-                pid = await self.launcher.relaunch(identity)
-                failed = await self._await_hello(identity, pid)
-            except Exception as exc:  # a launcher that cannot relaunch ends the run, named
-                self._fail(f"{identity}: relaunch failed: {type(exc).__name__}: {exc}")
+                await hook(replaced)
+            except Exception as exc:
+                self._fail(f"{', '.join(replaced)}: on_restart callback {getattr(hook, '__qualname__', hook)} failed: "
+                           f"{type(exc).__name__}: {exc}")
                 return
-            if failed is None:
-                self.stats.restarts += 1
-                self.stats.replace_s.append(time.monotonic() - died)
-                self._log.warning("daemon_replaced", daemon=identity, pid=pid, after_s=round(self.stats.replace_s[-1], 2))
-                return
-            reason = failed
 
     def _within_limits(self, role: str, identity: str, reason: str) -> bool:
         now = time.monotonic()
@@ -226,12 +281,13 @@ class Recovery:
         history.append(now)
         return True
 
-    async def _await_hello(self, identity: str, pid: int) -> str | None:
-        """None once process `pid` said hello as `identity`; else why not (it exited, or timed out)."""
+    async def _await_hello(self, identity: str, pid: int, old_pid: int) -> str | None:
+        """None once process `pid` (PID_UNKNOWN: any but `old_pid`) said hello as `identity`;
+        else why not (it exited, or timed out)."""
         deadline = time.monotonic() + self.policy.hello_timeout_s
         while True:
             info = self.ctl.daemon(identity)
-            if info is not None and info.alive and info.pid == pid:
+            if info is not None and info.alive and (info.pid == pid or (pid == PID_UNKNOWN and info.pid != old_pid)):
                 return None
             if identity in self._exits:
                 return self._exits.pop(identity)
@@ -251,6 +307,7 @@ class Recovery:
         """Send the call now (as the group would without recovery) and return a task for its result:
         if it failed with a daemon that recovery replaces, or read a handle such a daemon made, the
         task waits for the replacement, remakes stale handles, and sends it once more."""
+        self._groups.add(ref.group)
         how = self._deadline(ref, how)
         first, sent = ref.resend_now(how, args, kwargs), time.monotonic()
         task = asyncio.ensure_future(self._finish(ref, how, args, kwargs, first, sent))
@@ -274,16 +331,16 @@ class Recovery:
             self.stats.retried_calls += 1
             self.stats.lost_s += time.monotonic() - failed_at
         self._recent.setdefault((ref.group.name, ref.name), deque(maxlen=RECENT)).append(time.monotonic() - sent)
-        if ref.group.name in self.policy.roles and isinstance(result, BatchHandle):
+        if ref.group.name in self.roles and isinstance(result, BatchHandle):
             self._lineage[id(result)] = _Recipe(ref, how, args, kwargs, makers)
             weakref.finalize(result, self._lineage.pop, id(result), None)  # forgotten with the handle
         return result
 
     def _deadline(self, ref: EndpointRef, how: How) -> How:
-        """`how` with its timeout lowered to the endpoint's hang deadline, for a recoverable role
-        whose endpoint has finished HANG_SAMPLES calls."""
+        """`how` with its timeout lowered to the endpoint's hang deadline, for a recoverable or
+        stateful role whose endpoint has finished HANG_SAMPLES calls."""
         recent = self._recent.get((ref.group.name, ref.name), ())
-        if ref.group.name not in self.policy.roles or len(recent) < HANG_SAMPLES:
+        if not self._watched(ref.group.name) or len(recent) < HANG_SAMPLES:
             return how
         deadline = max(self.policy.hang_floor_s, self.policy.hang_factor * max(recent))
         return (how[0], how[1], min(deadline, how[2] or deadline))
@@ -291,13 +348,16 @@ class Recovery:
     def hung(self, info: DaemonInfo) -> bool:
         """Whether a call to `info` that timed out means its daemon hangs (the controller then
         declares it gone, which replaces it and retries the call, rather than raise CallTimeout)."""
-        return info.role in self.policy.roles and not self.closing
+        return self._watched(info.role) and not self.closing
+
+    def _watched(self, role: str) -> bool:
+        return role in self.roles or role in self.policy.stateful
 
     def _makers(self, group: RoleGroup) -> dict[str, int]:
         return {d.identity: d.pid for d in group.daemons}
 
     def _retryable(self, group: RoleGroup, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        callee_replaced = group.name in self.policy.roles and any(not d.alive for d in group.daemons)
+        callee_replaced = group.name in self.roles and any(not d.alive for d in group.daemons)
         return callee_replaced or any(self._stale(h) for h in _handles(args, kwargs))
 
     def _stale(self, handle: BatchHandle) -> bool:
@@ -312,9 +372,11 @@ class Recovery:
 
     async def _settle(self, group: RoleGroup) -> None:
         """Wait until every daemon recovery is replacing has said hello (or recovery failed), then
-        point `group` at its role's live daemons."""
-        while self._replacing:
-            await asyncio.gather(*self._replacing.values(), return_exceptions=True)
+        point `group` at its role's live daemons. (An on_restart hook's own calls do not wait
+        for the replacement that runs the hook.)"""
+        current = asyncio.current_task()
+        while waiting := [t for t in self._replacing.values() if t is not current]:
+            await asyncio.gather(*waiting, return_exceptions=True)
         if self.failure is not None:
             raise self.failure
         group.refresh([self.ctl.daemon(d.identity) or d for d in group.daemons])
