@@ -169,7 +169,7 @@ class VLLMGenerationEngine:
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Stream (name, full tensor) pairs into the model in place. Call once per push with the
         whole stream: vLLM finalises layers that received nothing at the end of the call."""
-        stream = _owned(named)
+        stream = _owned(named, getattr(self.llm.model_config, "dtype", None))
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True})
         self.llm.apply_model(_reprocess_tied_layers)
         self.llm.reset_prefix_cache()
@@ -252,8 +252,13 @@ def _picked(entry: Any, token: int) -> float:
     return float(entry)
 
 
-def _owned(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def _owned(named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Copy each tensor as it passes: vLLM may hold it until its layer is complete, while the
-    training engine frees its gather buffer as soon as the next block is requested."""
+    training engine frees its gather buffer as soon as the next block is requested. Floating
+    tensors are cast to vLLM's dtype on the way (fp32 masters into a bf16 engine: the narrowing
+    the configured dtype asks for, done once here instead of warned about per tensor by vLLM)."""
     for name, tensor in named:
-        yield name, tensor.detach().clone()
+        if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+            yield name, tensor.detach().to(dtype=dtype, copy=True)
+        else:
+            yield name, tensor.detach().clone()
