@@ -18,7 +18,7 @@ from hfrt.controller import Controller
 from hfrt.errors import DaemonGone, ProtocolMismatch
 from hfrt.log import get_logger
 
-from .base import Launcher, LaunchError
+from .base import Launcher, LaunchError, OnExit
 from .local import LocalLauncher
 from .placement import Placed, place
 from .spec import LOCAL_HOSTS, ClusterSpec
@@ -86,7 +86,9 @@ class ClusterSession:
             await flow.run(session.controller, config)
 
     On exit the daemons are told to shut down and the launcher stops them, unless `detach` was
-    called. `bind` and `address` are what the controller bound and what daemons dial.
+    called. `bind` and `address` are what the controller bound and what daemons dial. `on_exit`
+    hears of a daemon's process ending (default: the controller's mark_gone; hfrt.recovery sets
+    its own before entering).
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class ClusterSession:
         self.bind = ""
         self.address = ""
         self.detached = False
+        self.on_exit: OnExit = self.controller.mark_gone
         self._log = get_logger(part="cluster", spec=cluster.name)
 
     async def __aenter__(self) -> ClusterSession:
@@ -116,7 +119,7 @@ class ClusterSession:
         self.address = advertised(self.bind, advertise_host(self.cluster))
         try:
             specs = [p.spec for p in self.placed]
-            await self.launcher.start(specs, controller=self.address, key=self.key, on_exit=self.controller.mark_gone)
+            await self.launcher.start(specs, controller=self.address, key=self.key, on_exit=self.on_exit)
             await self.rendezvous()
         except BaseException:
             await self._teardown()

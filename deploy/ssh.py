@@ -8,7 +8,8 @@ on a command line, so they do not show up in process listings on either side.
 The wrapper on the node reads the key and environment, starts the daemon with its output in a log
 file on the node, prints "hfrt-started PID HOST", and then watches stdin: end of input (the
 launcher stopped, was killed, or the connection died) terminates the daemon; the line "detach"
-leaves it running on its own (`hfrt launch`). When the daemon exits, the wrapper removes the
+leaves it running on its own (`hfrt launch`); the line "kill" kills it at once (SIGKILL, which
+also ends a frozen one: `relaunch` replaces a daemon so). When the daemon exits, the wrapper removes the
 tensor files it kept in /dev/shm (hfrt-PID-*: left behind when it was killed), its exit code becomes
 ssh's, and the last lines of its log go to ssh's stderr, which the launcher keeps in RUN_DIR/logs.
 """
@@ -28,7 +29,7 @@ from .placement import Placed
 from .proc import end_processes, exit_reason, tail
 from .spec import ClusterSpec, Node
 
-STARTED, DETACH = "hfrt-started", "detach"
+STARTED, DETACH, KILL = "hfrt-started", "detach", "kill"
 SSH_ERROR = 255
 
 #: Runs on the node under /bin/sh. {log}, {workdir_cd} and {command} are filled in, shell-quoted.
@@ -47,6 +48,7 @@ echo "{started} $pid $(hostname)"
 (
   while IFS= read -r line; do
     if [ "$line" = {detach} ]; then echo hfrt-detached; kill -KILL $$; exit 0; fi
+    if [ "$line" = {kill} ]; then kill -KILL $pid 2>/dev/null; fi
   done
   kill -TERM $pid 2>/dev/null
   n=0; while kill -0 $pid 2>/dev/null && [ $n -lt 100 ]; do sleep 0.1; n=$((n+1)); done
@@ -89,6 +91,8 @@ class SshLauncher:
         self.launch_id = launch_id
         self.orphan_timeout_s = cluster.daemons.orphan_timeout_s if orphan_timeout_s is None else orphan_timeout_s
         self.sessions: dict[str, _Session] = {}
+        self._retired: list[_Session] = []  # sessions a relaunch replaced (stop still ends them)
+        self._start: tuple[str, bytes, OnExit] | None = None  # controller, key, on_exit (for relaunch)
         self._stopping = False
         self._gates: dict[str, asyncio.Semaphore] = {}
         self._log = get_logger(part="launcher.ssh")
@@ -97,6 +101,7 @@ class SshLauncher:
 
     async def start(self, specs: list[DaemonSpec], *, controller: str, key: bytes, on_exit: OnExit) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._start = (controller, key, on_exit)
         try:
             results = await asyncio.gather(
                 *(self._start_one(self._placed(s), controller, key, on_exit) for s in specs), return_exceptions=True
@@ -168,8 +173,40 @@ class SshLauncher:
     async def _watch(self, session: _Session, on_exit: OnExit) -> None:
         assert session.proc is not None
         code = await session.proc.wait()
-        if not self._stopping:
+        if not self._stopping and self.sessions.get(session.placed.identity) is session:  # not one relaunch replaced
             on_exit(session.placed.identity, self._failure(session, code, before_start=False))
+
+    # -- relaunch (hfrt.recovery) ---------------------------------------------------------------
+
+    async def relaunch(self, identity: str) -> int:
+        """Replace daemon `identity` on its node: tell its wrapper to kill it (SIGKILL, even when
+        frozen), wait for the session to end (the wrapper removes the daemon's /dev/shm files on
+        the node), open a new session with the same placement, and return the new daemon's pid
+        on its node (the one its hello carries). The old session's exit is not reported."""
+        old = self.sessions.get(identity)
+        if old is None or self._start is None:
+            raise KeyError(f"{identity}: not a daemon this launcher started")
+        controller, key, on_exit = self._start
+        del self.sessions[identity]  # from here on, its watcher stays silent
+        self._retired.append(old)
+        await self._end_session(old)
+        await self._start_one(old.placed, controller, key, on_exit)
+        return self.sessions[identity].remote_pid
+
+    async def _end_session(self, session: _Session, timeout_s: float = 10.0) -> None:
+        """Kill the session's daemon through its wrapper and wait for ssh to exit; if the node
+        does not answer in time, end the ssh client (its wrapper then sees end of input)."""
+        proc = session.proc
+        if proc is None or proc.returncode is not None:
+            return
+        if proc.stdin is not None and not proc.stdin.is_closing():
+            proc.stdin.write(f"{KILL}\n".encode())
+            try:
+                await proc.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            _close_stdin(session)
+        await end_processes([proc], timeout_s)
 
     # -- commands -----------------------------------------------------------------------------
 
@@ -210,7 +247,7 @@ class SshLauncher:
             log_dir=shlex.quote(log.rsplit("/", 1)[0]), log=shlex.quote(log),
             workdir_cd=f"cd {shlex.quote(self.cluster.workdir)} || exit 98" if self.cluster.workdir else ":",
             command=shlex.join([self.cluster.python, "-m", "hfrt", "daemon", *args]),
-            started=STARTED, detach=DETACH,
+            started=STARTED, detach=DETACH, kill=KILL,
         )
         return "exec /bin/sh -c " + shlex.quote(script)
 
@@ -219,9 +256,10 @@ class SshLauncher:
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Close every session's stdin (the node's wrapper then terminates its daemon), wait, kill."""
         self._stopping = True
-        for session in self.sessions.values():
+        sessions = [*self.sessions.values(), *self._retired]
+        for session in sessions:
             _close_stdin(session)
-        await end_processes([s.proc for s in self.sessions.values() if s.proc is not None], timeout_s)
+        await end_processes([s.proc for s in sessions if s.proc is not None], timeout_s)
         await self._release()
 
     async def detach(self) -> list[list[str]]:
@@ -233,11 +271,12 @@ class SshLauncher:
         return []
 
     async def _release(self) -> None:
-        watchers = [s.watcher for s in self.sessions.values() if s.watcher is not None]
+        sessions = [*self.sessions.values(), *self._retired]
+        watchers = [s.watcher for s in sessions if s.watcher is not None]
         for task in watchers:
             task.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
-        for session in self.sessions.values():
+        for session in sessions:
             if session.stderr is not None:
                 session.stderr.close()
                 session.stderr = None

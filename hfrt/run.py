@@ -257,18 +257,26 @@ async def run_on_cluster(
 
     if flow.roles:
         cluster.check_roles(flow.roles, f"flow {flow.name!r}")
-    if RecoveryPolicy.from_config(config).enabled:
-        raise ValueError("config recovery=on: the SSH and Slurm launchers cannot relaunch a daemon yet; local runs only")
+    policy = RecoveryPolicy.from_config(config)
     run_dir.mkdir(parents=True, exist_ok=True)
     key = new_key()
     key_file = write_key_file(run_dir / "cluster.key", key)
     orphan = max(cluster.daemons.orphan_timeout_s, 600.0) if keep_daemons else None
-    async with ClusterSession(cluster, run_dir=run_dir, key=key, key_file=key_file, orphan_timeout_s=orphan) as session:
+    session = ClusterSession(cluster, run_dir=run_dir, key=key, key_file=key_file, orphan_timeout_s=orphan)
+    recovery = None
+    if policy.enabled:  # every launcher relaunches (local process, ssh session, slurm step)
+        recovery = Recovery(session.controller, session.launcher, policy)  # type: ignore[arg-type]
+        session.on_exit = recovery.on_exit
+    async with session:
         trace = start_trace(session.controller, config, run_dir)
+        summary: dict[str, Any] = {}
         try:
             summary = dict(await flow.run(session.controller, with_run_dir(config, run_dir)) or {})
         finally:
-            written = save_trace(trace, run_dir)
+            written: dict[str, Any] = dict(save_trace(trace, run_dir))
+            if recovery is not None:
+                await recovery.close()
+                written |= {"recovery_replace_s": [round(s, 2) for s in recovery.stats.replace_s]}
         summary |= written
         if keep_daemons:
             summary["attach"] = str(await _detach(session))

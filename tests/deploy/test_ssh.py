@@ -249,3 +249,135 @@ async def test_a_killed_controller_leaves_no_daemons_behind(tmp_path: Path, sshd
             proc.kill()
             proc.wait()
     assert_nothing_left(marker, sshd)
+
+
+# -- elastic recovery over ssh (`--set recovery=on`) -------------------------------------------
+
+
+def toml_inline(value: Any) -> str:
+    """A JSON-like value as a TOML inline value (the flows' role options, for a spec file)."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_inline(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
+
+
+def recovery_spec(tmp_path: Path, sshd: Sshd, marker: str, roles: dict[str, dict[str, Any]], *, heartbeat_s: float = 1.0) -> Path:
+    """One node, every role colocated on its one device, over the test sshd; `marker` in every
+    daemon's environment (role options are checked strictly, so it cannot ride there)."""
+    tables = "".join(
+        f'[roles.{name}]\nimpl = "{r.get("impl", name)}"\nworld_size = {r.get("world_size", 1)}\n'
+        f'options = {toml_inline(r.get("options", {}))}\n' for name, r in roles.items()
+    )
+    text = f"""
+name = "{marker}"
+launcher = "ssh"
+env = {{ HFRT_TEST_MARK = "{marker}", PYTHONPATH = "{os.environ.get('PYTHONPATH', '')}" }}
+[ssh]
+user = "{sshd.user}"
+port = {sshd.port}
+identity = "{sshd.identity}"
+strict_host_key_checking = "accept-new"
+known_hosts = "{sshd.known_hosts}"
+connect_timeout_s = 5
+[daemons]
+log_dir = "{tmp_path / 'node-logs'}"
+hello_timeout_s = 60
+heartbeat_s = {heartbeat_s}
+[[nodes]]
+name = "node-a"
+host = "127.0.0.1"
+devices = 1
+{tables}"""
+    path = tmp_path / "cluster.toml"
+    path.write_text(text)
+    return path
+
+
+def marked_daemons(marker: str, role: str) -> list[int]:
+    """Live `hfrt daemon --role ROLE` processes with `marker` in their environment."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        is_daemon = Path(argv[0]).name.startswith("python") and "daemon" in argv and "--role" in argv
+        if is_daemon and argv[argv.index("--role") + 1] == role and marker.encode() in environ and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def kill_marked(marker: str) -> None:
+    for role in ("actor", "critic", "reference", "reward"):
+        for pid in marked_daemons(marker, role):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def freeze_then_call(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """A flow: freeze the `reward` daemon (SIGSTOP: it stops heartbeating), call it again; the
+    call is retried on a replacement started through a new ssh session."""
+    reward = await ctl.role("reward")
+    assert await reward.echo("before") == ["before"]
+    frozen = reward.daemons[0].pid
+    os.kill(frozen, signal.SIGSTOP)
+    after = await reward.echo("after")
+    return {"frozen": frozen, "new": reward.daemons[0].pid, "after": after, "restarts": ctl.recovery.stats.restarts}
+
+
+async def test_a_frozen_daemon_is_killed_on_its_node_and_replaced_over_ssh(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+    roles = {"reward": {"impl": "echo"}}
+    cluster = load_spec(recovery_spec(tmp_path, sshd, marker, roles, heartbeat_s=0.5))
+    try:
+        summary = await run_on_cluster(Flow("freeze", freeze_then_call, roles), cluster, run_dir=tmp_path / "run",
+                                       config={"recovery": "on"})
+    finally:
+        kill_marked(marker)
+    assert summary["after"] == ["after"] and summary["restarts"] == 1 and len(summary["recovery_replace_s"]) == 1
+    assert summary["new"] != summary["frozen"]
+    frozen_state = Path(f"/proc/{summary['frozen']}/stat")
+    assert not frozen_state.exists() or frozen_state.read_text().rsplit(")", 1)[1].split()[0] == "Z", "the frozen daemon was left on its node"
+    logs = sorted((tmp_path / "run" / "logs").glob("ssh-reward-0.log"))
+    assert logs, "the ssh sessions' stderr is kept"
+    assert marked_daemons(marker, "reward") == []
+    assert ssh_clients(sshd.port) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_ppo_over_ssh_survives_a_killed_reward_daemon(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+    from tests.integration.test_recovery import steps_done
+
+    steps, run_dir = 6, tmp_path / "run"
+    spec = recovery_spec(tmp_path, sshd, marker, load_flow("ppo").roles)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "hfrt", "controller", "--cluster", str(spec), "--flow", "ppo", "--run-dir", str(run_dir),
+         "--set", "recovery=on", "--set", f"steps={steps}", "--set", "export_hf=false", "--set", "trace=false",
+         "--set", "tensorboard=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while len(steps_done(run_dir)) < 2 and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert run.poll() is None and len(steps_done(run_dir)) >= 2, "the run did not reach step 2"
+        [killed] = marked_daemons(marker, "reward")
+        os.kill(killed, signal.SIGKILL)
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        kill_marked(marker)
+    assert run.returncode == 0, err[-4000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(steps))
+    assert records[-1]["recovery/restarts"] == 1
+    assert len(json.loads(out)["recovery_replace_s"]) == 1
+    assert not list(Path("/dev/shm").glob(f"hfrt-{killed}-*")), "the killed daemon's /dev/shm files were left"
+    for role in ("actor", "critic", "reference", "reward"):
+        assert marked_daemons(marker, role) == [], f"{role} daemons left running"
+    assert ssh_clients(sshd.port) == []
