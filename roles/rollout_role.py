@@ -24,6 +24,7 @@ from .agent_turns import AgentTurns
 from .common import build_dataclass, check_generation_options, check_options, close_group, prepare_process, role_errors, sampling_params
 from .generate import GenerationEngine, HFGenerationEngine
 from .models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+from .partial_rollout import NO_VERSION, PartialRollouts
 from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
 from .rows import all_reduce, check_rows, merge
 from .weight_sync import WeightSyncError, apply_sync
@@ -32,9 +33,10 @@ from .weight_sync import WeightSyncError, apply_sync
 INITIAL_VERSION = -1
 
 
-class RolloutDaemon(AgentTurns, Daemon):
-    """Endpoints: generate (SPLIT); load_weights, weight_version (REPLICATE); generate_turn and
-    assemble_trajectories (SPLIT, roles/agent_turns.py: multi-turn agent rollouts)."""
+class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
+    """Endpoints: generate (SPLIT); load_weights, weight_version (REPLICATE); generate_partial
+    (SPLIT, roles/partial_rollout.py: a rollout in segments that a weight sync can interrupt);
+    generate_turn and assemble_trajectories (SPLIT, roles/agent_turns.py: multi-turn agent rollouts)."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm"})
 
@@ -109,7 +111,9 @@ class RolloutDaemon(AgentTurns, Daemon):
     @endpoint(dispatch=Dispatch.SPLIT)
     def generate(self, batch: Batch, *extra: Batch, **sampling: Any) -> Batch:
         """Sample responses for the `prompt` column, as the actor's `generate` does (roles/rollout.py
-        layout), plus `weight_version` per row and in meta, and meta timing/generate_s."""
+        layout), plus `weight_version` (and `weight_version_max`, the same here) per row and in meta,
+        tensor `token_versions` [N, R] (this version on every response token, -1 on padding), and
+        meta timing/generate_s."""
         if self.broken is not None:
             raise WeightSyncError(f"rollout daemon {self.context.identity} holds no valid weights: {self.broken}")
         prompts = with_uids(merge(batch, extra))
@@ -132,6 +136,8 @@ class RolloutDaemon(AgentTurns, Daemon):
         [elapsed] = all_reduce([elapsed], "max")
         meta = {"temperature": params.temperature, "n": params.n, "timing/generate_s": elapsed,
                 "weight_version": self.version} | length_stats(record["response_mask"], params.max_new_tokens)
+        record["token_versions"] = torch.where(record["response_mask"].bool(), self.version, NO_VERSION)
         out_batch = rollout_batch(record, texts, prompts, params.n, meta)
         out_batch["weight_version"] = [self.version] * len(out_batch)
+        out_batch["weight_version_max"] = [self.version] * len(out_batch)
         return out_batch

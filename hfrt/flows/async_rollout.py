@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,11 +45,15 @@ class StalenessPolicy:
     synchronous). on_stale: "wait" starts a rollout only when the synced weights are recent enough,
     so no sample is ever too stale; "drop" keeps `ahead` rollouts in flight whatever their version
     and throws away (and generates again) those that are too old when their turn comes.
-    ahead: rollouts started beyond the one being trained (-1: max_staleness; "wait" caps it there)."""
+    ahead: rollouts started beyond the one being trained (-1: max_staleness; "wait" caps it there).
+    min_keep: under "drop", the share of a step's prompt groups that must survive the bound; with
+    fewer, the dropped prompts are generated again (a top-up). Too-old groups are dropped one by
+    one (a group is one prompt's samples, so GRPO groups stay whole); "wait" keeps every group."""
 
     max_staleness: int = 1
     on_stale: str = "wait"
     ahead: int = -1
+    min_keep: float = 0.5
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -56,6 +62,8 @@ class StalenessPolicy:
             raise ValueError(f"stale policy {self.on_stale!r}: use wait or drop")
         if self.ahead < -1:
             raise ValueError(f"rollout_ahead={self.ahead!r}: must be -1 (= max_staleness) or at least 0")
+        if not 0.0 <= self.min_keep <= 1.0:
+            raise ValueError(f"stale_min_keep={self.min_keep!r}: must be a share between 0 and 1")
 
     @property
     def depth(self) -> int:
@@ -118,6 +126,19 @@ class WeightSync:
         self._loads.clear()
 
 
+async def partial_rollout(rollout: Any, prompts: BatchHandle, *, segment_tokens: int, **sampling: Any) -> BatchHandle:
+    """One rollout generated in segments of at most `segment_tokens` new tokens
+    (`rollout.generate_partial`, roles/partial_rollout.py): each segment call is sent when the
+    previous one returned, so a weight load sent meanwhile reaches the rollout daemons first and
+    the unfinished rows go on with the new weights. Returns the finished rollout (per-token
+    `token_versions`, per-row `weight_version` = the oldest token's version)."""
+    key = uuid.uuid4().hex
+    while True:
+        out = await rollout.generate_partial(prompts, key=key, segment_tokens=segment_tokens, **sampling)
+        if not out.meta.get("unfinished"):
+            return out
+
+
 @dataclass
 class _InFlight:
     step: int
@@ -173,46 +194,97 @@ class RolloutPipeline:
         self._flight.append(_InFlight(step, asyncio.ensure_future(self.generate(step, prompts)), time.perf_counter()))
 
     async def take(self, step: int) -> tuple[BatchHandle, dict[str, float]]:
-        """The rollout for `step` (waiting for it if needed), with the staleness metrics."""
+        """The rollout for `step` (waiting for it if needed), with the staleness metrics.
+
+        Prompt groups (rows sharing a `uid`; a batch without uids is one group) whose oldest
+        token is more than max_staleness versions old are dropped; when fewer than the policy's
+        share survive ("wait": all of them), the dropped prompts are generated again with the
+        newest weights sent and appended (their groups are checked again)."""
         if not self._flight or self._flight[0].step != step:
             raise RolloutError(f"take({step}): the next rollout in flight is for step {self._flight[0].step if self._flight else None}")
-        waited, dropped, busy = time.perf_counter(), 0, 0.0
-        while True:
-            entry = self._flight[0]
-            try:
-                batch = await entry.future
-            except Exception as exc:
-                raise RolloutError(f"the rollout for step {step} failed: {exc}") from exc
-            self._flight.popleft()
-            busy += float(batch.meta.get("timing/generate_s", 0.0))
-            versions = [int(v) for v in non_tensor(batch, "weight_version")]
-            if not versions:
-                raise RolloutError(f"the rollout for step {step} has no weight_version column (is the rollout role a `rollout` daemon?)")
-            if step - min(versions) <= self.policy.max_staleness:
-                break
-            dropped += 1  # too old: generate this step again with the newest weights sent
-            if step - self.sync.sent > self.policy.max_staleness:
-                raise RolloutError(f"step {step}: its samples are too old and no newer weights were sent (newest: {self.sync.sent})")
-            if dropped == 2:  # too old although generated after the newest version was sent: a restarted daemon?
-                await self.sync.publish(self.version)  # push the current weights once more
-            elif dropped > 2:
-                raise RolloutError(
-                    f"step {step}: the rollout role keeps generating with version {min(versions)} although version "
-                    f"{self.sync.sent} was sent (a rollout daemon restarted without its weights?)")
-            self._flight.appendleft(_InFlight(step, asyncio.ensure_future(self.generate(step, self._prompts[step])), time.perf_counter()))
-        self._prompts.pop(step, None)
+        waited = time.perf_counter()
+        entry = self._flight.popleft()
+        batch = await self._result(step, entry.future)
+        prompts = self._prompts.pop(step, None)
+        batch, versions, drops = await self._drop_stale(step, batch, prompts)
         now = time.perf_counter()
         info = staleness_metrics(step, versions, self.policy.max_staleness) | self.sync.finished()
-        busy += info.get("sync/load_s", 0.0)
+        busy = drops.pop("busy") + info.get("sync/load_s", 0.0)
         tokens = float(batch.meta.get("response_tokens", 0.0))
         generate_s = float(batch.meta.get("timing/generate_s", 0.0))
-        info |= {
-            "async/train_wait_s": now - waited, "async/dropped_batches": float(dropped),
+        info |= drops | {
+            "async/train_wait_s": now - waited,
             "async/rollout_busy_s": busy, "async/rollout_idle_s": max(0.0, (now - self._mark) - busy),
             "perf/rollout_tokens_per_s": tokens / generate_s if generate_s > 0 else 0.0,
         }
+        if "segments" in batch.meta:  # a partial rollout: segments, rows whose tokens span versions
+            newest = non_tensor(batch, "weight_version_max") if _has_column(batch, "weight_version_max") else versions
+            info["async/partial_segments"] = float(batch.meta["segments"])
+            info["async/rows_spanning_versions"] = sum(hi > lo for lo, hi in zip(versions, newest, strict=True)) / len(versions)
         self._mark = now
         return batch, info
+
+    async def _result(self, step: int, future: Awaitable[BatchHandle]) -> BatchHandle:
+        try:
+            return await future
+        except Exception as exc:
+            raise RolloutError(f"the rollout for step {step} failed: {exc}") from exc
+
+    async def _drop_stale(
+        self, step: int, batch: BatchHandle, prompts: BatchHandle | None
+    ) -> tuple[BatchHandle, list[int], dict[str, float]]:
+        """(the rows trained on, their versions, drop metrics and the rollout's busy time)."""
+        bound, pending = self.policy.max_staleness, None
+        kept: list[BatchHandle] = []
+        versions: list[int] = []
+        counts = {"busy": 0.0, "async/dropped_rows": 0.0, "async/dropped_groups": 0.0, "async/dropped_batches": 0.0}
+        total = need = 0
+        while True:
+            counts["busy"] += float(batch.meta.get("timing/generate_s", 0.0))
+            rows = [int(v) for v in non_tensor(batch, "weight_version")]
+            if not rows:
+                raise RolloutError(f"the rollout for step {step} has no weight_version column (is the rollout role a `rollout` daemon?)")
+            groups = row_groups(batch)
+            if pending is not None and len(groups) != len(pending):
+                raise RolloutError(f"step {step}: generated {len(pending)} prompts again, got {len(groups)} groups back")
+            if pending is None:  # the first rollout of the step: every prompt group it holds
+                pending, total = list(range(len(groups))), len(groups)
+                need = total if self.policy.on_stale == "wait" else max(1, math.ceil(self.policy.min_keep * total))
+            stale = [g for g, (lo, hi) in enumerate(groups) if step - min(rows[lo:hi]) > bound]
+            if not stale and not kept:
+                return batch, rows, counts  # the usual case: the whole rollout, as it came
+            fresh = [g for g in range(len(groups)) if g not in stale]
+            for lo, hi in runs([groups[g] for g in fresh]):
+                kept.append(batch.slice(lo, hi))
+                versions += rows[lo:hi]
+            counts["async/dropped_rows"] += float(sum(groups[g][1] - groups[g][0] for g in stale))
+            counts["async/dropped_groups"] += float(len(stale))
+            pending = [pending[g] for g in stale]
+            if total - len(pending) >= need:
+                break
+            batch = await self._top_up(step, prompts, pending, min(rows), counts)
+        if not kept:
+            raise RolloutError(f"step {step}: every sample was too old (internal: nothing kept)")
+        return (kept[0] if len(kept) == 1 else BatchHandle.concat(kept)), versions, counts
+
+    async def _top_up(
+        self, step: int, prompts: BatchHandle | None, pending: list[int], oldest: int, counts: dict[str, float]
+    ) -> BatchHandle:
+        """Generate the prompts of dropped groups again, with the newest weights sent."""
+        if step - self.sync.sent > self.policy.max_staleness:
+            raise RolloutError(f"step {step}: its samples are too old and no newer weights were sent (newest: {self.sync.sent})")
+        counts["async/dropped_batches"] += 1.0
+        again = counts["async/dropped_batches"]
+        if again == 2:  # too old although generated after the newest version was sent: a restarted daemon?
+            await self.sync.publish(self.version)  # push the current weights once more
+        elif again > 2:
+            raise RolloutError(
+                f"step {step}: the rollout role keeps generating with version {oldest} although version "
+                f"{self.sync.sent} was sent (a rollout daemon restarted without its weights?)")
+        if prompts is None:
+            raise RolloutError(f"step {step}: samples to generate again but its prompts are gone")
+        subset = prompts if len(pending) == len(prompts) else BatchHandle.concat([prompts.slice(i, i + 1) for i in pending])
+        return await self._result(step, asyncio.ensure_future(self.generate(step, subset)))
 
     async def trained(self, version: int) -> dict[str, float]:
         """The actor now holds `version`: publish it to the rollout role and start the rollouts
@@ -222,6 +294,12 @@ class RolloutPipeline:
             await self.sync.publish(version)
         self._fill()
         return self.sync.finished()
+
+    async def resync(self) -> None:
+        """Push the current version again and wait until it is loaded (a replaced rollout daemon
+        starts with its initial weights; calls retried after this generate with these)."""
+        await self.sync.publish(self.version)
+        await self.sync.drain()
 
     async def close(self, *, abort: bool = False) -> None:
         """Stop rollouts still in flight and wait for the loads already sent (raising a failed
@@ -251,3 +329,28 @@ def staleness_metrics(step: int, versions: list[int], bound: int) -> dict[str, f
         "async/weight_version_min": float(min(versions)),
     }
 
+
+
+def _has_column(batch: BatchHandle, name: str) -> bool:
+    return bool(batch.shards) and all(name in shard.non_tensor for shard in batch.shards)
+
+
+def row_groups(batch: BatchHandle) -> list[tuple[int, int]]:
+    """[start, stop) of each prompt group: adjacent rows with one `uid` (samples of a prompt are
+    adjacent in a rollout); a batch without uids is one group."""
+    if not _has_column(batch, "uid"):
+        return [(0, len(batch))]
+    uids = non_tensor(batch, "uid")
+    bounds = [0] + [i for i in range(1, len(uids)) if uids[i] != uids[i - 1]] + [len(uids)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def runs(groups: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Adjacent [start, stop) ranges merged (fewer slices of the batch)."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in groups:
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out

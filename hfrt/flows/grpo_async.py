@@ -17,7 +17,7 @@ from typing import Any
 
 from hfrt.protocols import BatchHandle
 
-from .async_rollout import STALE_POLICIES, RolloutPipeline, StalenessPolicy, WeightSync
+from .async_rollout import STALE_POLICIES, RolloutPipeline, StalenessPolicy, WeightSync, partial_rollout
 from .common import CALL_TIMEOUT_S, StageTimer, get_roles, reduce_rank_metrics, step_metrics
 from .grpo import ROLES as GRPO_ROLES
 from .grpo import GRPOFlowConfig, actor_loss_options
@@ -43,18 +43,26 @@ class GRPOAsyncConfig(GRPOFlowConfig):
     """grpo's settings plus max_staleness (policy versions a sample may lag; 0: synchronous),
     stale_policy ("wait": rollouts never run further ahead than the bound; "drop": `rollout_ahead`
     rollouts stay in flight and samples found too old are generated again), rollout_ahead (-1:
-    max_staleness) and sync_bucket_mb (weight-sync bucket size). tis_cap > 0 weights each token's
-    loss by min(π_old / π_rollout, tis_cap) with the rollout engine's log-probs."""
+    max_staleness), stale_min_keep (under "drop": too-old prompt groups are dropped one by one;
+    when fewer than this share of a step's groups survive, the dropped prompts are generated again)
+    and sync_bucket_mb (weight-sync bucket size). partial_rollout_tokens K > 0: rollouts are
+    generated K new tokens at a time and a weight sync in between resumes the unfinished rows with
+    the new weights (0: off). tis_cap > 0 weights each token's loss by min(π_old / π_rollout,
+    tis_cap) with the rollout engine's log-probs (policy_loss_mode=decoupled: decoupled PPO)."""
 
     max_staleness: int = 1
     stale_policy: str = "wait"
     rollout_ahead: int = -1
+    stale_min_keep: float = 0.5
     sync_bucket_mb: float = 64.0
+    partial_rollout_tokens: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.stale_policy not in STALE_POLICIES:
             raise ValueError(f"config stale_policy={self.stale_policy!r}: use wait or drop")
+        if self.partial_rollout_tokens < 0:
+            raise ValueError(f"config partial_rollout_tokens={self.partial_rollout_tokens!r}: must be >= 0 (0: off)")
         if not self.sync_bucket_mb > 0:
             raise ValueError(f"config sync_bucket_mb={self.sync_bucket_mb!r}: must be > 0")
         try:
@@ -63,7 +71,7 @@ class GRPOAsyncConfig(GRPOFlowConfig):
             raise ValueError(f"config: {err}") from None
 
     def staleness(self) -> StalenessPolicy:
-        return StalenessPolicy(self.max_staleness, self.stale_policy, self.rollout_ahead)
+        return StalenessPolicy(self.max_staleness, self.stale_policy, self.rollout_ahead, self.stale_min_keep)
 
 
 Config = GRPOAsyncConfig
@@ -96,15 +104,25 @@ class AsyncGRPO:
         sync = WeightSync(roles["actor"], roles["rollout"], bucket_mb=cfg.sync_bucket_mb)
         self.pipeline = RolloutPipeline(sync, cfg.staleness(), self._generate, self._next_prompts, steps=cfg.steps)
         self._started = False
+        recovery = getattr(trainer.ctl, "recovery", None)
+        if recovery is not None:
+            recovery.on_restart("rollout", self._rollout_restarted)
 
     def _next_prompts(self) -> BatchHandle:
         return self._given.popleft() if self._given else self.trainer.more_prompts(self.cfg.prompts_per_step)
 
     def _generate(self, step: int, prompts: BatchHandle) -> Any:
         cfg = self.cfg
-        return self.roles["rollout"].generate(
-            prompts, n=cfg.n, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-            seed=sampling_seed(cfg, step), timeout_s=CALL_TIMEOUT_S)
+        sampling = {"n": cfg.n, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
+                    "seed": sampling_seed(cfg, step), "timeout_s": CALL_TIMEOUT_S}
+        if cfg.partial_rollout_tokens:
+            return partial_rollout(self.roles["rollout"], prompts, segment_tokens=cfg.partial_rollout_tokens, **sampling)
+        return self.roles["rollout"].generate(prompts, **sampling)
+
+    async def _rollout_restarted(self, replaced: list[str]) -> None:
+        """Recovery's hook (hfrt.recovery.Recovery.on_restart): a relaunched rollout daemon gets
+        the actor's current weights before its failed calls are retried."""
+        await self.pipeline.resync()
 
     async def __call__(self, step: int, prompts: BatchHandle) -> dict[str, Any]:
         self._given.append(prompts)
