@@ -77,15 +77,17 @@ class Launcher(Protocol):
 class Relauncher(Launcher, Protocol):
     """A launcher that can replace one of its daemons in place (`--set recovery=on` needs one).
 
-    LocalLauncher is one. SshLauncher and SlurmLauncher are not yet: for them, relaunch would
-    end the old session (ssh wrapper / srun step) for `identity` and open a new one on the same
-    placement, reporting the new daemon's pid as its hello will.
+    All three are: LocalLauncher (a new child process), SshLauncher (the old session's wrapper
+    kills the daemon on its node, a new session opens on the same placement) and SlurmLauncher
+    (the old step is cancelled, a new `srun --jobid=JOB --overlap` step starts on the same node,
+    in srun and sbatch mode alike).
     """
 
     async def relaunch(self, identity: str) -> int:
-        """Kill daemon `identity` if it still runs (its exit is not reported to on_exit), remove
-        its /dev/shm files, start a fresh process from the same spec, and return that pid (the
-        one its hello will carry)."""
+        """Kill daemon `identity` if it still runs, frozen or not (its exit is not reported to
+        on_exit), make sure its /dev/shm files go, start a fresh process from the same spec, and
+        return that pid (the one its hello will carry), or 0 when the launcher cannot know it
+        (hfrt.recovery.PID_UNKNOWN: a Slurm step's pid is known only from its hello)."""
 
 
 def placed_for(placed: dict[str, Any], spec: DaemonSpec) -> Any:

@@ -9,6 +9,11 @@ sbatch mode: writes RUN_DIR/LAUNCH_ID.sbatch (mode 0700) whose lines start the s
 reading the key from the 0600 key file with --key-file (so RUN_DIR must be on a filesystem the
 nodes share), then waits for the job to run; each step's exit is appended to RUN_DIR/LAUNCH_ID.exits.
 Either way, secrets never appear on a command line.
+
+`relaunch` (hfrt.recovery) replaces one daemon in either mode: it cancels that daemon's step
+(`scancel --signal=KILL JOB.STEP`, found by its step name LAUNCH_ID-ROLE:RANK; a frozen daemon
+dies too) and starts a new `srun --jobid=JOB --overlap` step for it on the same node, from this
+process (in sbatch mode from outside the job script, which stays up while any of its steps runs).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from hfrt.log import get_logger
+
+from hfrt.recovery import PID_UNKNOWN
 
 from .base import DaemonSpec, LaunchError, OnExit, placed_for
 from .placement import Placed
@@ -63,6 +70,8 @@ class SlurmLauncher:
         self.own_job = False
         self.hosts: dict[str, str] = {}  # spec node name → Slurm host name
         self.steps: dict[str, asyncio.subprocess.Process] = {}
+        self._retired: list[asyncio.subprocess.Process] = []  # srun clients of steps a relaunch replaced
+        self._start: tuple[str, bytes, OnExit] | None = None  # controller, key, on_exit (for relaunch)
         self._files: list[IO[Any]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._reported: set[str] = set()
@@ -73,6 +82,7 @@ class SlurmLauncher:
 
     async def start(self, specs: list[DaemonSpec], *, controller: str, key: bytes, on_exit: OnExit) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._start = (controller, key, on_exit)
         placed = [self._placed(s) for s in specs]
         try:
             if self.mode == "srun":
@@ -96,17 +106,20 @@ class SlurmLauncher:
             await self._allocate(placed)
         await self._map_hosts()
         for p in placed:
-            log = self.log_dir / f"srun-{p.spec.role}-{p.spec.rank}.log"
-            out = open(log, "ab")
-            self._files.append(out)
-            env = {**self._slurm_env(), **p.spec.env, "HFRT_KEY": key.hex(), **self._master_env(p)}
-            proc = await asyncio.create_subprocess_exec(
-                *self.srun_argv(p, controller), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
-                env=env, start_new_session=True,
-            )
-            self.steps[p.identity] = proc
-            self._tasks.append(asyncio.get_running_loop().create_task(self._watch_step(p, proc, log, on_exit)))
-            self._log.info("step_started", daemon=p.identity, node=self._host(p), job=self.job_id)
+            await self._start_step(p, controller, key, on_exit)
+
+    async def _start_step(self, p: Placed, controller: str, key: bytes, on_exit: OnExit) -> None:
+        log = self.log_dir / f"srun-{p.spec.role}-{p.spec.rank}.log"
+        out = open(log, "ab")
+        self._files.append(out)
+        env = {**self._slurm_env(), **p.spec.env, "HFRT_KEY": key.hex(), **self._master_env(p)}
+        proc = await asyncio.create_subprocess_exec(
+            *self.srun_argv(p, controller), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+            env=env, start_new_session=True,
+        )
+        self.steps[p.identity] = proc
+        self._tasks.append(asyncio.get_running_loop().create_task(self._watch_step(p, proc, log, on_exit)))
+        self._log.info("step_started", daemon=p.identity, node=self._host(p), job=self.job_id)
 
     async def _allocate(self, placed: list[Placed]) -> None:
         s = self.cluster.slurm
@@ -133,9 +146,70 @@ class SlurmLauncher:
 
     async def _watch_step(self, p: Placed, proc: asyncio.subprocess.Process, log: Path, on_exit: OnExit) -> None:
         code = await proc.wait()
-        if not self._stopping:
+        if not self._stopping and self.steps.get(p.identity) is proc:  # not one a relaunch replaced
             where = f"{p.where()} (slurm job {self.job_id}, srun)"
             on_exit(p.identity, with_tail(f"{where}: {exit_reason(code)}", log))
+
+    # -- relaunch (hfrt.recovery) ---------------------------------------------------------------
+
+    async def relaunch(self, identity: str) -> int:
+        """Replace daemon `identity`: cancel its step with SIGKILL (frozen or not), wait until it
+        has left the queue, and start a new overlapping step for it on the same node of the same
+        job. Returns PID_UNKNOWN: the daemon's pid is known only from its hello. The old step's
+        exit is not reported. Its /dev/shm files: the controller removes them when the node is
+        this machine; on another node the replacement's start-up sweep (hfrt.shm.remove_stale)
+        removes them when its tensor plane starts."""
+        p = self.placed.get(identity)
+        if p is None or self._start is None or not self.job_id:
+            raise KeyError(f"{identity}: not a daemon this launcher started")
+        self._reported.add(identity)  # sbatch: the job script's step for it ends now; no news
+        old = self.steps.pop(identity, None)
+        if old is not None:
+            self._retired.append(old)
+        self.relaunch_marker.touch()
+        try:
+            await self._cancel_step(p)
+            if old is not None:
+                await end_processes([old], 10.0)
+            if not self.hosts:
+                await self._map_hosts()  # sbatch: the job's hosts, for a step started from outside it
+            await self._start_step(p, *self._start)
+            await self._await_step(p)
+        finally:
+            self.relaunch_marker.unlink(missing_ok=True)
+        return PID_UNKNOWN
+
+    async def _await_step(self, p: Placed) -> None:
+        """Wait until the new step for `p` is in the queue (or its srun exited: its watcher reports
+        that), so a job script waiting on its steps sees it."""
+        deadline = asyncio.get_running_loop().time() + self.cluster.slurm.start_timeout_s
+        proc = self.steps[p.identity]
+        while proc.returncode is None and asyncio.get_running_loop().time() < deadline:
+            _, out, _ = await run_command(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%j"], env=self._slurm_env())
+            if self.step_name(p) in out.split():
+                return
+            await asyncio.sleep(POLL_S / 5)
+
+    def step_name(self, p: Placed) -> str:
+        return f"{self.launch_id}-{p.identity}"
+
+    async def _cancel_step(self, p: Placed, timeout_s: float = 15.0) -> None:
+        """scancel --signal=KILL every step of the job named for `p`, and wait until none is left."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        signalled: set[str] = set()
+        while True:
+            code, out, err = await run_command(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"], env=self._slurm_env())
+            ids = [w[0] for w in (line.split() for line in out.splitlines()) if len(w) == 2 and w[1] == self.step_name(p)]
+            if code != 0 or not ids:
+                return
+            fresh = [i for i in ids if i not in signalled]
+            if fresh:
+                await run_command(["scancel", "--signal=KILL", *fresh], env=self._slurm_env())
+                signalled.update(fresh)
+            if asyncio.get_running_loop().time() > deadline:
+                raise LaunchError(f"{p.where()}: slurm step(s) {', '.join(ids)} of job {self.job_id} still there "
+                                  f"{timeout_s:.0f}s after scancel --signal=KILL")
+            await asyncio.sleep(POLL_S)
 
     # -- sbatch mode --------------------------------------------------------------------------
 
@@ -179,12 +253,26 @@ class SlurmLauncher:
             log = shlex.quote(str(self.log_dir / f"{p.spec.role}-{p.spec.rank}.log"))
             command = shlex.join(self._daemon_argv(p, controller) + ["--key-file", str(self.key_file)])
             lines.append(f"daemon {p.identity} {host} {log} --cpus-per-task={cpus} env {env}{master} {command} &")
-        lines += ["wait", ""]
+        lines += [
+            "wait",
+            "# The job stays up while a step hfrt started from outside (a relaunch) runs, or a relaunch",
+            "# is under way (its marker file, younger than two minutes, exists).",
+            f"relaunching={shlex.quote(str(self.relaunch_marker))}",
+            'held() { [ -n "$(find "$relaunching" -mmin -2 2>/dev/null)" ] || '
+            'squeue -h -s -j "$SLURM_JOB_ID" -o %j 2>/dev/null | grep -q "^$SLURM_JOB_NAME-"; }',
+            "while held; do sleep 1; done",
+            "",
+        ]
         return "\n".join(lines)
 
     @property
     def exits_file(self) -> Path:
         return self.run_dir / f"{self.launch_id}.exits"
+
+    @property
+    def relaunch_marker(self) -> Path:
+        """Exists while a relaunch replaces a step (sbatch: the job script then does not end)."""
+        return self.run_dir / f"{self.launch_id}.relaunching"
 
     async def _await_running(self, placed: list[Placed]) -> None:
         deadline = asyncio.get_running_loop().time() + self.cluster.slurm.start_timeout_s
@@ -296,7 +384,7 @@ class SlurmLauncher:
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Wait for the steps to end (daemons told to shut down end them), then cancel what is left."""
         self._stopping = True
-        await end_processes(self.steps.values(), timeout_s)
+        await end_processes([*self.steps.values(), *self._retired], timeout_s)
         if self.job_id and self.own_job:
             if self.mode == "sbatch":
                 await self._await_gone(timeout_s)

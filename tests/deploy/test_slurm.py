@@ -155,3 +155,92 @@ async def test_daemon_crashing_at_start_up_is_a_clear_error(tmp_path: Path, slur
     assert "exited before saying hello" in text and f"on node {slurm.node} device" in text
     assert "slurm job" in text and "No module named 'nonexistent'" in text
     assert_nothing_left(marker)
+
+
+# -- elastic recovery in Slurm steps (`--set recovery=on`) --------------------------------------
+
+
+def recovery_spec(tmp_path: Path, slurm: Slurm, marker: str, roles: dict[str, dict[str, Any]], *, mode: str,
+                  job_id: str = "", heartbeat_s: float = 1.0) -> Path:
+    """One node (one device), every role colocated; `marker` in every daemon's environment."""
+    from tests.deploy.test_ssh import toml_inline
+
+    tables = "".join(
+        f'[roles.{name}]\nimpl = "{r.get("impl", name)}"\nworld_size = {r.get("world_size", 1)}\n'
+        f'options = {toml_inline(r.get("options", {}))}\n' for name, r in roles.items()
+    )
+    text = f"""
+name = "{marker}"
+launcher = "slurm"
+env = {{ HFRT_TEST_MARK = "{marker}" }}
+[slurm]
+mode = "{mode}"
+start_timeout_s = 30
+{f'job_id = "{job_id}"' if job_id else ""}
+[daemons]
+hello_timeout_s = 60
+heartbeat_s = {heartbeat_s}
+[[nodes]]
+name = "{slurm.node}"
+devices = 1
+{tables}"""
+    path = tmp_path / "cluster.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("mode", ["srun", "sbatch"])
+async def test_a_frozen_daemon_step_is_cancelled_and_replaced_by_a_new_step(tmp_path: Path, slurm: Slurm, marker: str, mode: str) -> None:
+    from hfrt.flows import Flow
+    from tests.deploy.test_ssh import freeze_then_call, kill_marked, marked_daemons
+
+    roles = {"reward": {"impl": "echo"}}
+    cluster = load_spec(recovery_spec(tmp_path, slurm, marker, roles, mode=mode, heartbeat_s=0.5))
+    try:
+        summary = await run_on_cluster(Flow("freeze", freeze_then_call, roles), cluster, run_dir=tmp_path / "run",
+                                       config={"recovery": "on"})
+    finally:
+        kill_marked(marker)
+    assert summary["after"] == ["after"] and summary["restarts"] == 1 and summary["new"] != summary["frozen"]
+    stat = Path(f"/proc/{summary['frozen']}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", "the frozen daemon was left running"
+    assert marked_daemons(marker, "reward") == []
+    assert_nothing_left(marker)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_ppo_in_slurm_steps_survives_a_killed_reward_daemon(tmp_path: Path, slurm: Slurm, marker: str, allocation: str) -> None:
+    from tests.deploy.test_ssh import kill_marked, marked_daemons
+    from tests.integration.test_recovery import steps_done
+
+    steps, run_dir = 6, tmp_path / "run"
+    # inside the user's two-CPU allocation: its four one-CPU steps overlap (salloc for 4 CPUs would be refused)
+    spec = recovery_spec(tmp_path, slurm, marker, load_flow("ppo").roles, mode="srun", job_id=allocation)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "hfrt", "controller", "--cluster", str(spec), "--flow", "ppo", "--run-dir", str(run_dir),
+         "--set", "recovery=on", "--set", f"steps={steps}", "--set", "export_hf=false", "--set", "trace=false",
+         "--set", "tensorboard=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while len(steps_done(run_dir)) < 2 and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert run.poll() is None and len(steps_done(run_dir)) >= 2, "the run did not reach step 2"
+        [killed] = marked_daemons(marker, "reward")
+        os.kill(killed, 9)
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        kill_marked(marker)
+    assert run.returncode == 0, err[-4000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(steps))
+    assert records[-1]["recovery/restarts"] == 1
+    assert not list(Path("/dev/shm").glob(f"hfrt-{killed}-*")), "the killed daemon's /dev/shm files were left"
+    for role in ("actor", "critic", "reference", "reward"):
+        assert marked_daemons(marker, role) == [], f"{role} daemons left running"
+    assert_nothing_left(marker)
