@@ -9,6 +9,7 @@ from .daemon import Daemon, DaemonContext
 from .endpoints import Dispatch, endpoint
 from .errors import CallTimeout, DaemonGone, HfrtError, ProtocolMismatch, RemoteError, UnknownEndpoint
 from .protocols import BatchHandle, TensorHandle
+from .recovery import RecoveryFailed
 
 __all__ = [
     "BatchHandle",
@@ -20,6 +21,7 @@ __all__ = [
     "Dispatch",
     "HfrtError",
     "ProtocolMismatch",
+    "RecoveryFailed",
     "RemoteError",
     "TensorHandle",
     "UnknownEndpoint",

@@ -320,6 +320,8 @@ class Recovery:
         try:
             result = await first
         except (DaemonGone, RemoteError) as exc:
+            if ref.group.name in self.policy.stateful and any(not d.alive for d in ref.group.daemons):
+                raise  # its own daemon died or hung: no retry, the step fails into the trainer's rewind now
             if not await self._eventually(lambda: self._retryable(ref.group, args, kwargs)):
                 raise
             failed_at = time.monotonic()
