@@ -2,8 +2,8 @@
 their default local daemons, and how much of stage 2 (critic values ∥ reference log-probs ∥
 reward) overlaps.
 
-Run: `hfrt bench step [--steps N] [--warmup K] [--flows ppo,grpo] [--json] [--out FILE]`. Each
-flow gets fresh daemons (hfrt.run.run_flow), K warm-up steps, then N measured steps through the
+Run: `hfrt bench step [--steps N] [--warmup K] [--flows ppo,grpo] [--rounds R] [--json] [--out FILE]`.
+Each flow gets fresh daemons (hfrt.run.run_flow), K warm-up steps, then N measured steps through the
 flow's own step function; reported values are medians over the measured steps. In a step,
 StageTimer times each stage-2 call from the stage's start to its reply, so `stage2_max_s` ≈
 `stage2_wall_s` when the calls overlap and `stage2_sum_s` is what one-after-another would take
@@ -142,9 +142,20 @@ def summarize(records: list[dict[str, Any]], serial: list[float], calls: list[st
     }
 
 
-async def bench_one(name: str, steps: int, warmup: int, settings: Mapping[str, Any] | None = None, split: bool = False) -> dict[str, Any]:
+async def bench_raw(name: str, steps: int, warmup: int, settings: Mapping[str, Any] | None = None, split: bool = False) -> dict[str, Any]:
+    """One run of `name` on fresh daemons: its measured records, serial references, bytes, pinning."""
     with tempfile.TemporaryDirectory(prefix=f"hfrt-bench-step-{name}-") as run_dir:
-        out = await run_flow(bench_flow(name, steps, warmup, settings, split), run_dir=Path(run_dir), config={})
+        return await run_flow(bench_flow(name, steps, warmup, settings, split), run_dir=Path(run_dir), config={})
+
+
+async def bench_one(name: str, steps: int, warmup: int, settings: Mapping[str, Any] | None = None, split: bool = False) -> dict[str, Any]:
+    return summarize_runs([await bench_raw(name, steps, warmup, settings, split)], settings)
+
+
+def summarize_runs(runs: list[dict[str, Any]], settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One flow's figures over the measured steps of every run (rounds) of it."""
+    out = {"records": [r for run_ in runs for r in run_["records"]], "serial": [s for run_ in runs for s in run_["serial"]],
+           "controller_bulk_bytes": max(int(run_["controller_bulk_bytes"]) for run_ in runs), "pinned": runs[0]["pinned"]}
     calls = [c for c in STAGE2 if f"timing/{c}_s" in out["records"][0]]
     result = summarize(out["records"], out["serial"], calls, int(out["controller_bulk_bytes"]))
     extra = sorted({k for r in out["records"] for k in r if k.startswith(("async/", "sync/", "perf/"))})
@@ -189,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5, help="measured steps per flow (medians are over these)")
     p.add_argument("--warmup", type=int, default=1, help="steps run first and left out of the figures")
     p.add_argument("--flows", default="ppo,grpo", help=f"comma-separated flows to run, from {','.join(FLOWS)}")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the flows this many times, alternating (grpo, grpo_async, grpo, ...); figures are over every round")
     p.add_argument("--max-staleness", type=int, default=1, help="grpo_async's max_staleness (0: synchronous)")
     p.add_argument("--split", action="store_true",
                    help="split pools on this machine: rollout daemons on the last CPU, every other daemon on the rest")
@@ -198,13 +211,21 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     names = [n.strip() for n in args.flows.split(",") if n.strip()]
     unknown = [n for n in names if n not in FLOWS]
-    if unknown or not names or args.steps < 1 or args.warmup < 0:
-        p.error(f"need --steps >= 1, --warmup >= 0 and --flows from {','.join(FLOWS)} (unknown: {unknown})")
+    if unknown or not names or args.steps < 1 or args.warmup < 0 or args.rounds < 1:
+        p.error(f"need --steps >= 1, --warmup >= 0, --rounds >= 1 and --flows from {','.join(FLOWS)} (unknown: {unknown})")
     configure_logging("warning")
 
     common = dict(setting(item, p) for item in args.set)
     settings = {name: common | ({"max_staleness": args.max_staleness} if name == "grpo_async" else {}) for name in names}
-    flows = {name: run(bench_one(name, args.steps, args.warmup, settings[name], args.split)) for name in names}
+    raw: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    rounds: list[dict[str, Any]] = []
+    for _ in range(args.rounds):  # the flows alternate, so a change in the machine's load hits each alike
+        per = {name: run(bench_raw(name, args.steps, args.warmup, settings[name], args.split)) for name in names}
+        for name in names:
+            raw[name].append(per[name])
+        rounds.append({"load_avg": [round(x, 2) for x in os.getloadavg()],
+                       **{f"{n}_step_s": round(statistics.median(r["timing/step_s"] for r in per[n]["records"]), 4) for n in names}})
+    flows = {name: summarize_runs(raw[name], settings[name]) for name in names}
     top = flows.get("ppo", flows[names[0]])
     keys = ("stage2_wall_s", "stage2_max_s", "stage2_sum_s", "stage2_serial_s", "controller_bulk_bytes", "tokens_per_s", "step_s")
     result: dict[str, Any] = {
@@ -214,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     if "grpo" in flows and "grpo_async" in flows:  # the async flow's step time against the synchronous one's
         result["grpo_async_over_grpo_step_s"] = round(flows["grpo_async"]["step_s"] / flows["grpo"]["step_s"], 4)
+        for r in rounds:
+            r["grpo_async_over_grpo"] = round(r["grpo_async_step_s"] / r["grpo_step_s"], 4)
+        result["grpo_async_over_grpo_round_median"] = round(statistics.median(r["grpo_async_over_grpo"] for r in rounds), 4)
+    if args.rounds > 1:
+        result["rounds"] = rounds
     for line in table(flows):
         print(line)
     if "grpo_async_over_grpo_step_s" in result:

@@ -174,6 +174,7 @@ class RolloutPipeline:
         self._prompts: dict[int, BatchHandle] = {}
         self._next = 0  # the next step whose rollout has not been started
         self._mark = time.perf_counter()  # end of the previous take's interval
+        self._publishing: asyncio.Future[None] | None = None  # trained()'s publish-then-fill
 
     async def start(self, version: int) -> None:
         """Push version `version` (the policy as trained so far) and start the first rollouts."""
@@ -200,6 +201,8 @@ class RolloutPipeline:
         token is more than max_staleness versions old are dropped; when fewer than the policy's
         share survive ("wait": all of them), the dropped prompts are generated again with the
         newest weights sent and appended (their groups are checked again)."""
+        if (not self._flight or self._flight[0].step != step) and self._publishing is not None:
+            await self._published()  # its rollout starts once the newest version is published
         if not self._flight or self._flight[0].step != step:
             raise RolloutError(f"take({step}): the next rollout in flight is for step {self._flight[0].step if self._flight else None}")
         waited = time.perf_counter()
@@ -271,6 +274,7 @@ class RolloutPipeline:
         self, step: int, prompts: BatchHandle | None, pending: list[int], oldest: int, counts: dict[str, float]
     ) -> BatchHandle:
         """Generate the prompts of dropped groups again, with the newest weights sent."""
+        await self._published()  # the version trained last may still be on its way
         if step - self.sync.sent > self.policy.max_staleness:
             raise RolloutError(f"step {step}: its samples are too old and no newer weights were sent (newest: {self.sync.sent})")
         counts["async/dropped_batches"] += 1.0
@@ -288,16 +292,31 @@ class RolloutPipeline:
 
     async def trained(self, version: int) -> dict[str, float]:
         """The actor now holds `version`: publish it to the rollout role and start the rollouts
-        that the new version allows. Returns sync/* of loads finished meanwhile."""
+        that the new version allows, in a task (the next step's stages start meanwhile; a take
+        that needs a rollout this starts waits for it). Returns sync/* of loads finished so far."""
         self.version = version
-        if version < self.steps:  # version `steps` would train nothing
-            await self.sync.publish(version)
-        self._fill()
+        previous = self._publishing
+
+        async def publish_then_fill() -> None:
+            if previous is not None:
+                await previous
+            if version < self.steps:  # version `steps` would train nothing
+                await self.sync.publish(version)
+            self._fill()
+
+        self._publishing = asyncio.ensure_future(publish_then_fill())
         return self.sync.finished()
+
+    async def _published(self) -> None:
+        """Wait for the publishing started by `trained` (raising its error)."""
+        if self._publishing is not None:
+            task, self._publishing = self._publishing, None
+            await task
 
     async def resync(self) -> None:
         """Push the current version again and wait until it is loaded (a replaced rollout daemon
         starts with its initial weights; calls retried after this generate with these)."""
+        await self._published()
         await self.sync.publish(self.version)
         await self.sync.drain()
 
@@ -305,6 +324,12 @@ class RolloutPipeline:
         """Stop rollouts still in flight and wait for the loads already sent (raising a failed
         load's error); with abort=True (the flow is failing already) drop them without raising,
         so the first error is the one reported."""
+        try:
+            await self._published()
+        except Exception:
+            if not abort:
+                self.sync.cancel()
+                raise
         for entry in self._flight:
             entry.future.cancel()
         for entry in self._flight:

@@ -11,6 +11,7 @@ It knows role endpoints and their options, nothing of engines or devices.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -132,7 +133,9 @@ class AsyncGRPO:
         t = StageTimer()
         rollout, info = await t.one("generate", self.pipeline.take(step))
         record = await train_on(self.cfg, t, rollout, **{k: self.roles[k] for k in ("actor", "reference", "reward")})
-        info |= await t.one("sync", self.pipeline.trained(step + 1))
+        sync_start = time.perf_counter()
+        info |= await t.one("sync", self.pipeline.trained(step + 1))  # publishing goes on in a task
+        info["timing/sync_s"] = time.perf_counter() - sync_start
         trained_s = max(t.step_s() - info["async/train_wait_s"], 1e-9)
         info["perf/train_tokens_per_s"] = float(record.get("response_tokens", 0.0)) / trained_s
         return record | info | {"timing/step_s": t.step_s()}

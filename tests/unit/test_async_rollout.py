@@ -1,5 +1,6 @@
 """RolloutPipeline and WeightSync logic against fake role groups (pure asyncio, no processes): the
-arrival-order versioning, the staleness bound under "wait" and "drop", metrics, errors named."""
+arrival-order versioning, the staleness bound under "wait" and "drop" (per prompt group, with a
+top-up), partial rollouts' segment loop, metrics, errors named."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ from typing import Any
 
 import pytest
 
-from hfrt.flows.async_rollout import RolloutError, RolloutPipeline, StalenessPolicy, WeightSync, staleness_metrics
+from hfrt.flows.async_rollout import (
+    RolloutError,
+    RolloutPipeline,
+    StalenessPolicy,
+    WeightSync,
+    partial_rollout,
+    row_groups,
+    runs,
+    staleness_metrics,
+)
+from hfrt.flows.common import non_tensor
 from hfrt.flows.grpo_async import GRPOAsyncConfig
 from hfrt.protocols import BatchHandle
 
@@ -149,3 +160,91 @@ async def test_a_restarted_rollout_daemon_gets_the_weights_again() -> None:
 async def test_a_rollout_that_never_holds_new_weights_is_an_error_not_a_loop() -> None:
     with pytest.raises(RolloutError, match="keeps generating with version -1 although version 2 was sent"):
         await run(StalenessPolicy(0, "wait"), 4, Amnesiac(forever=True))
+
+
+# -------------------------------------------------------------------- per-row drop, partial rollouts
+
+
+def groups_batch(spec: list[tuple[str, list[int]]]) -> BatchHandle:
+    """A rollout of prompt groups: (uid, the weight_version of each of its rows)."""
+    uids = [uid for uid, versions in spec for _ in versions]
+    versions = [v for _, versions in spec for v in versions]
+    return BatchHandle.inline({"uid": uids, "weight_version": versions}, {"timing/generate_s": 0.001})
+
+
+async def take_one(policy: StalenessPolicy, answers: list[BatchHandle], steps: int = 1) -> tuple[BatchHandle, dict[str, float], list[list[str]]]:
+    """Start a pipeline at version `steps - 1` whose rollouts are `answers` in turn; take that step.
+    Also returns the prompts each generate call got."""
+    rollout, asked = FakeRollout(), []
+    prompts = BatchHandle.inline({"prompt": ["p0", "p1", "p2", "p3"]})
+
+    async def generate(step: int, given: BatchHandle) -> BatchHandle:
+        asked.append([p for shard in given.shards for p in shard.non_tensor["prompt"]])
+        return answers[len(asked) - 1]
+
+    pipeline = RolloutPipeline(WeightSync(FakeActor(), rollout), policy, generate, lambda: prompts, steps=steps)
+    try:
+        await pipeline.start(steps - 1)
+        batch, info = await pipeline.take(steps - 1)
+    finally:
+        await pipeline.close()
+        rollout.task.cancel()
+    return batch, info, asked
+
+
+async def test_drop_removes_too_old_prompt_groups_one_by_one() -> None:
+    """Groups b and d hold a row from version 0 at step 1 with max_staleness 0: dropped whole;
+    2 of 4 groups is enough with min_keep 0.5, so the step trains on a and c."""
+    rollout = groups_batch([("a", [1, 1]), ("b", [0, 1]), ("c", [1, 1]), ("d", [0, 0])])
+    batch, info, asked = await take_one(StalenessPolicy(0, "drop", ahead=0, min_keep=0.5), [rollout], steps=2)
+    assert non_tensor(batch, "uid") == ["a", "a", "c", "c"] and len(asked) == 1
+    assert info["async/dropped_rows"] == 4 and info["async/dropped_groups"] == 2 and info["async/dropped_batches"] == 0
+    assert info["async/staleness_max"] == 0 and info["async/weight_version_min"] == 1
+
+
+async def test_drop_tops_up_with_the_dropped_prompts_when_too_few_remain() -> None:
+    rollout = groups_batch([("a", [1, 1]), ("b", [0, 1]), ("c", [1, 1]), ("d", [0, 0])])
+    again = groups_batch([("b2", [1, 1]), ("d2", [1, 1])])
+    batch, info, asked = await take_one(StalenessPolicy(0, "drop", ahead=0, min_keep=0.75), [rollout, again], steps=2)
+    assert asked == [["p0", "p1", "p2", "p3"], ["p1", "p3"]]  # only the dropped groups' prompts, in order
+    assert non_tensor(batch, "uid") == ["a", "a", "c", "c", "b2", "b2", "d2", "d2"]
+    assert info["async/dropped_groups"] == 2 and info["async/dropped_batches"] == 1 and info["async/staleness_max"] == 0
+
+
+async def test_wait_regenerates_every_too_old_group() -> None:
+    rollout = groups_batch([("a", [1, 1]), ("b", [0, 1]), ("c", [1, 1]), ("d", [1, 1])])
+    again = groups_batch([("b2", [1, 1])])
+    batch, info, asked = await take_one(StalenessPolicy(0, "wait"), [rollout, again], steps=2)
+    assert asked[1] == ["p1"] and non_tensor(batch, "uid") == ["a", "a", "c", "c", "d", "d", "b2", "b2"]
+    assert info["async/dropped_rows"] == 2
+
+
+def test_row_groups_and_runs() -> None:
+    assert row_groups(groups_batch([("a", [0, 0]), ("b", [0]), ("c", [0, 0, 0])])) == [(0, 2), (2, 3), (3, 6)]
+    assert row_groups(BatchHandle.inline({"weight_version": [0, 0, 0]})) == [(0, 3)]  # no uids: one group
+    assert runs([(0, 2), (2, 3), (5, 6), (6, 8)]) == [(0, 3), (5, 8)]
+    with pytest.raises(ValueError, match="stale_min_keep=1.5"):
+        StalenessPolicy(1, "drop", min_keep=1.5)
+    with pytest.raises(ValueError, match="partial_rollout_tokens=-1"):
+        GRPOAsyncConfig.read({"partial_rollout_tokens": -1})
+
+
+class SegmentedRollout:
+    """generate_partial: unfinished for `segments - 1` calls, then the rollout."""
+
+    def __init__(self, segments: int) -> None:
+        self.segments, self.calls = segments, []
+
+    async def generate_partial(self, prompts: BatchHandle, **kw: Any) -> BatchHandle:
+        self.calls.append((prompts, kw))
+        if len(self.calls) < self.segments:
+            return BatchHandle.inline({"finished": [False]}, {"unfinished": 1})
+        return BatchHandle.inline({"weight_version": [0]}, {"segments": self.segments})
+
+
+async def test_partial_rollout_continues_one_key_until_every_row_finished() -> None:
+    rollout, prompts = SegmentedRollout(3), BatchHandle.inline({"prompt": ["1+1="]})
+    out = await partial_rollout(rollout, prompts, segment_tokens=4, n=2, seed=7)
+    assert out.meta["segments"] == 3 and len(rollout.calls) == 3
+    keys = {kw["key"] for _, kw in rollout.calls}
+    assert len(keys) == 1 and all(p is prompts and kw["segment_tokens"] == 4 and kw["seed"] == 7 for p, kw in rollout.calls)
