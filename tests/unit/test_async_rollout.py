@@ -233,7 +233,8 @@ class SegmentedRollout:
     """generate_partial: unfinished for `segments - 1` calls, then the rollout."""
 
     def __init__(self, segments: int) -> None:
-        self.segments, self.calls = segments, []
+        self.segments = segments
+        self.calls: list[tuple[BatchHandle, dict[str, Any]]] = []
 
     async def generate_partial(self, prompts: BatchHandle, **kw: Any) -> BatchHandle:
         self.calls.append((prompts, kw))
