@@ -27,7 +27,7 @@ __all__ = [
     "init_distributed",
 ]
 
-BACKENDS = ("local", "fsdp2", "deepspeed")
+BACKENDS = ("local", "fsdp2", "deepspeed", "tp")
 
 
 def init_distributed(rank: int, world_size: int, master_addr: str, master_port: int, timeout_s: float = 300) -> None:
@@ -57,7 +57,16 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
 
 
 def build_train_engine(model: nn.Module, config: EngineConfig) -> TrainEngine:
-    """The engine for config.backend, wrapping `model` (which it may shard in place)."""
+    """The engine for config.backend, wrapping `model` (which it may shard in place). With
+    tp * pp > 1 the backend must be "tp" or "fsdp2" (both give the TP engine: FSDP2 over dp)."""
+    if config.tp * config.pp > 1 or config.backend == "tp":
+        if config.backend not in ("tp", "fsdp2"):
+            raise ValueError(
+                f"tp={config.tp}, pp={config.pp} needs backend 'tp' or 'fsdp2', not {config.backend!r}"
+            )
+        from .tp import TPEngine
+
+        return TPEngine(model, config)
     if config.backend == "local":
         from .local import LocalEngine
 

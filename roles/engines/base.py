@@ -75,7 +75,10 @@ class OptimConfig:
 class EngineConfig:
     """Which training backend, and how it runs.
 
-    backend: "local" (one process, no sharding), "fsdp2" or "deepspeed".
+    backend: "local" (one process, no sharding), "fsdp2", "deepspeed" or "tp" (tensor × pipeline
+        × data parallel; fsdp2 with tp * pp > 1 selects it too).
+    tp, pp: tensor- and pipeline-parallel sizes (dp = world size / (tp * pp)); pp > 1 runs
+        forward passes only.
     zero_stage: DeepSpeed ZeRO stage (1, 2 or 3); ignored by other backends.
     mixed_precision: "fp32" or "bf16" (bf16 compute, fp32 master weights and grad reduction).
     micro_batch_size: default rows per forward/backward pass.
@@ -88,6 +91,8 @@ class EngineConfig:
     micro_batch_size: int = 4
     trainable: bool = True
     optim: OptimConfig = field(default_factory=OptimConfig)
+    tp: int = 1
+    pp: int = 1
 
 
 def lr_multiplier(optim: OptimConfig) -> Callable[[int], float]:
@@ -377,18 +382,22 @@ class TrainEngine(ABC):
         rank 0 renames it over `path` (an old checkpoint is replaced only once the new one is whole)."""
         final = Path(path)
         staging = final.with_name(f".{final.name}.partial")
-        if self.dp_rank == 0:
+        if self.is_checkpoint_leader():
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
         self._barrier()
         self._save_into(staging)
         self._barrier()
-        if self.dp_rank == 0:
+        if self.is_checkpoint_leader():
             meta = {"backend": self.config.backend, "steps": self.steps, "dp_size": self.dp_size}
             (staging / "hfrt_engine.json").write_text(json.dumps(meta | {"config": asdict(self.config)}))
             replace_folder(staging, final)
         self._barrier()
         return final
+
+    def is_checkpoint_leader(self) -> bool:
+        """The one rank that creates the staging folder and renames it into place."""
+        return self.dp_rank == 0
 
     def load(self, path: str | Path) -> None:
         folder = Path(path)

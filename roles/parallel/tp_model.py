@@ -423,15 +423,23 @@ def named_local(model: nn.Module, *, aliases: bool = False) -> dict[str, nn.Para
     return dict(model.named_parameters(remove_duplicate=not aliases))
 
 
+def local_block(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
+    """This rank's pieces (detached) of the full-model parameters `names` that its stage holds; a
+    tied head on the last stage comes as lm_head.weight. No communication."""
+    layout = layout_of(model)
+    params = named_local(model, aliases=True)
+    block = {name: params[name].detach() for name in names if name in params}
+    tied_head = layout.pp > 1 and layout.pp_rank == layout.pp - 1 and "model.embed_tokens.weight" in names
+    if tied_head and "lm_head.weight" in params:
+        block["lm_head.weight"] = params["lm_head.weight"].detach()
+    return block
+
+
 def local_pieces(model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's pieces (detached, HF names), one decoder layer at a time, then the rest; buckets
     this stage does not hold are skipped. No communication."""
-    layout = layout_of(model)
-    params = named_local(model, aliases=True)
-    for names in layout.buckets:
-        block = {name: params[name].detach() for name in names if name in params}
-        if names is layout.buckets[-1] and layout.pp > 1 and layout.pp_rank == layout.pp - 1:
-            block |= {n: p.detach() for n, p in params.items() if n == "lm_head.weight" and n not in block}
+    for names in layout_of(model).buckets:
+        block = local_block(model, names)
         if block:
             yield block
 
@@ -476,23 +484,27 @@ def gather_full(local: torch.Tensor, name: str, layout: ParallelLayout) -> torch
     return full
 
 
-def full_buckets(model: nn.Module, local: Iterable[dict[str, torch.Tensor]] | None = None) -> Iterator[dict[str, torch.Tensor]]:
-    """Full parameters (full-model names), one bucket at a time, on every rank: gathered over tp,
-    broadcast over pp from the owning stage. Collective over both groups: every rank must exhaust it.
-    `local` optionally supplies this rank's pieces per bucket (default: the model's parameters)."""
+def full_block(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
+    """The full tensors of the full-model parameters `names` on every rank: gathered over tp,
+    broadcast over pp from the owning stage. Collective over both groups."""
     layout = layout_of(model)
     params = named_local(model, aliases=True)
-    for names in layout.buckets:
-        out: dict[str, torch.Tensor] = {}
-        for name in names:
-            shape, dtype = layout.full_shapes[name]
-            owner = layout.owner_stage(name)
-            full: torch.Tensor | None = None
-            if owner == layout.pp_rank:
-                full = gather_full(params[name].detach(), name, layout)
-            if layout.pp > 1:
-                device = next(iter(params.values())).device
-                full = _broadcast(full, owner, layout.pp_group, device)
-            assert full is not None
-            out[name] = full
-        yield out
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        owner = layout.owner_stage(name)
+        full: torch.Tensor | None = None
+        if owner == layout.pp_rank:
+            full = gather_full(params[name].detach(), name, layout)
+        if layout.pp > 1:
+            device = next(iter(params.values())).device
+            full = _broadcast(full, owner, layout.pp_group, device)
+        assert full is not None
+        out[name] = full
+    return out
+
+
+def full_buckets(model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
+    """Full parameters (full-model names), one decoder layer at a time, then the rest, on every
+    rank (see full_block; every rank must exhaust the iterator)."""
+    for names in layout_of(model).buckets:
+        yield full_block(model, names)

@@ -57,3 +57,71 @@ def forward_equal(tp: int, pp: int) -> dict[str, Any]:
         "pieces": pieces,
         "coords": (mesh.tp_rank, mesh.pp_rank, mesh.dp_rank),
     }
+
+
+def greedy_tp(tp: int) -> dict[str, Any]:
+    """Greedy tokens from HFGenerationEngine over the tp-sharded tiny model and over the full one."""
+    from hfrt.roles.engines.tp import build_mesh
+    from hfrt.roles.generate import HFGenerationEngine, SamplingParams
+    from hfrt.roles.models import load_tokenizer
+    from hfrt.roles.parallel import tp_model
+
+    tok = load_tokenizer("tiny")
+    prompts = [tok(text)["input_ids"] for text in ("2+2=", "the cat sat", "hi")]
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
+
+    def sample(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        gen = HFGenerationEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, share_weights=True)
+        return gen.generate(prompts, params)
+
+    reference = sample(_tiny())
+    mesh = build_mesh(tp, 1)
+    sharded = tp_model.build_parallel(_tiny(), tp_group=mesh.tp_group)
+    out = sample(sharded)
+    return {
+        "tokens_equal": torch.equal(out["responses"], reference["responses"]),
+        "logprob_diff": float((out["log_probs"] - reference["log_probs"]).abs().max()),
+        "tokens": out["responses"].tolist(),
+    }
+
+
+def train_tp(tp: int, out_dir: Path) -> dict[str, Any]:
+    """One PPO step with backend "tp" (tp × dp over 4 ranks) on this dp rank's rows; full weights
+    after the step, this rank's pieces, and a save → step → load → step round trip."""
+    from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
+
+    from .dist_workers import ppo_loss, rows_for
+
+    model = _tiny()
+    engine: Any = build_train_engine(
+        model, EngineConfig(backend="tp", tp=tp, micro_batch_size=2, optim=OptimConfig(lr=1e-2))
+    )
+    batch = rows_for(make_batch(model.config.vocab_size), engine.dp_rank, engine.dp_size)
+    metrics = engine.step(ppo_loss, batch, micro_batch_size=2)
+    full = engine.full_parameters()
+    pieces = {k: v.clone() for block in engine.local_pieces() for k, v in block.items()}
+    generation = {k: v.clone() for block in engine.state_dict_for_generation() for k, v in block.items()}
+    path = engine.save(out_dir / f"ckpt_t{tp}")
+    after_save = engine.step(ppo_loss, batch, micro_batch_size=2)
+    engine.load(path)
+    after_load = engine.step(ppo_loss, batch, micro_batch_size=2)
+    return {
+        "metrics": metrics,
+        "full": full if torch.distributed.get_rank() == 0 else None,
+        "generation_equal": sorted(generation) == sorted(full)
+        and all(torch.equal(generation[k], full[k]) for k in full),
+        "pieces": {k: v for k, v in pieces.items() if "layers.0." in k or "embed" in k},
+        "coords": (engine.tp_rank, engine.pp_rank, engine.dp_rank),
+        "after_save": after_save,
+        "after_load": after_load,
+        "ckpt_files": sorted(p.name for p in path.iterdir()),
+    }
+
+
+def everything(rank: int, world: int, *, out_dir: Path, layouts: list[tuple[int, int]]) -> dict[str, Any]:
+    """All the rank-side checks of test_tp_model in one spawn (process start-up dominates)."""
+    return {
+        "forward": {f"t{tp}p{pp}": forward_equal(tp, pp) for tp, pp in layouts},
+        "greedy": greedy_tp(2),
+        "train": {tp: train_tp(tp, out_dir) for tp in (2, 4)},
+    }
