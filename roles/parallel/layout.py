@@ -185,6 +185,12 @@ def train_tp_groups(layout: Layout) -> list[list[int]]:
     return _groups([(c.pp, c.dp) for c in cs], [c.tp for c in cs])
 
 
+def train_dp_groups(layout: Layout) -> list[list[int]]:
+    """Ranks holding the same training shard (FSDP's gather group), ordered by dp rank."""
+    cs = [train_coords(layout, r) for r in range(layout.world)]
+    return _groups([(c.pp, c.tp) for c in cs], [c.dp for c in cs])
+
+
 def train_mp_groups(layout: Layout) -> list[list[int]]:
     """Ranks holding one copy of the model in training, ordered by (pp, tp)."""
     cs = [train_coords(layout, r) for r in range(layout.world)]
@@ -201,6 +207,8 @@ class RankGroups:
     micro_dp_ranks: list[int]
     train_mp: Any
     train_mp_ranks: list[int]
+    train_dp: Any
+    train_dp_ranks: list[int]
 
 
 def new_groups(train: Layout, gen: Layout, rank: int) -> RankGroups:
@@ -213,9 +221,10 @@ def new_groups(train: Layout, gen: Layout, rank: int) -> RankGroups:
         ("gen_tp", gen_tp_groups(train, gen)),
         ("micro_dp", micro_dp_groups(train, gen)),
         ("train_mp", train_mp_groups(train)),
+        ("train_dp", train_dp_groups(train)),
     ):
         for ranks in groups:
             pg = dist.new_group(ranks) if len(ranks) > 1 else None
             if rank in ranks:
                 mine[name] = (pg, ranks)
-    return RankGroups(*mine["gen_tp"], *mine["micro_dp"], *mine["train_mp"])
+    return RankGroups(*mine["gen_tp"], *mine["micro_dp"], *mine["train_mp"], *mine["train_dp"])

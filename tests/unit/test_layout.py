@@ -113,6 +113,9 @@ def test_groups_partition_and_shards_nest(train: L.Layout, gen: L.Layout) -> Non
         (L.gen_tp_groups(train, gen), gen.tp),
         (L.gen_pp_groups(train, gen), gen.pp),
         (L.gen_dp_groups(train, gen), gen.mp),
+        (L.train_dp_groups(train), train.dp),
+        (L.train_mp_groups(train), train.mp),
+        (L.train_tp_groups(train), train.tp),
     ):
         assert sorted(r for g in groups for r in g) == list(range(world)), "groups partition the world"
         assert all(len(g) == size for g in groups)

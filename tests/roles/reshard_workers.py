@@ -1,0 +1,91 @@
+"""Rank bodies for the reshard tests: cut the tiny preset into training pieces, reshard, compare
+with exact slices of the full weights. Not a test module: spawned ranks import it by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _setup() -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]], Any]:
+    from hfrt.roles.models import ModelConfig, load_model
+    from hfrt.roles.parallel.shard import ModelShape
+
+    model = load_model(ModelConfig("tiny"))
+    full = {n: p.detach() for n, p in model.named_parameters()}
+    return full, {n: tuple(t.shape) for n, t in full.items()}, ModelShape.of(model.config)
+
+
+def train_pieces(full: dict[str, torch.Tensor], train: Any, rank: int, shape: Any) -> dict[str, torch.Tensor]:
+    from hfrt.roles.parallel import layout as L
+    from hfrt.roles.parallel.shard import holds, tp_piece
+
+    c = L.train_coords(train, rank)
+    return {
+        n: tp_piece(n, tuple(t.shape), train.tp, c.tp, shape).take(t).clone()
+        for n, t in full.items()
+        if holds(n, shape, train.pp, c.pp)
+    }
+
+
+def expected_pieces(full: dict[str, torch.Tensor], train: Any, gen: Any, rank: int, shape: Any) -> dict[str, torch.Tensor]:
+    from hfrt.roles.parallel import layout as L
+    from hfrt.roles.parallel.shard import holds, tp_piece
+
+    g, _ = L.gen_coords(train, gen, rank)
+    return {
+        n: tp_piece(n, tuple(t.shape), gen.tp, g.tp, shape).take(t)
+        for n, t in full.items()
+        if holds(n, shape, gen.pp, g.pp)
+    }
+
+
+def reshard_pairs(rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """For each (train, gen) pair: reshard and the naive baseline; what each rank saw."""
+    from hfrt.roles.parallel import layout as L
+    from hfrt.roles.parallel.reshard import Resharder, naive_to_generation
+
+    full, shapes, shape = _setup()
+    out: dict[str, Any] = {}
+    for train_s, gen_s in pairs:
+        train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
+        groups = L.new_groups(train, gen, rank)
+        pieces = train_pieces(full, train, rank, shape)
+        want = expected_pieces(full, train, gen, rank, shape)
+        r = Resharder(train, gen, rank, shapes, shape, groups)
+        got = r.to_generation(pieces)
+        naive, nstats = naive_to_generation(train, gen, rank, shapes, shape, pieces, groups)
+        out[f"{train_s}->{gen_s}"] = {
+            "names_equal": sorted(got) == sorted(want) == sorted(naive),
+            "bitwise": all(torch.equal(got[n], want[n]) for n in want),
+            "naive_bitwise": all(torch.equal(naive[n], want[n]) for n in want),
+            "shared": sum(got[n].untyped_storage().data_ptr() == pieces[n].untyped_storage().data_ptr() for n in got if n in pieces),
+            "n_gen": len(want),
+            "own_bytes": sum(t.numel() * t.element_size() for t in pieces.values()),
+            "own_in_gen_bytes": _own_in_gen(pieces, want, r),
+            "gen_bytes": sum(t.numel() * t.element_size() for t in want.values()),
+            "sent": r.last.bytes_sent,
+            "received": r.last.bytes_received,
+            "naive_received": nstats.bytes_received,
+            "naive_sent": nstats.bytes_sent,
+        }
+        r.to_train()
+        assert r.pieces == {}
+    return out
+
+
+def _own_in_gen(pieces: dict[str, torch.Tensor], want: dict[str, torch.Tensor], r: Any) -> int:
+    """Bytes of this rank's training rows that lie inside its generation pieces."""
+    from hfrt.roles.parallel.reshard import split_dim
+
+    total = 0
+    for name, t in pieces.items():
+        if name not in want:
+            continue
+        mine = r.held(name)
+        g = r.plan.want[name]
+        rows = max(0, min(mine[1], g[1]) - max(mine[0], g[0]))
+        total += t.numel() // t.shape[split_dim(name)] * rows * t.element_size()
+    return total
