@@ -159,6 +159,8 @@ class Recovery:
         hello, before the calls that failed with them are retried (and before the trainer's
         rewind, for a stateful role). It gets the replaced identities; role groups of `role`
         already point at the replacements, and its calls go through the retry layer as usual.
+        It must not wait for a call that failed with a replaced daemon (that call is retried only
+        after the callbacks): one that does not finish within hello_timeout_s ends the run, named.
         Registering makes `role` recoverable (relaunched, failed calls retried) if it was not: a
         rollout role is safe to relaunch once such a hook pushes it the actor's current weights.
         A callback that raises ends the run with RecoveryFailed naming it."""
@@ -260,11 +262,16 @@ class Recovery:
             if group.name == role:
                 group.refresh([self.ctl.daemon(d.identity) or d for d in group.daemons])
         for hook in self._hooks[role]:
+            name = getattr(hook, "__qualname__", repr(hook))
             try:
-                await hook(replaced)
+                await asyncio.wait_for(hook(replaced), self.policy.hello_timeout_s)
+            except TimeoutError:
+                self._fail(f"{', '.join(replaced)}: on_restart callback {name} did not finish within "
+                           f"{self.policy.hello_timeout_s:.0f}s (does it wait for a call that failed with the replaced "
+                           "daemon? such calls are retried only after the callbacks)")
+                return
             except Exception as exc:
-                self._fail(f"{', '.join(replaced)}: on_restart callback {getattr(hook, '__qualname__', hook)} failed: "
-                           f"{type(exc).__name__}: {exc}")
+                self._fail(f"{', '.join(replaced)}: on_restart callback {name} failed: {type(exc).__name__}: {exc}")
                 return
 
     def _within_limits(self, role: str, identity: str, reason: str) -> bool:

@@ -376,6 +376,7 @@ def test_ppo_over_ssh_survives_a_killed_reward_daemon(tmp_path: Path, sshd: Sshd
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(steps))
     assert records[-1]["recovery/restarts"] == 1
+    print(f"recovery figures: replace_s={json.loads(out)['recovery_replace_s']} lost_s={records[-1]['recovery/lost_s']}")
     assert len(json.loads(out)["recovery_replace_s"]) == 1
     assert not list(Path("/dev/shm").glob(f"hfrt-{killed}-*")), "the killed daemon's /dev/shm files were left"
     for role in ("actor", "critic", "reference", "reward"):
