@@ -20,7 +20,7 @@ no models beyond parameter names and shapes, and no optimizer state.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -201,13 +201,21 @@ class Resharder:
     def held(self, name: str) -> Interval | None:
         return _held(self.train, self.coords, name, self.shapes[name], self.model)
 
-    def to_generation(self, pieces: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """This rank's generation pieces (full HF names → tensors) from its training pieces."""
+    def to_generation(
+        self, pieces: Mapping[str, Tensor] | Iterable[Mapping[str, Tensor]], *, copy: bool = False
+    ) -> dict[str, Tensor]:
+        """This rank's generation pieces (full HF names → tensors) from its training pieces: one
+        mapping, or blocks of them (an engine's `local_pieces()`, exhausted here). copy=True clones
+        each training piece first (an FSDP engine's pieces are views of temporary buffers)."""
         from roles.hybrid import PeakRSS
 
         stats = Stats()
         start = time.perf_counter()
         with PeakRSS() as peak:
+            if not isinstance(pieces, Mapping):
+                pieces = {n: (t.clone() if copy else t) for block in pieces for n, t in block.items()}
+            elif copy:
+                pieces = {n: t.clone() for n, t in pieces.items()}
             self.pieces = exchange(self.plan, self.rank, self.group, pieces, self.held, self.shapes, stats)
             _synchronize()
         stats.time_s, stats.peak_rss_mb = time.perf_counter() - start, peak.peak_mb

@@ -89,3 +89,45 @@ def _own_in_gen(pieces: dict[str, torch.Tensor], want: dict[str, torch.Tensor], 
         rows = max(0, min(mine[1], g[1]) - max(mine[0], g[0]))
         total += t.numel() // t.shape[split_dim(name)] * rows * t.element_size()
     return total
+
+
+def generate_after_reshard(rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Greedy tokens from a TP model built at the generation layout (in its generation TP group)
+    and loaded with the resharded pieces, against the single-process full model."""
+    from hfrt.roles.generate import HFGenerationEngine, SamplingParams
+    from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
+    from hfrt.roles.parallel import layout as L
+    from hfrt.roles.parallel import tp_model
+    from hfrt.roles.parallel.reshard import Resharder
+
+    full, shapes, shape = _setup()
+    config = load_model(ModelConfig("tiny")).config
+    tok = load_tokenizer("tiny")
+    prompts = [tok(text)["input_ids"] for text in ("2+2=", "the cat sat", "hi")]
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
+
+    def sample(model: torch.nn.Module) -> torch.Tensor:
+        gen = HFGenerationEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, share_weights=True)
+        return gen.generate(prompts, params)["responses"]
+
+    reference = sample(load_model(ModelConfig("tiny")))
+    out: dict[str, Any] = {}
+    for train_s, gen_s in pairs:
+        train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
+        groups = L.new_groups(train, gen, rank)
+        r = Resharder(train, gen, rank, shapes, shape, groups)
+        pieces = r.to_generation(train_pieces(full, train, rank, shape))
+        model = tp_model.empty_parallel(config, tp_group=groups.gen_tp if gen.tp > 1 else None)
+        tp_model.load_pieces(model, pieces.items())
+        out[f"{train_s}->{gen_s}"] = torch.equal(sample(model), reference)
+    return out
+
+
+def everything(
+    rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str, str]], gen_pairs: list[tuple[str, str]]
+) -> dict[str, Any]:
+    """Both bodies in one spawn (the processes' start-up dominates the test's time)."""
+    return {
+        "reshard": reshard_pairs(rank, world, out_dir=out_dir, pairs=pairs),
+        "generate": generate_after_reshard(rank, world, out_dir=out_dir, pairs=gen_pairs),
+    }

@@ -1,6 +1,7 @@
 """3D-HybridEngine resharding on 4 gloo processes with the tiny preset: after every transition the
 generation pieces are the exact slices of the full weights, the bytes moved match the micro-DP
-formula, equal layouts move nothing and share storage, and the naive all-gather agrees."""
+formula, equal layouts move nothing and share storage, the naive all-gather agrees, and greedy
+generation at the generation layout matches a single-process reference."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.roles.dist_workers import run_ranks
-from tests.roles.reshard_workers import reshard_pairs
+from tests.roles.reshard_workers import everything
 
 PAIRS = [
     ("t2p1d2", "t1p1d4"),
@@ -20,12 +21,18 @@ PAIRS = [
     ("t1p2d2", "t1p1d4"),
     ("t2p2d1", "t2p1d2"),
 ]
+GEN_PAIRS = [("t2p1d2", "t1p1d4"), ("t4p1d1", "t2p1d2"), ("t2p2d1", "t2p1d2")]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out: Path = tmp_path_factory.mktemp("reshard")
-    return run_ranks(reshard_pairs, 4, out, pairs=PAIRS)
+    return run_ranks(everything, 4, out, pairs=PAIRS, gen_pairs=GEN_PAIRS)
+
+
+@pytest.fixture(scope="module")
+def results(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r["reshard"] for r in ranks]
 
 
 def micro(train: str, gen: str) -> int:
@@ -80,3 +87,12 @@ def test_target_against_naive(results: list[dict[str, Any]]) -> None:
             ours = max(res[f"{train}->{gen}"]["received"] for res in results)
             naive = max(res[f"{train}->{gen}"]["naive_received"] for res in results)
             assert ours <= naive / Layout.parse(gen).tp, f"{train}->{gen}: {ours} > {naive}/t_g"
+
+
+
+def test_greedy_generation_at_generation_layout(ranks: list[dict[str, Any]]) -> None:
+    """A TP model at t_g in its generation TP group (tp_model.empty_parallel + load_pieces), loaded
+    with the resharded pieces, generates the single-process model's greedy tokens."""
+    for rank, res in enumerate(ranks):
+        for pair, equal in res["generate"].items():
+            assert equal, f"rank {rank} {pair}: greedy tokens differ from the single-process reference"
