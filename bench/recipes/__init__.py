@@ -1,0 +1,1 @@
+"""Complete, reproducible training recipes on real models (data makers and run configs)."""
