@@ -93,6 +93,10 @@ def _is_kv(name: str) -> bool:
     return len(parts) >= 2 and parts[-2] in ("k_proj", "v_proj")
 
 
+def _tied(model: nn.Module) -> bool:
+    return bool(getattr(_config(model), "tie_word_embeddings", False)) and not isinstance(model, ValueModel)
+
+
 def _config(model: nn.Module) -> Any:
     return model.backbone.config if isinstance(model, ValueModel) else model.config
 
@@ -418,6 +422,64 @@ def build_parallel(full_model: nn.Module, *, tp_group: Group = None, pp_group: G
     return full_model
 
 
+def empty_parallel(
+    config: Any,
+    *,
+    tp_group: Group = None,
+    pp_group: Group = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> nn.Module:
+    """A causal LM of `config` in this rank's tp / pp form whose pieces are allocated but not
+    filled (load_pieces / load_full next): the full model is never materialised. Built on the
+    meta device, then only the pieces get storage; rotary tables are recomputed."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    parallelize(model, tp_group=tp_group, pp_group=pp_group)
+    first: dict[int, str] = {}
+    aliases = []  # tied parameters: to_empty gives each module its own storage, tie them again
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            aliases.append((name, first[id(param)]))
+        first.setdefault(id(param), name)
+    model.to_empty(device=device)
+    for alias, name in aliases:
+        owner, _, attr = alias.rpartition(".")
+        setattr(model.get_submodule(owner), attr, model.get_parameter(name))
+    for name, module in list(model.named_modules()):
+        if name.endswith("rotary_emb"):  # non-persistent buffers: to_empty left them garbage
+            parent, _, child = name.rpartition(".")
+            fresh = type(module)(config=config).to(device)
+            setattr(model.get_submodule(parent) if parent else model, child, fresh)
+    return model
+
+
+def load_full(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy this rank's piece of each FULL tensor in (full-model names): the entry for pushing
+    full weights into a parallel model. Names another pipeline stage holds are skipped; a tied head
+    on the last stage takes the embedding's piece."""
+    layout = layout_of(model)
+    params = named_local(model, aliases=True)
+    for name, tensor in named:
+        target = params.get(name)
+        if target is None and name == "model.embed_tokens.weight" and _tied(model):
+            target = params.get("lm_head.weight")
+        if target is None:
+            if name in layout.full_shapes and not layout.holds(name):
+                continue
+            raise KeyError(f"load_full: the parallel model has no parameter {name!r}")
+        piece = layout.piece(name, tuple(tensor.shape)).take(tensor)
+        if tuple(piece.shape) != tuple(target.shape):
+            raise ValueError(
+                f"load_full: {name} full tensor {tuple(tensor.shape)} gives a {tuple(piece.shape)} piece on tp rank "
+                f"{layout.tp_rank}/{layout.tp}, but the model holds {tuple(target.shape)}"
+            )
+        with torch.no_grad():
+            target.copy_(piece)
+
+
 def named_local(model: nn.Module, *, aliases: bool = False) -> dict[str, nn.Parameter]:
     """This rank's parameters by HF name; aliases=True adds tied names (lm_head.weight)."""
     return dict(model.named_parameters(remove_duplicate=not aliases))
@@ -429,8 +491,8 @@ def local_block(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
     layout = layout_of(model)
     params = named_local(model, aliases=True)
     block = {name: params[name].detach() for name in names if name in params}
-    tied_head = layout.pp > 1 and layout.pp_rank == layout.pp - 1 and "model.embed_tokens.weight" in names
-    if tied_head and "lm_head.weight" in params:
+    tied_head = _tied(model) and layout.pp > 1 and layout.pp_rank == layout.pp - 1
+    if tied_head and "model.embed_tokens.weight" in names and "lm_head.weight" in params:
         block["lm_head.weight"] = params["lm_head.weight"].detach()
     return block
 

@@ -6,16 +6,17 @@ One spawn runs every rank-side check (tp_workers.everything); the tests read its
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
-from hfrt.roles.models import ModelConfig, load_model
+from hfrt.roles.models import ModelConfig, ModelLoadError, load_model, resolve_model_dir
 
 from .dist_workers import make_batch, ppo_loss, run_ranks
-from .tp_workers import everything
+from .tp_workers import everything, forward_layouts
 
 LAYOUTS = [(2, 1), (4, 1), (1, 2), (2, 2)]
 pytestmark = pytest.mark.timeout(300)
@@ -31,6 +32,7 @@ def test_forward_equals_single_process(ranks: list[dict[str, Any]], tp: int, pp:
     results = [r["forward"][f"t{tp}p{pp}"] for r in ranks]
     for rank, res in enumerate(results):
         assert res["logits_diff"] < 1e-5, (rank, res["logits_diff"])
+        assert res["empty_logits_diff"] < 1e-5, (rank, res["empty_logits_diff"])
         assert res["logprob_diff"] < 1e-5, (rank, res["logprob_diff"])
     coords = [r["coords"] for r in results]  # rank = (pp_rank * dp + dp_rank) * tp + tp_rank
     dp = 4 // (tp * pp)
@@ -93,3 +95,26 @@ def test_tp_backend_validation() -> None:
         build_train_engine(model, EngineConfig(backend="deepspeed", tp=2))
     with pytest.raises(RuntimeError, match="torch.distributed initialised"):
         build_train_engine(model, EngineConfig(backend="tp", tp=2))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_smollm2_tp3_and_pp3_tied_embeddings(tmp_path: Path) -> None:
+    """SmolLM2-135M (9 heads, 3 kv heads, tied embedding/head) over 3 ranks: tp=3, and pp=3 where
+    the last stage holds the tied head."""
+    try:
+        resolve_model_dir("smollm2-135m")
+    except ModelLoadError as exc:
+        pytest.skip(f"smollm2-135m not available: {exc}")
+    results = run_ranks(forward_layouts, 3, tmp_path, layouts=[(3, 1), (1, 3)], preset="smollm2-135m")
+    for rank, res in enumerate(results):
+        for key, case in res.items():
+            if key == "ok":
+                continue
+            # 30 layers of fp32 sums in another order: logits (|x| ~ 20) move by ~1e-3, log-probs ~2e-5
+            assert case["logits_diff"] < 3e-3, (rank, key, case["logits_diff"])
+            assert case["logprob_diff"] < 1e-4, (rank, key, case["logprob_diff"])
+            assert case["empty_logits_diff"] < 3e-3, (rank, key, case["empty_logits_diff"])
+    assert "lm_head.weight" in results[2]["t1p3"]["pieces"]  # the tied head's copy on the last stage
+    assert "model.embed_tokens.weight" in results[0]["t1p3"]["pieces"]
+    assert results[0]["t3p1"]["pieces"]["model.embed_tokens.weight"] == (16384, 576)

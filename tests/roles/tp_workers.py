@@ -13,10 +13,10 @@ import torch
 from .dist_workers import make_batch
 
 
-def _tiny() -> torch.nn.Module:
+def _tiny(preset: str = "tiny") -> torch.nn.Module:
     from hfrt.roles.models import ModelConfig, load_model
 
-    return load_model(ModelConfig("tiny"))
+    return load_model(ModelConfig(preset))
 
 
 def _logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -29,18 +29,20 @@ def _logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Ten
         ).logits
 
 
-def forward_layouts(rank: int, world: int, *, out_dir: Path, layouts: list[tuple[int, int]]) -> dict[str, Any]:
+def forward_layouts(
+    rank: int, world: int, *, out_dir: Path, layouts: list[tuple[int, int]], preset: str = "tiny"
+) -> dict[str, Any]:
     """forward_equal for each (tp, pp) in turn (one spawn for all: start-up dominates)."""
-    return {f"t{tp}p{pp}": forward_equal(tp, pp) for tp, pp in layouts}
+    return {f"t{tp}p{pp}": forward_equal(tp, pp, preset) for tp, pp in layouts}
 
 
-def forward_equal(tp: int, pp: int) -> dict[str, Any]:
+def forward_equal(tp: int, pp: int, preset: str = "tiny") -> dict[str, Any]:
     """Logits and response log-probs of the (tp, pp) model against the full model, on every rank."""
     from hfrt.roles.engines.base import model_forward
     from hfrt.roles.engines.tp import build_mesh
     from hfrt.roles.parallel import tp_model
 
-    model = _tiny()
+    model = _tiny(preset)
     batch = make_batch(model.config.vocab_size)
     ref_logits = _logits(model, batch)
     with torch.no_grad():
@@ -51,7 +53,11 @@ def forward_equal(tp: int, pp: int) -> dict[str, Any]:
     with torch.no_grad():
         lp = model_forward(model, batch, device=torch.device("cpu"), is_value=False).log_probs
     pieces = {k: tuple(v.shape) for block in tp_model.local_pieces(model) for k, v in block.items()}
+    # the generation side's path: an empty parallel model (never full) filled from full tensors
+    empty = tp_model.empty_parallel(model.config, tp_group=mesh.tp_group, pp_group=mesh.pp_group)
+    tp_model.load_full(empty, _tiny(preset).named_parameters())
     return {
+        "empty_logits_diff": float((_logits(empty, batch) - ref_logits).abs().max()),
         "logits_diff": float((logits - ref_logits).abs().max()),
         "logprob_diff": float((lp - ref_lp).abs().max()),
         "pieces": pieces,
