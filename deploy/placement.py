@@ -85,3 +85,22 @@ def _place_role(cluster: ClusterSpec, role: RolePlacement, port: int) -> list[Pl
         )
         placed.append(Placed(spec, node, device, master))
     return placed
+
+
+def moved(placed: Placed, node: Node, device: int) -> Placed:
+    """`placed` on another slot (a spare: hfrt.deploy.spec RolePlacement.spares): its node and
+    device settings follow; a single-rank group's MASTER_ADDR follows too. Rank 0 of a larger
+    group cannot move (the other ranks rendezvous at its node): ValueError."""
+    spec = placed.spec
+    if spec.world_size > 1 and spec.rank == 0:
+        raise ValueError(f"{placed.where()}: rank 0 of a {spec.world_size}-rank group cannot move to a spare (its ranks meet there)")
+    env = dict(spec.env)
+    env.update({"HFRT_NODE": node.name, "HFRT_NODE_ADDR": node.address, "HFRT_DEVICE": str(device)})
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if node.device_type == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = str(device)
+    master = placed.master
+    if spec.world_size == 1:
+        env["MASTER_ADDR"], master = node.address, node
+    new_spec = DaemonSpec(spec.role, spec.rank, spec.world_size, spec.impl, dp_size=spec.dp_size, options=dict(spec.options), env=env)
+    return Placed(new_spec, node, device, master)

@@ -41,7 +41,7 @@ import re
 import sys
 import tomllib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,9 @@ class RolePlacement:
     cpus: int = 1
     options: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    #: (node, device) slots a daemon of this role moves to, in order, when its own slot fails to
+    #: start it on a relaunch (hfrt.recovery, ssh launcher); `spares = ["node-c", "node-d:1"]`.
+    spares: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,7 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>") -> ClusterSpec:
         env=_env(r, top.get("env", {}), "env"),
         nodes=nodes,
         pools=pools,
-        roles=_roles(r, top.get("roles"), pools),
+        roles=_roles(r, top.get("roles"), pools, nodes),
         controller=_controller(r, top.get("controller", {})),
         daemons=_daemons(r, top.get("daemons", {})),
         ssh=_ssh(r, top.get("ssh", {})),
@@ -296,7 +299,7 @@ def _pools(r: Reader, raw: Any, nodes: tuple[Node, ...]) -> dict[str, Pool]:
     return pools
 
 
-def _roles(r: Reader, raw: Any, pools: dict[str, Pool]) -> dict[str, RolePlacement]:
+def _roles(r: Reader, raw: Any, pools: dict[str, Pool], nodes: tuple[Node, ...] = ()) -> dict[str, RolePlacement]:
     from hfrt.roles import BUILTIN
 
     if not isinstance(raw, dict) or not raw:
@@ -308,7 +311,7 @@ def _roles(r: Reader, raw: Any, pools: dict[str, Pool]) -> dict[str, RolePlaceme
         if not _NAME.match(name):
             r.problem(f"{where}: a role name is letters, digits, '_', '.', '-' (no ':')")
         t = r.section(item, where, {
-            "pool", "impl", "world_size", "dp_size", "tp_size", "pp_size", "cpus", "options", "env",
+            "pool", "impl", "world_size", "dp_size", "tp_size", "pp_size", "cpus", "options", "env", "spares",
         })
         impl = r.get(t, where, "impl", str, name)
         if impl not in BUILTIN and ":" not in impl:
@@ -317,8 +320,29 @@ def _roles(r: Reader, raw: Any, pools: dict[str, Pool]) -> dict[str, RolePlaceme
                 f"(built-in: {', '.join(sorted(BUILTIN))}); set impl = \"module:Class\""
             )
         pool = _role_pool(r, t, where, pools)
-        roles[name] = _sizes(r, t, where, name, pool, impl, pools)
+        role = _sizes(r, t, where, name, pool, impl, pools)
+        roles[name] = replace(role, spares=_spares(r, t, where, nodes))
     return roles
+
+
+def _spares(r: Reader, t: dict[str, Any], where: str, nodes: tuple[Node, ...]) -> tuple[tuple[str, int], ...]:
+    """A role's `spares`: "NODE" (each of its devices) or "NODE:DEVICE", in the order to try."""
+    raw = r.get(t, where, "spares", list, [])
+    by_name = {n.name: n for n in nodes}
+    slots: list[tuple[str, int]] = []
+    for item in raw:
+        name, _, device = str(item).partition(":")
+        node = by_name.get(name)
+        if not isinstance(item, str) or node is None:
+            r.problem(f"{where}: spare {item!r} is not a node of the spec (nodes: {', '.join(by_name)}); "
+                      "write \"NODE\" or \"NODE:DEVICE\"")
+        elif not device:
+            slots += [(name, d) for d in range(node.devices)]
+        elif not device.isdigit() or int(device) >= node.devices:
+            r.problem(f"{where}: spare {item!r}: node {name!r} has devices 0..{node.devices - 1}")
+        else:
+            slots.append((name, int(device)))
+    return tuple(dict.fromkeys(slots))
 
 
 def _role_pool(r: Reader, t: dict[str, Any], where: str, pools: dict[str, Pool]) -> str:

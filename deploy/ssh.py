@@ -25,7 +25,7 @@ from typing import IO, Any
 from hfrt.log import get_logger
 
 from .base import DaemonSpec, LaunchError, OnExit, placed_for
-from .placement import Placed
+from .placement import Placed, moved
 from .proc import end_processes, exit_reason, tail
 from .spec import ClusterSpec, Node
 
@@ -190,8 +190,37 @@ class SshLauncher:
         del self.sessions[identity]  # from here on, its watcher stays silent
         self._retired.append(old)
         await self._end_session(old)
-        await self._start_one(old.placed, controller, key, on_exit)
+        try:
+            await self._start_one(old.placed, controller, key, on_exit)
+        except LaunchError as own:
+            self._retired.append(self.sessions.pop(identity))  # its stderr file is closed with the rest
+            await self._start_on_spare(old.placed, own, controller, key, on_exit)
         return self.sessions[identity].remote_pid
+
+    async def _start_on_spare(self, placed: Placed, own: LaunchError, controller: str, key: bytes, on_exit: OnExit) -> None:
+        """Its own slot failed to start the daemon: try the role's spare slots in order (one not
+        taken by another daemon); the first that starts it becomes its placement. Raises `own`
+        (with what each spare said) when none does."""
+        failures = [str(own)]
+        taken = {(s.placed.node.name, s.placed.device) for s in self.sessions.values()}
+        for node_name, device in self.cluster.roles[placed.spec.role].spares:
+            if (node_name, device) in taken or (node_name, device) == (placed.node.name, placed.device):
+                continue
+            try:
+                spare = moved(placed, self.cluster.node(node_name), device)
+            except ValueError as exc:
+                failures.append(str(exc))
+                break
+            try:
+                await self._start_one(spare, controller, key, on_exit)
+            except LaunchError as exc:
+                self._retired.append(self.sessions.pop(placed.identity))
+                failures.append(str(exc))
+                continue
+            self.placed[placed.identity] = spare
+            self._log.warning("daemon_moved_to_spare", daemon=placed.identity, node=node_name, device=device)
+            return
+        raise LaunchError("\n".join(failures))
 
     async def _end_session(self, session: _Session, timeout_s: float = 10.0) -> None:
         """Kill the session's daemon through its wrapper and wait for ssh to exit; if the node

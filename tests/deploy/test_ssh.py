@@ -382,3 +382,101 @@ def test_ppo_over_ssh_survives_a_killed_reward_daemon(tmp_path: Path, sshd: Sshd
     for role in ("actor", "critic", "reference", "reward"):
         assert marked_daemons(marker, role) == [], f"{role} daemons left running"
     assert ssh_clients(sshd.port) == []
+
+
+class Forwarder:
+    """A TCP port on 127.0.0.1 forwarding to another until `close()`: a node whose sshd goes away
+    (connections already made keep working, new ones are refused)."""
+
+    def __init__(self, target: int) -> None:
+        self.target, self.port = target, 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> Forwarder:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        far_reader, far_writer = await asyncio.open_connection("127.0.0.1", self.target)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, far_writer), pipe(far_reader, writer), return_exceptions=True)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+def spare_spec(tmp_path: Path, sshd: Sshd, marker: str, own_port: int) -> Path:
+    text = f"""
+name = "{marker}"
+launcher = "ssh"
+env = {{ HFRT_TEST_MARK = "{marker}", PYTHONPATH = "{os.environ.get('PYTHONPATH', '')}" }}
+[ssh]
+user = "{sshd.user}"
+identity = "{sshd.identity}"
+strict_host_key_checking = "no"
+known_hosts = "{sshd.known_hosts}"
+connect_timeout_s = 5
+[daemons]
+log_dir = "{tmp_path / 'node-logs'}"
+hello_timeout_s = 60
+heartbeat_s = 0.5
+[[nodes]]
+name = "node-a"
+host = "127.0.0.1"
+ssh_port = {own_port}
+devices = 1
+[[nodes]]
+name = "node-b"
+host = "127.0.0.1"
+ssh_port = {sshd.port}
+devices = 1
+[pools.main]
+nodes = ["node-a"]
+[roles.reward]
+impl = "echo"
+pool = "main"
+spares = ["node-b"]
+"""
+    path = tmp_path / "cluster.toml"
+    path.write_text(text)
+    return path
+
+
+def node_of(pid: int) -> str:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"HFRT_NODE="))
+
+
+async def test_a_daemon_whose_node_cannot_start_it_again_moves_to_a_spare(tmp_path: Path, sshd: Sshd, marker: str) -> None:
+    node_a = await Forwarder(sshd.port).start()
+
+    async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+        reward = await ctl.role("reward")
+        first = reward.daemons[0].pid
+        where = [node_of(first)]
+        node_a.close()  # node-a's sshd goes away: its running session goes on, a new one is refused
+        os.kill(first, signal.SIGKILL)
+        after = await reward.echo("after")
+        where.append(node_of(reward.daemons[0].pid))
+        return {"after": after, "where": where, "restarts": ctl.recovery.stats.restarts}
+
+    try:
+        summary = await run_on_cluster(Flow("spare", flow, {"reward": {"impl": "echo"}}), load_spec(spare_spec(tmp_path, sshd, marker, node_a.port)),
+                                       run_dir=tmp_path / "run", config={"recovery": "on"})
+    finally:
+        node_a.close()
+        kill_marked(marker)
+    assert summary["after"] == ["after"] and summary["restarts"] == 1
+    assert summary["where"] == ["node-a", "node-b"], "relaunched on the spare node"
+    assert marked_daemons(marker, "reward") == []
+    assert ssh_clients(sshd.port) == [] and ssh_clients(node_a.port) == []
