@@ -74,6 +74,12 @@ class Daemon:
     async def teardown(self) -> None:
         """Release resources; runs once when the daemon stops, whatever the reason."""
 
+    def dp_axes(self) -> dict[str, list[int]]:
+        """Data-parallel coordinates this daemon declares in its hello, read after setup: name →
+        [rank, size]. "dp" replaces the context's dp coordinate; "generation" is what
+        Dispatch.SPLIT_GENERATION splits by (hfrt.dispatch). None declared by default."""
+        return {}
+
     @endpoint
     def describe(self) -> dict[str, Any]:
         ctx = self.context

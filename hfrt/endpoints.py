@@ -28,6 +28,11 @@ class Dispatch(enum.StrEnum):
     SPLIT = "split"
     #: only rank 0 runs; the result is its result.
     RANK0 = "rank0"
+    #: like SPLIT, but by the rank's coordinate on its *generation* data-parallel axis (verl's
+    #: 3D_PROTO for a role that generates at another layout than it trains): the ranks of one
+    #: generation tensor/pipeline group get the same rows and one of them answers for the group.
+    #: Ranks that declare no generation axis fall back to their data-parallel coordinate.
+    SPLIT_GENERATION = "split_generation"
 
 
 @dataclass(frozen=True, slots=True)

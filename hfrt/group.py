@@ -28,13 +28,13 @@ class RoleGroup:
         self._controller = controller
         self.name = name
         self.daemons = list(daemons)
-        self.slots = [RankSlot(d.rank, d.dp_rank, d.dp_size) for d in self.daemons]
+        self.slots = [RankSlot.of(d.rank, d.dp_rank, d.dp_size, d.meta) for d in self.daemons]
         self._refs: dict[str, EndpointRef] = {}
 
     def refresh(self, daemons: Sequence[DaemonInfo]) -> None:
         """Point this group at `daemons` (the same ranks, e.g. after hfrt.recovery replaced one)."""
         self.daemons = list(daemons)
-        self.slots = [RankSlot(d.rank, d.dp_rank, d.dp_size) for d in self.daemons]
+        self.slots = [RankSlot.of(d.rank, d.dp_rank, d.dp_size, d.meta) for d in self.daemons]
 
     @property
     def world_size(self) -> int:

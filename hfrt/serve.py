@@ -222,9 +222,13 @@ class DaemonServer(TensorPlaneServing):
             socket.gethostname(),
             ctx.impl,
             {name: spec.describe() for name, (spec, _) in self._table.items()},
-            {"data": self._data.address if self._data else "", "host": host_id(), "pid": os.getpid()},
+            {"data": self._data.address if self._data else "", "host": host_id(), "pid": os.getpid(), **self._axes()},
         )
         self._send(hello)
+
+    def _axes(self) -> dict[str, Any]:
+        axes = self.daemon.dp_axes() if self.daemon is not None else {}
+        return {"dp_axes": axes} if axes else {}
 
     # -- incoming -----------------------------------------------------------------------------
 

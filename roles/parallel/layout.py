@@ -197,6 +197,14 @@ def train_mp_groups(layout: Layout) -> list[list[int]]:
     return _groups([(c.dp,) for c in cs], [c.pp * layout.tp + c.tp for c in cs])
 
 
+def dp_axes(train: Layout, gen: Layout, rank: int) -> dict[str, list[int]]:
+    """`rank`'s data-parallel coordinates as a daemon declares them in its hello (hfrt.dispatch):
+    "dp" by the training layout (ranks of one tp/pp group share rows), "generation" by the
+    generation layout (ranks of one generation tp/pp group share rows)."""
+    g, _ = gen_coords(train, gen, rank)
+    return {"dp": [train_coords(train, rank).dp, train.dp], "generation": [g.dp, gen.dp]}
+
+
 @dataclass(frozen=True, slots=True)
 class RankGroups:
     """This rank's torch.distributed groups for a (train, gen) pair and their rank lists."""

@@ -89,3 +89,50 @@ def test_context_derives_data_parallel_coordinates() -> None:
         DaemonContext("actor", rank=4, world_size=4)
     with pytest.raises(ValueError, match="do not fit"):
         DaemonContext("actor", rank=0, world_size=4, dp_size=3)
+
+
+# ---- 3D dispatch: training rows by training dp, generation rows by generation dp (3D_PROTO)
+
+
+def layout_slots(train: str, gen: str) -> list[RankSlot]:
+    from hfrt.roles.parallel.layout import Layout, dp_axes
+
+    t, g = Layout.parse(train), Layout.parse(gen)
+    return [RankSlot.of(r, 0, 1, {"dp_axes": dp_axes(t, g, r)}) for r in range(t.world)]
+
+
+def test_split_generation_follows_the_generation_layout() -> None:
+    """t4p1d1 → t2p1d2: training is one tp group (every rank the same rows); generation TP groups
+    are strided ({0, 2}, {1, 3}), so those pairs share rows and one of each answers."""
+    s = layout_slots("t4p1d1", "t2p1d2")
+    assert [a for _, a, _ in dispatch(Dispatch.SPLIT, "update", s, [[1, 2, 3, 4]], {})] == [[[1, 2, 3, 4]]] * 4
+    plan = dispatch(Dispatch.SPLIT_GENERATION, "generate", s, [["p0", "p1", "p2", "p3"]], {})
+    assert [a[0] for _, a, _ in plan] == [["p0", "p1"], ["p2", "p3"], ["p0", "p1"], ["p2", "p3"]]
+    replies = [[f"r{slot.rank}:{p}" for p in a[0]] for slot, a, _ in plan]
+    assert collect(Dispatch.SPLIT_GENERATION, [x for x, _, _ in plan], replies) == ["r0:p0", "r0:p1", "r1:p2", "r1:p3"]
+
+
+def test_split_generation_at_lower_tp_than_training() -> None:
+    """t2p1d2 → t1p1d4: training pairs {0,1}, {2,3} share rows; generation gives every rank its own."""
+    s = layout_slots("t2p1d2", "t1p1d4")
+    rows = list(range(8))
+    assert [a[0] for _, a, _ in dispatch(Dispatch.SPLIT, "update", s, [rows], {})] == [[0, 1, 2, 3]] * 2 + [[4, 5, 6, 7]] * 2
+    plan = dispatch(Dispatch.SPLIT_GENERATION, "generate", s, [rows], {})
+    assert [a[0] for _, a, _ in plan] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert collect(Dispatch.SPLIT_GENERATION, [x for x, _, _ in plan], [a[0] for _, a, _ in plan]) == rows
+
+
+def test_split_generation_without_axes_is_split() -> None:
+    s = slots(4, 2)
+    assert dispatch(Dispatch.SPLIT_GENERATION, "g", s, [[1, 2]], {}) == dispatch(Dispatch.SPLIT, "g", s, [[1, 2]], {})
+
+
+def test_rank_slot_from_hello_meta() -> None:
+    slot = RankSlot.of(3, 3, 4, {"dp_axes": {"dp": [1, 2], "generation": [3, 4]}})
+    assert (slot.dp_rank, slot.dp_size, slot.coord("generation"), slot.coord("other")) == (1, 2, (3, 4), (1, 2))
+    assert RankSlot.of(1, 1, 2, {"data": "tcp://x"}) == RankSlot(1, 1, 2)
+    with pytest.raises(ValueError, match=r"rank 2: dp_axes\['generation'\] = \[2, 2\]"):
+        RankSlot.of(2, 0, 1, {"dp_axes": {"generation": [2, 2]}})
+    with pytest.raises(ValueError, match="disagree on the size of data-parallel axis 'generation'"):
+        bad = [RankSlot(0, 0, 1, (("generation", 0, 2),)), RankSlot(1, 0, 1, (("generation", 0, 3),))]
+        dispatch(Dispatch.SPLIT_GENERATION, "g", bad, [[1, 2]], {})
