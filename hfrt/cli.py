@@ -15,7 +15,7 @@ from typing import Any
 BENCHES = {
     "latency": "hfrt.bench.latency", "transfer": "hfrt.bench.transfer", "transition": "hfrt.bench.transition",
     "step": "hfrt.bench.step", "memory": "hfrt.bench.memory",
-    "vs-trl": "hfrt.bench.vs_trl",
+    "vs-trl": "hfrt.bench.vs_trl", "reshard": "hfrt.bench.reshard",
 }
 
 

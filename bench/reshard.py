@@ -1,0 +1,231 @@
+"""Reshard benchmark: the actor's training → generation weight transition through micro-DP groups
+(roles/parallel/reshard.py) beside the naive "all-gather the full model on every rank, then slice",
+for several (train, gen) layout pairs on 4 gloo processes, in one run.
+
+Run: `hfrt bench reshard [--preset tiny|llama-110m|smollm2-135m] [--repeats N] [--pairs t2p1d2:t1p1d4 ...]
+[--json] [--out FILE]`. Every rank starts from its training pieces (what an FSDP engine's forward
+sees after its dp all-gather, which is measured apart as dp_gather_*). Per case: bytes_per_rank /
+naive_bytes_per_rank (received by the busiest rank, counted from the collectives' tensors),
+time_s / naive_time_s (median over repeats of the slowest rank), weights_equal (every rank's
+generation pieces equal the exact slices of the full weights, for both methods), peak RSS above
+the starting point, micro_dp. `llama-110m` is a randomly initialised Llama (hidden 768, 12 layers,
+12 heads, 4 kv heads, vocab 32000) built from its config, for timings less dominated by latency.
+It knows nothing of RL, engines or daemons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .common import add_output_flags, emit, machine
+
+PAIRS = ["t2p1d2:t1p1d4", "t2p1d2:t2p1d2", "t4p1d1:t2p1d2", "t1p1d4:t2p1d2", "t1p2d2:t1p1d4", "t2p2d1:t2p1d2"]
+WORLD = 4
+
+
+def build_model(preset: str) -> Any:
+    """The full model every rank cuts its pieces from (seeded, the same on every rank)."""
+    import torch
+
+    if preset == "llama-110m":
+        from transformers import AutoModelForCausalLM, LlamaConfig
+
+        config = LlamaConfig(
+            vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+            num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(config)
+    from hfrt.roles.models import ModelConfig, load_model
+
+    return load_model(ModelConfig(preset))
+
+
+def _pieces(full: dict[str, Any], layout: Any, coords: Any, tp: int, pp: int, shape: Any) -> dict[str, Any]:
+    from hfrt.roles.parallel.shard import holds, tp_piece
+
+    return {
+        n: tp_piece(n, tuple(t.shape), tp, coords.tp, shape).take(t).clone()
+        for n, t in full.items()
+        if holds(n, shape, pp, coords.pp)
+    }
+
+
+def run_case(rank: int, full: dict[str, Any], shape: Any, pair: str, repeats: int) -> dict[str, Any]:
+    """One layout pair on this rank: dp gather once, then alternate reshard / naive `repeats` times."""
+    import torch
+    import torch.distributed as dist
+
+    from hfrt.roles.hybrid import rss_mb
+    from hfrt.roles.parallel import layout as L
+    from hfrt.roles.parallel.reshard import Resharder, dp_gather, naive_to_generation
+
+    train_s, gen_s = pair.split(":")
+    train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
+    shapes = {n: tuple(t.shape) for n, t in full.items()}
+    groups = L.new_groups(train, gen, rank)
+    c = L.train_coords(train, rank)
+    pieces = _pieces(full, train, c, train.tp, train.pp, shape)
+    pieces, dp_stats = dp_gather(pieces, groups.train_dp, train.dp, c.dp)
+    g, _ = L.gen_coords(train, gen, rank)
+    want = _pieces(full, gen, g, gen.tp, gen.pp, shape)
+    r = Resharder(train, gen, rank, shapes, shape, groups)
+    rows: dict[str, list[float]] = {"time": [], "naive_time": [], "peak": [], "naive_peak": []}
+    equal = naive_equal = True
+    stats = nstats = None
+    for _ in range(repeats):
+        dist.barrier()
+        base = rss_mb()
+        out = r.to_generation(pieces)
+        stats = r.last
+        equal = equal and sorted(out) == sorted(want) and all(torch.equal(out[n], want[n]) for n in want)
+        r.to_train()
+        del out
+        rows["time"].append(stats.time_s)
+        rows["peak"].append(stats.peak_rss_mb - base)
+        dist.barrier()
+        base = rss_mb()
+        naive, nstats = naive_to_generation(train, gen, rank, shapes, shape, pieces, groups)
+        naive_equal = naive_equal and all(torch.equal(naive[n], want[n]) for n in want)
+        del naive
+        rows["naive_time"].append(nstats.time_s)
+        rows["naive_peak"].append(nstats.peak_rss_mb - base)
+    assert stats is not None and nstats is not None
+    return {
+        "micro_dp": L.micro_dp_size(train, gen),
+        "received": stats.bytes_received, "sent": stats.bytes_sent,
+        "naive_received": nstats.bytes_received, "naive_sent": nstats.bytes_sent,
+        "dp_gather": dp_stats.bytes_received, "dp_gather_time": dp_stats.time_s,
+        "gen_bytes": sum(t.numel() * t.element_size() for t in want.values()),
+        "shared": stats.shared, "equal": equal, "naive_equal": naive_equal, **rows,
+    }  # fmt: skip
+
+
+def rank_main(rank: int, port: int, out_dir: str, preset: str, pairs: list[str], repeats: int) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    result: dict[str, Any]
+    try:
+        from hfrt.roles.engines import init_distributed
+        from hfrt.roles.parallel.shard import ModelShape
+
+        init_distributed(rank, WORLD, "127.0.0.1", port)
+        model = build_model(preset)
+        shape = ModelShape.of(model.config)
+        full = {n: p.detach() for n, p in model.named_parameters()}
+        result = {"ok": True, "cases": {}}
+        for pair in pairs:
+            result["cases"][pair] = run_case(rank, full, shape, pair, repeats)
+    except BaseException:
+        result = {"ok": False, "error": traceback.format_exc()}
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    import torch.distributed as dist
+
+    if result["ok"] and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0 if result["ok"] else 1)
+
+
+def spawn(preset: str, pairs: list[str], repeats: int) -> list[dict[str, Any]]:
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    with tempfile.TemporaryDirectory(prefix="hfrt-bench-reshard-") as tmp:
+        ctx = mp.start_processes(
+            rank_main, args=(port, tmp, preset, pairs, repeats), nprocs=WORLD, join=False, start_method="spawn"
+        )
+        while not ctx.join(timeout=60):
+            pass
+        results = [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    for rank, res in enumerate(results):
+        if not res["ok"]:
+            raise RuntimeError(f"rank {rank} failed:\n{res['error']}")
+    return results
+
+
+def summarize(pair: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One case across ranks: the busiest rank's bytes, the slowest rank's median time."""
+    train, gen = pair.split(":")
+    n = len(ranks[0]["time"])
+    slowest = {k: [max(r[k][i] for r in ranks) for i in range(n)] for k in ("time", "naive_time", "peak", "naive_peak")}
+    return {
+        "train": train,
+        "gen": gen,
+        "micro_dp": ranks[0]["micro_dp"],
+        "bytes_per_rank": max(r["received"] for r in ranks),
+        "naive_bytes_per_rank": max(r["naive_received"] for r in ranks),
+        "bytes_sent_per_rank": max(r["sent"] for r in ranks),
+        "naive_bytes_sent_per_rank": max(r["naive_sent"] for r in ranks),
+        "dp_gather_bytes_per_rank": max(r["dp_gather"] for r in ranks),
+        "gen_shard_bytes_per_rank": max(r["gen_bytes"] for r in ranks),
+        "time_s": statistics.median(slowest["time"]),
+        "naive_time_s": statistics.median(slowest["naive_time"]),
+        "peak_rss_delta_mb": round(statistics.median(slowest["peak"]), 2),
+        "naive_peak_rss_delta_mb": round(statistics.median(slowest["naive_peak"]), 2),
+        "shared_tensors_per_rank": min(r["shared"] for r in ranks),
+        "weights_equal": all(r["equal"] and r["naive_equal"] for r in ranks),
+    }
+
+
+def targets(case: dict[str, Any]) -> dict[str, bool]:
+    """The issue's targets for one case."""
+    t_g = int(case["gen"][1 : case["gen"].index("p")])
+    out = {"time_le_naive": case["time_s"] <= case["naive_time_s"]}
+    if case["micro_dp"] > 1:
+        out["bytes_le_naive_over_tg"] = case["bytes_per_rank"] <= case["naive_bytes_per_rank"] / t_g
+    if case["train"] == case["gen"]:
+        out["equal_layout_zero_bytes"] = case["bytes_per_rank"] == 0
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hfrt bench reshard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="tiny", help="tiny, llama-110m (random, built from a config) or smollm2-135m")
+    p.add_argument("--repeats", type=int, default=7, help="transitions per method and case (median reported)")
+    p.add_argument("--pairs", nargs="+", default=PAIRS, help="train:gen layout pairs, e.g. t2p1d2:t1p1d4 (4 ranks)")
+    add_output_flags(p)
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    from hfrt.roles.parallel.layout import Layout, check_pair
+
+    for pair in args.pairs:
+        try:
+            train, gen = (Layout.parse(s) for s in pair.split(":"))
+            train.check(WORLD, where=f"--pairs {pair}")
+            check_pair(train, gen)
+        except ValueError as e:
+            p.error(str(e))
+    ranks = spawn(args.preset, args.pairs, args.repeats)
+    cases = [summarize(pair, [r["cases"][pair] for r in ranks]) for pair in args.pairs]
+    for case in cases:
+        case["targets"] = targets(case)
+    result = {"bench": "reshard", "preset": args.preset, "world": WORLD, "backend": "gloo", "repeats": args.repeats, "cases": cases, **machine()}
+    if not args.json:
+        print(f"{'train':>7} {'gen':>7} {'m':>2} {'bytes/rank':>11} {'naive':>11} {'time_s':>9} {'naive_s':>9} {'rssΔMB':>7} {'naiveΔ':>7} equal")
+        for c in cases:
+            print(
+                f"{c['train']:>7} {c['gen']:>7} {c['micro_dp']:>2} {c['bytes_per_rank']:>11} {c['naive_bytes_per_rank']:>11} "
+                f"{c['time_s']:>9.5f} {c['naive_time_s']:>9.5f} {c['peak_rss_delta_mb']:>7.1f} {c['naive_peak_rss_delta_mb']:>7.1f} {c['weights_equal']}"
+            )
+    emit(result, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
