@@ -77,8 +77,7 @@ class EngineConfig:
 
     backend: "local" (one process, no sharding), "fsdp2", "deepspeed" or "tp" (tensor × pipeline
         × data parallel; fsdp2 with tp * pp > 1 selects it too).
-    tp, pp: tensor- and pipeline-parallel sizes (dp = world size / (tp * pp)); pp > 1 runs
-        forward passes only.
+    tp, pp: tensor- and pipeline-parallel sizes (dp = world size / (tp * pp)); see engines.tp.
     zero_stage: DeepSpeed ZeRO stage (1, 2 or 3); ignored by other backends.
     mixed_precision: "fp32" or "bf16" (bf16 compute, fp32 master weights and grad reduction).
     micro_batch_size: default rows per forward/backward pass.

@@ -5,7 +5,8 @@ Rank order: a (pp, dp, tp) device mesh, tp innermost:
 so a tp group is tp consecutive ranks (one node's GPUs), dp groups stride by tp, pp groups by
 dp*tp. TP comes from `roles.parallel.tp_model` (plain-tensor Megatron layers), DP from FSDP2
 `fully_shard` over the dp sub-mesh (each TP piece sharded again over dp), PP from the model's
-stage cut (forward passes only: `step` refuses pp > 1).
+stage cut (`tp_model.pipeline_backward`: one micro-batch in flight, no 1F1B); a tied embedding /
+head held by the first and last stages gets its gradient summed over the two.
 
 It knows nothing of RL losses, generation layouts or resharding; it exposes its coordinates,
 groups and this rank's pieces (`local_pieces`) for whoever does.
@@ -95,6 +96,7 @@ class TPEngine(TrainEngine):
             pp_group=self.pp_group if self.pp_size > 1 else None,
         )
         model.to(self.device)
+        self.embed_group = self._tied_embedding_group(model)
         self.blocks = transformer_blocks(model)
         self.sharded = self.dp_size > 1  # FSDP2 over the dp sub-mesh; a dp of 1 keeps plain tensors
         if self.sharded:
@@ -114,14 +116,29 @@ class TPEngine(TrainEngine):
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def _tied_embedding_group(self, model: nn.Module) -> Any:
+        """With pp > 1 and a tied head: the group of the first and last stage at this rank's (dp,
+        tp) coordinates (every rank creates every such group, in the same order)."""
+        if self.pp_size == 1 or not tp_model.is_tied(model):
+            return None
+        mine = None
+        for dp in range(self.dp_size):
+            for tp in range(self.tp_size):
+                ranks = [dp * self.tp_size + tp, ((self.pp_size - 1) * self.dp_size + dp) * self.tp_size + tp]
+                group = dist.new_group(ranks)
+                if dist.get_rank() in ranks:
+                    mine = group
+        return mine
+
+    def _tied_name(self) -> str | None:
+        """This rank's copy of a tied embedding / head that another stage also holds, if any."""
+        if self.embed_group is None:
+            return None
+        return "model.embed_tokens.weight" if self.pp_rank == 0 else "lm_head.weight"
+
     # ---- training
-    def step(self, loss_fn: Any, batch: Any, micro_batch_size: int | None = None, **kwargs: Any) -> dict[str, float]:
-        if self.pp_size > 1:
-            raise NotImplementedError(
-                f"TPEngine: training with pp={self.pp_size} is not built (pipeline stages run forward passes only); "
-                "use pp=1 for the training layout"
-            )
-        return super().step(loss_fn, batch, micro_batch_size, **kwargs)
+    def _backward(self, loss: torch.Tensor) -> None:
+        tp_model.pipeline_backward(self.model, loss)
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
         """Loss scales and metrics: summed over the dp group only (tp / pp replicas hold the same rows)."""
@@ -135,6 +152,9 @@ class TPEngine(TrainEngine):
         assert self.optimizer is not None and self.scheduler is not None
         grads = self._local_grads()
         self._sum_replicated_kv_grads(grads)
+        tied = self._tied_name()
+        if tied is not None and tied in grads:
+            dist.all_reduce(grads[tied], group=self.embed_group)
         norm = self._global_grad_norm(grads)
         limit = self.config.optim.grad_clip
         if limit > 0 and norm > limit:
@@ -171,8 +191,10 @@ class TPEngine(TrainEngine):
         """The whole model's gradient norm: each piece's squares once (a value replicated over k tp
         ranks weighs 1/k), summed over tp, pp and (FSDP shards) dp."""
         total = torch.zeros((), dtype=torch.float64, device=self.device)
+        tied = self._tied_name()
         for name, grad in grads.items():
-            total += grad.double().pow(2).sum() / self.layout.tp_replicas(name)
+            stages = 2 if name == tied else 1  # a tied embedding's two copies count once
+            total += grad.double().pow(2).sum() / (self.layout.tp_replicas(name) * stages)
         work = total.to(_comm_device())
         dist.all_reduce(work)  # over the world: every rank's disjoint share
         replicas = 1 if self.sharded else self.dp_size  # plain tensors are replicated over dp

@@ -6,7 +6,8 @@ row-parallel ones all-reduce their output, the vocabulary-parallel embedding mas
 its rows and all-reduces, and the head all-gathers full-vocabulary logits (uneven split) so every
 consumer of `.logits` works unchanged. Pipeline parallel: a rank keeps only its stage's layers
 (`shard.stage_of`); activations go stage to stage over the pp group and the last stage's logits
-are broadcast back to every stage (forward passes only: no backward across stages).
+are broadcast back to every stage; `pipeline_backward` runs the backward stage to stage (one
+micro-batch in flight, no 1F1B interleaving).
 
 Parameter names stay the Hugging Face names. This module knows nothing of engines, optimizers,
 data parallelism, checkpoints or generation layouts; the shard rules live in `shard`.
@@ -51,6 +52,10 @@ class ParallelLayout:
     pp_group: Group = None
     full_shapes: dict[str, tuple[torch.Size, torch.dtype]] = field(default_factory=dict)
     buckets: list[list[str]] = field(default_factory=list)
+    #: under autograd, the last forward's activations received from the previous stage (a leaf
+    #: whose .grad goes back) and sent to the next one (still in this stage's graph)
+    boundary_in: torch.Tensor | None = None
+    boundary_out: torch.Tensor | None = None
 
     def piece(self, name: str, full_shape: tuple[int, ...], tp_rank: int | None = None) -> Piece:
         rank = self.tp_rank if tp_rank is None else tp_rank
@@ -93,7 +98,8 @@ def _is_kv(name: str) -> bool:
     return len(parts) >= 2 and parts[-2] in ("k_proj", "v_proj")
 
 
-def _tied(model: nn.Module) -> bool:
+def is_tied(model: nn.Module) -> bool:
+    """Whether the model's head shares the embedding's weight."""
     return bool(getattr(_config(model), "tie_word_embeddings", False)) and not isinstance(model, ValueModel)
 
 
@@ -352,6 +358,8 @@ def _cut_pipeline_stage(model: nn.Module, layout: ParallelLayout) -> None:
 
         def receive(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             received = _recv(layout.pp_rank - 1, group, args[0].device)
+            if torch.is_grad_enabled():
+                layout.boundary_in = received.requires_grad_(True)
             return (received, *args[1:]), kwargs
 
         layers[mine.start].register_forward_pre_hook(receive, with_kwargs=True)
@@ -361,6 +369,8 @@ def _cut_pipeline_stage(model: nn.Module, layout: ParallelLayout) -> None:
         def send(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
             hidden = output[0] if isinstance(output, tuple) else output
             _send(hidden.detach(), layout.pp_rank + 1, group)
+            if torch.is_grad_enabled():
+                layout.boundary_out = hidden
             return output
 
         layers[mine.stop - 1].register_forward_hook(send)
@@ -373,6 +383,30 @@ def _cut_pipeline_stage(model: nn.Module, layout: ParallelLayout) -> None:
         head.register_forward_hook(share)
     else:
         setattr(model, "lm_head", _AbsentHead(layout))  # noqa: B010
+
+
+def pipeline_backward(model: nn.Module, loss: torch.Tensor) -> None:
+    """Backward of one micro-batch across the pipeline (one micro-batch in flight, GPipe-style):
+    the last stage backpropagates `loss` (every stage computed the same loss from the broadcast
+    logits), each stage hands the gradient of the activations it received to the previous stage,
+    which continues its backward from the activations it sent. Collective over the pp group."""
+    layout = layout_of(model)
+    if layout.pp == 1:
+        loss.backward()
+        return
+    if layout.pp_rank == layout.pp - 1:
+        loss.backward()
+    else:
+        sent = layout.boundary_out
+        if sent is None:
+            raise RuntimeError("pipeline_backward: no activations were sent by a forward under autograd")
+        sent.backward(_recv(layout.pp_rank + 1, layout.pp_group, sent.device))
+    if layout.pp_rank > 0:
+        received = layout.boundary_in
+        if received is None or received.grad is None:
+            raise RuntimeError("pipeline_backward: the activations received from the previous stage got no gradient")
+        _send(received.grad, layout.pp_rank - 1, layout.pp_group)
+    layout.boundary_in = layout.boundary_out = None
 
 
 # ------------------------------------------------------------------------------------ public API
@@ -464,7 +498,7 @@ def load_full(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> No
     params = named_local(model, aliases=True)
     for name, tensor in named:
         target = params.get(name)
-        if target is None and name == "model.embed_tokens.weight" and _tied(model):
+        if target is None and name == "model.embed_tokens.weight" and is_tied(model):
             target = params.get("lm_head.weight")
         if target is None:
             if name in layout.full_shapes and not layout.holds(name):
@@ -491,7 +525,7 @@ def local_block(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
     layout = layout_of(model)
     params = named_local(model, aliases=True)
     block = {name: params[name].detach() for name in names if name in params}
-    tied_head = _tied(model) and layout.pp > 1 and layout.pp_rank == layout.pp - 1
+    tied_head = is_tied(model) and layout.pp > 1 and layout.pp_rank == layout.pp - 1
     if tied_head and "model.embed_tokens.weight" in names and "lm_head.weight" in params:
         block["lm_head.weight"] = params["lm_head.weight"].detach()
     return block

@@ -16,7 +16,7 @@ from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
 from hfrt.roles.models import ModelConfig, ModelLoadError, load_model, resolve_model_dir
 
 from .dist_workers import make_batch, ppo_loss, run_ranks
-from .tp_workers import everything, forward_layouts
+from .tp_workers import TRAIN_LAYOUTS, everything, forward_layouts
 
 LAYOUTS = [(2, 1), (4, 1), (1, 2), (2, 2)]
 pytestmark = pytest.mark.timeout(300)
@@ -65,11 +65,12 @@ def reference() -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     return metrics, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_ppo_step_tp_matches_one_process(ranks: list[dict[str, Any]], reference: tuple, tp: int) -> None:
-    """tp=2 × dp=2 (FSDP2 over dp) and tp=4 × dp=1 against the local engine on the whole batch."""
+@pytest.mark.parametrize(("tp", "pp"), TRAIN_LAYOUTS)
+def test_ppo_step_matches_one_process(ranks: list[dict[str, Any]], reference: tuple, tp: int, pp: int) -> None:
+    """tp2×dp2 (FSDP2 over dp), tp4 (replicated kv heads), pp2×dp2, tp2×pp2 against the local
+    engine on the whole batch: loss, grad norm, updated weights; checkpoint round trip."""
     ref_metrics, ref_params = reference
-    results = [r["train"][tp] for r in ranks]
+    results = [r["train"][f"t{tp}p{pp}"] for r in ranks]
     for res in results:
         assert res["metrics"]["loss"] == pytest.approx(ref_metrics["loss"], abs=1e-5)
         assert res["metrics"]["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=1e-5)
@@ -86,7 +87,7 @@ def test_ppo_step_tp_matches_one_process(ranks: list[dict[str, Any]], reference:
     q = results[1]["pieces"]["model.layers.0.self_attn.q_proj.weight"]
     rows = 64 // tp
     assert torch.equal(q, full["model.layers.0.self_attn.q_proj.weight"][t * rows : (t + 1) * rows])
-    assert f"dcp_tp{tp - 1}_pp0" in results[0]["ckpt_files"]
+    assert f"dcp_tp{tp - 1}_pp{pp - 1}" in results[0]["ckpt_files"]
 
 
 def test_tp_backend_validation() -> None:

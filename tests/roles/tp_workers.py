@@ -91,8 +91,8 @@ def greedy_tp(tp: int) -> dict[str, Any]:
     }
 
 
-def train_tp(tp: int, out_dir: Path) -> dict[str, Any]:
-    """One PPO step with backend "tp" (tp × dp over 4 ranks) on this dp rank's rows; full weights
+def train_tp(tp: int, pp: int, out_dir: Path) -> dict[str, Any]:
+    """One PPO step with backend "tp" (tp × pp × dp over 4 ranks) on this dp rank's rows; full weights
     after the step, this rank's pieces, and a save → step → load → step round trip."""
     from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
 
@@ -100,14 +100,14 @@ def train_tp(tp: int, out_dir: Path) -> dict[str, Any]:
 
     model = _tiny()
     engine: Any = build_train_engine(
-        model, EngineConfig(backend="tp", tp=tp, micro_batch_size=2, optim=OptimConfig(lr=1e-2))
+        model, EngineConfig(backend="tp", tp=tp, pp=pp, micro_batch_size=2, optim=OptimConfig(lr=1e-2))
     )
     batch = rows_for(make_batch(model.config.vocab_size), engine.dp_rank, engine.dp_size)
     metrics = engine.step(ppo_loss, batch, micro_batch_size=2)
     full = engine.full_parameters()
     pieces = {k: v.clone() for block in engine.local_pieces() for k, v in block.items()}
     generation = {k: v.clone() for block in engine.state_dict_for_generation() for k, v in block.items()}
-    path = engine.save(out_dir / f"ckpt_t{tp}")
+    path = engine.save(out_dir / f"ckpt_t{tp}p{pp}")
     after_save = engine.step(ppo_loss, batch, micro_batch_size=2)
     engine.load(path)
     after_load = engine.step(ppo_loss, batch, micro_batch_size=2)
@@ -124,10 +124,14 @@ def train_tp(tp: int, out_dir: Path) -> dict[str, Any]:
     }
 
 
+#: (tp, pp) of the training checks; dp = 4 / (tp * pp)
+TRAIN_LAYOUTS = [(2, 1), (4, 1), (1, 2), (2, 2)]
+
+
 def everything(rank: int, world: int, *, out_dir: Path, layouts: list[tuple[int, int]]) -> dict[str, Any]:
     """All the rank-side checks of test_tp_model in one spawn (process start-up dominates)."""
     return {
         "forward": {f"t{tp}p{pp}": forward_equal(tp, pp) for tp, pp in layouts},
         "greedy": greedy_tp(2),
-        "train": {tp: train_tp(tp, out_dir) for tp in (2, 4)},
+        "train": {f"t{tp}p{pp}": train_tp(tp, pp, out_dir) for tp, pp in TRAIN_LAYOUTS},
     }
