@@ -16,7 +16,7 @@ from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
 from hfrt.roles.models import ModelConfig, ModelLoadError, load_model, resolve_model_dir
 
 from .dist_workers import make_batch, ppo_loss, run_ranks
-from .tp_workers import TRAIN_LAYOUTS, everything, forward_layouts
+from .tp_workers import TRAIN_LAYOUTS, everything, forward_layouts, tied_tiny
 
 LAYOUTS = [(2, 1), (4, 1), (1, 2), (2, 2)]
 pytestmark = pytest.mark.timeout(300)
@@ -57,20 +57,35 @@ def test_greedy_generation_over_tp2_is_token_identical(ranks: list[dict[str, Any
     assert len({str(r["greedy"]["tokens"]) for r in ranks}) == 1
 
 
-@pytest.fixture(scope="module")
-def reference() -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-    model = load_model(ModelConfig("tiny"))
+def _reference(model: torch.nn.Module) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     engine = build_train_engine(model, EngineConfig(backend="local", micro_batch_size=2, optim=OptimConfig(lr=1e-2)))
     metrics = engine.step(ppo_loss, make_batch(model.config.vocab_size), micro_batch_size=2)
     return metrics, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def reference() -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    return _reference(load_model(ModelConfig("tiny")))
 
 
 @pytest.mark.parametrize(("tp", "pp"), TRAIN_LAYOUTS)
 def test_ppo_step_matches_one_process(ranks: list[dict[str, Any]], reference: tuple, tp: int, pp: int) -> None:
     """tp2×dp2 (FSDP2 over dp), tp4 (replicated kv heads), pp2×dp2, tp2×pp2 against the local
     engine on the whole batch: loss, grad norm, updated weights; checkpoint round trip."""
+    _check_step([r["train"][f"t{tp}p{pp}"] for r in ranks], reference, tp, pp)
+
+
+def test_ppo_step_tied_embeddings_over_two_stages(ranks: list[dict[str, Any]]) -> None:
+    """tp2×pp2 with the head tied to the embedding: stage 0 and stage 1 each hold a copy, their
+    gradients are summed, both copies stay equal to the one-process step."""
+    results = [r["train_tied"] for r in ranks]
+    _check_step(results, _reference(tied_tiny()), 2, 2)
+    last_stage_head = results[3]["pieces"]["lm_head.weight"]  # rank 3: stage 1, tp rank 1
+    assert torch.equal(last_stage_head, results[1]["pieces"]["model.embed_tokens.weight"])  # stage 0, tp rank 1
+
+
+def _check_step(results: list[dict[str, Any]], reference: tuple, tp: int, pp: int) -> None:
     ref_metrics, ref_params = reference
-    results = [r["train"][f"t{tp}p{pp}"] for r in ranks]
     for res in results:
         assert res["metrics"]["loss"] == pytest.approx(ref_metrics["loss"], abs=1e-5)
         assert res["metrics"]["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=1e-5)

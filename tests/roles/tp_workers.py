@@ -19,6 +19,14 @@ def _tiny(preset: str = "tiny") -> torch.nn.Module:
     return load_model(ModelConfig(preset))
 
 
+def tied_tiny() -> torch.nn.Module:
+    """The tiny preset with its head tied to the embedding (SmolLM2 does this)."""
+    model = _tiny()
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.config.tie_word_embeddings = True
+    return model
+
+
 def _logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     with torch.no_grad():
         return model(
@@ -91,14 +99,14 @@ def greedy_tp(tp: int) -> dict[str, Any]:
     }
 
 
-def train_tp(tp: int, pp: int, out_dir: Path) -> dict[str, Any]:
+def train_tp(tp: int, pp: int, out_dir: Path, tied: bool = False) -> dict[str, Any]:
     """One PPO step with backend "tp" (tp × pp × dp over 4 ranks) on this dp rank's rows; full weights
     after the step, this rank's pieces, and a save → step → load → step round trip."""
     from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
 
     from .dist_workers import ppo_loss, rows_for
 
-    model = _tiny()
+    model = tied_tiny() if tied else _tiny()
     engine: Any = build_train_engine(
         model, EngineConfig(backend="tp", tp=tp, pp=pp, micro_batch_size=2, optim=OptimConfig(lr=1e-2))
     )
@@ -107,7 +115,7 @@ def train_tp(tp: int, pp: int, out_dir: Path) -> dict[str, Any]:
     full = engine.full_parameters()
     pieces = {k: v.clone() for block in engine.local_pieces() for k, v in block.items()}
     generation = {k: v.clone() for block in engine.state_dict_for_generation() for k, v in block.items()}
-    path = engine.save(out_dir / f"ckpt_t{tp}p{pp}")
+    path = engine.save(out_dir / f"ckpt_t{tp}p{pp}{'tied' if tied else ''}")
     after_save = engine.step(ppo_loss, batch, micro_batch_size=2)
     engine.load(path)
     after_load = engine.step(ppo_loss, batch, micro_batch_size=2)
@@ -116,7 +124,7 @@ def train_tp(tp: int, pp: int, out_dir: Path) -> dict[str, Any]:
         "full": full if torch.distributed.get_rank() == 0 else None,
         "generation_equal": sorted(generation) == sorted(full)
         and all(torch.equal(generation[k], full[k]) for k in full),
-        "pieces": {k: v for k, v in pieces.items() if "layers.0." in k or "embed" in k},
+        "pieces": {k: v for k, v in pieces.items() if "layers.0." in k or "embed" in k or "lm_head" in k},
         "coords": (engine.tp_rank, engine.pp_rank, engine.dp_rank),
         "after_save": after_save,
         "after_load": after_load,
@@ -134,4 +142,5 @@ def everything(rank: int, world: int, *, out_dir: Path, layouts: list[tuple[int,
         "forward": {f"t{tp}p{pp}": forward_equal(tp, pp) for tp, pp in layouts},
         "greedy": greedy_tp(2),
         "train": {f"t{tp}p{pp}": train_tp(tp, pp, out_dir) for tp, pp in TRAIN_LAYOUTS},
+        "train_tied": train_tp(2, 2, out_dir, tied=True),
     }
