@@ -63,6 +63,11 @@ def _reference(model: torch.nn.Module) -> tuple[dict[str, float], dict[str, torc
     return metrics, {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
+def test_critic_values_over_tp4(ranks: list[dict[str, Any]]) -> None:
+    for res in (r["critic"] for r in ranks):
+        assert res["values_diff"] < 1e-5
+
+
 @pytest.fixture(scope="module")
 def reference() -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     return _reference(load_model(ModelConfig("tiny")))

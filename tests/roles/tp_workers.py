@@ -132,6 +132,20 @@ def train_tp(tp: int, pp: int, out_dir: Path, tied: bool = False) -> dict[str, A
     }
 
 
+def critic_values_tp(tp: int) -> dict[str, Any]:
+    """A value model (critic) sharded over tp: its values against the full model's."""
+    from hfrt.roles.engines import EngineConfig, build_train_engine
+    from hfrt.roles.models import ModelConfig, load_model
+
+    batch = make_batch(259)
+    full = build_train_engine(load_model(ModelConfig("tiny", value_head=True)), EngineConfig(trainable=False))
+    sharded = build_train_engine(
+        load_model(ModelConfig("tiny", value_head=True)), EngineConfig(backend="tp", tp=tp, trainable=False)
+    )
+    diff = (sharded.forward_values(batch) - full.forward_values(batch)).abs().max()
+    return {"values_diff": float(diff)}
+
+
 #: (tp, pp) of the training checks; dp = 4 / (tp * pp)
 TRAIN_LAYOUTS = [(2, 1), (4, 1), (1, 2), (2, 2)]
 
@@ -141,6 +155,7 @@ def everything(rank: int, world: int, *, out_dir: Path, layouts: list[tuple[int,
     return {
         "forward": {f"t{tp}p{pp}": forward_equal(tp, pp) for tp, pp in layouts},
         "greedy": greedy_tp(2),
+        "critic": critic_values_tp(4),
         "train": {f"t{tp}p{pp}": train_tp(tp, pp, out_dir) for tp, pp in TRAIN_LAYOUTS},
         "train_tied": train_tp(2, 2, out_dir, tied=True),
     }
