@@ -139,3 +139,22 @@ def test_smollm2_tp3_and_pp3_tied_embeddings(tmp_path: Path) -> None:
     assert "lm_head.weight" in results[2]["t1p3"]["pieces"]  # the tied head's copy on the last stage
     assert "model.embed_tokens.weight" in results[0]["t1p3"]["pieces"]
     assert results[0]["t3p1"]["pieces"]["model.embed_tokens.weight"] == (16384, 576)
+
+
+def test_load_pieces_names_what_is_wrong() -> None:
+    """Single process (tp = pp = 1, no groups): the piece API's errors name the parameter and shapes."""
+    from hfrt.roles.parallel import tp_model
+
+    model = load_model(ModelConfig("tiny"))
+    layout = tp_model.parallelize(model)
+    assert (layout.tp, layout.pp) == (1, 1)
+    blocks = list(tp_model.local_pieces(model))
+    assert len(blocks) == 3  # two decoder layers, then embedding / norm / head
+    with pytest.raises(ValueError, match=r"q_proj.weight piece is \(32, 64\) but this rank .* holds \(64, 64\)"):
+        tp_model.load_pieces(model, [("model.layers.0.self_attn.q_proj.weight", torch.zeros(32, 64))])
+    with pytest.raises(KeyError, match="holds no parameter 'model.layers.9.mlp.up_proj.weight'"):
+        tp_model.load_pieces(model, [("model.layers.9.mlp.up_proj.weight", torch.zeros(1))])
+    tp_model.load_pieces(model, [("model.norm.weight", torch.full((64,), 2.0))])
+    assert torch.equal(model.model.norm.weight, torch.full((64,), 2.0))
+    with pytest.raises(ValueError, match="already parallelized"):
+        tp_model.parallelize(model)
