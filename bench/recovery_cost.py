@@ -1,7 +1,8 @@
 """What one elastic recovery costs: a local run (`hfrt controller --set recovery=on`) whose daemon
 of one role is killed with kill -9 every few steps; prints, per kill, the time from the death to
 the replacement being ready (`replace_s`, from the recovery log) and the flow time lost
-(`lost_s`: the growth of metrics' recovery/lost_s over the steps after the kill), then medians.
+(`lost_s`: the growth of metrics' recovery/lost_s over the steps after the kill), then medians,
+with the run's median step time as the reference (the box's load shifts both alike).
 
     python -m bench.recovery_cost --role reward --kills 3
     python -m bench.recovery_cost --role actor --kills 3          # checkpoint_every=2: rewinds
@@ -82,6 +83,7 @@ def measure(flow: str, role: str, kills: int, every: int, heartbeat_s: float) ->
                 wait_steps(run, run_dir, at + every - 1)
                 lost.append(steps_done(run_dir)[-1]["recovery/lost_s"] - before)
             _, err = run.communicate(timeout=600)
+            step_s = statistics.median(r.get("timing/step_s", 0.0) for r in steps_done(run_dir))
         finally:
             if run.poll() is None:
                 run.kill()
@@ -90,7 +92,8 @@ def measure(flow: str, role: str, kills: int, every: int, heartbeat_s: float) ->
         replace = [float(m) for m in REPLACED.findall(err)]
     return {"flow": flow, "role": role, "replace_s": replace, "lost_s": [round(x, 2) for x in lost],
             "median_replace_s": statistics.median(replace) if replace else None,
-            "median_lost_s": statistics.median(lost) if lost else None}
+            "median_lost_s": statistics.median(lost) if lost else None,
+            "median_step_s": round(step_s, 3)}  # the same run's undisturbed pace, for ratios
 
 
 def main() -> int:

@@ -29,7 +29,8 @@ from .placement import Placed, moved
 from .proc import end_processes, exit_reason, tail
 from .spec import ClusterSpec, Node
 
-STARTED, DETACH, KILL = "hfrt-started", "detach", "kill"
+STARTED, DETACH = "hfrt-started", "detach"
+KILL = "kill"  # the wrapper's line for it is spelled out in WRAPPER (its format keys stay as they were)
 SSH_ERROR = 255
 
 #: Runs on the node under /bin/sh. {log}, {workdir_cd} and {command} are filled in, shell-quoted.
@@ -48,7 +49,7 @@ echo "{started} $pid $(hostname)"
 (
   while IFS= read -r line; do
     if [ "$line" = {detach} ]; then echo hfrt-detached; kill -KILL $$; exit 0; fi
-    if [ "$line" = {kill} ]; then kill -KILL $pid 2>/dev/null; fi
+    if [ "$line" = kill ]; then kill -KILL $pid 2>/dev/null; fi
   done
   kill -TERM $pid 2>/dev/null
   n=0; while kill -0 $pid 2>/dev/null && [ $n -lt 100 ]; do sleep 0.1; n=$((n+1)); done
@@ -276,7 +277,7 @@ class SshLauncher:
             log_dir=shlex.quote(log.rsplit("/", 1)[0]), log=shlex.quote(log),
             workdir_cd=f"cd {shlex.quote(self.cluster.workdir)} || exit 98" if self.cluster.workdir else ":",
             command=shlex.join([self.cluster.python, "-m", "hfrt", "daemon", *args]),
-            started=STARTED, detach=DETACH, kill=KILL,
+            started=STARTED, detach=DETACH,
         )
         return "exec /bin/sh -c " + shlex.quote(script)
 

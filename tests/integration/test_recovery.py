@@ -375,6 +375,23 @@ def test_a_killed_actor_is_replaced_and_the_run_rewinds_to_its_last_checkpoint(t
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_a_frozen_actor_sigstop_is_replaced_and_the_run_rewinds_to_its_last_checkpoint(tmp_path: Path) -> None:
+    run_dir, steps = tmp_path / "run", 12
+    run = start_run(run_dir, f"steps={steps}", "checkpoint_every=3", heartbeat_s=2.0)
+    with killed_on_exit(run):
+        wait_for_step(run, run_dir, 5)
+        frozen = daemon_of(run, "actor")
+        frozen.send_signal(signal.SIGSTOP)
+        out, err = run.communicate(timeout=400)
+    assert run.returncode == 0, err[-4000:]
+    records = records_of(run_dir)
+    assert [r["step"] for r in records] == list(range(steps)), "a step was lost or repeated in metrics.jsonl"
+    assert records[-1]["recovery/rewinds"] == 1 and records[-1]["recovery/restarts"] == 1
+    assert not frozen.is_running() or frozen.status() == psutil.STATUS_ZOMBIE, "the frozen actor was left behind"
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_killed_actor_without_a_checkpoint_ends_the_run_saying_so(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
