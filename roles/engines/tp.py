@@ -178,13 +178,13 @@ class TPEngine(TrainEngine):
         shape = self.layout.shape
         if self.tp_size <= shape.num_kv_heads:
             return
-        head_of = [r * shape.num_kv_heads // self.tp_size for r in range(self.tp_size)]
+        head_of = [t * shape.num_kv_heads // self.tp_size for t in self.layout.tp_of_member]  # by group rank
         for name, grad in grads.items():
             if not tp_model._is_kv(name):
                 continue
             parts = [torch.empty_like(grad) for _ in range(self.tp_size)]
             dist.all_gather(parts, grad.contiguous(), group=self.tp_group)
-            mine = head_of[self.tp_rank]
+            mine = head_of[dist.get_rank(self.tp_group)]
             grad.copy_(sum(p for r, p in enumerate(parts) if head_of[r] == mine))  # type: ignore[arg-type]
 
     def _global_grad_norm(self, grads: dict[str, torch.Tensor]) -> float:

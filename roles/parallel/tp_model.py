@@ -52,6 +52,11 @@ class ParallelLayout:
     pp_group: Group = None
     full_shapes: dict[str, tuple[torch.Size, torch.dtype]] = field(default_factory=dict)
     buckets: list[list[str]] = field(default_factory=list)
+    #: the tp rank of each member of tp_group, by group rank (torch numbers a group's members in
+    #: ascending global rank; a generation tp group may be strided in another order)
+    tp_of_member: list[int] = field(default_factory=lambda: [0])
+    #: the pp_group member (group rank) that runs each stage
+    member_of_stage: list[int] = field(default_factory=lambda: [0])
     #: under autograd, the last forward's activations received from the previous stage (a leaf
     #: whose .grad goes back) and sent to the next one (still in this stage's graph)
     boundary_in: torch.Tensor | None = None
@@ -79,6 +84,18 @@ class ParallelLayout:
         if full is not None and _is_kv(name) and self.tp > self.shape.num_kv_heads:
             return self.tp // self.shape.num_kv_heads
         return 1
+
+
+def _members(group: Group, ordered: list[int] | None, axis: str) -> tuple[int, list[int]]:
+    """(this rank's index along the axis, the axis index of each group member by group rank).
+    `ordered`: the group's global ranks in axis order; None means ascending (group rank = index)."""
+    size = dist.get_world_size(group)
+    if ordered is None:
+        return dist.get_rank(group), list(range(size))
+    members = dist.get_process_group_ranks(group)  # ascending global ranks = group-rank order
+    if sorted(ordered) != sorted(members):
+        raise ValueError(f"parallelize: {axis}_ranks {ordered} are not the members {members} of the {axis} group")
+    return ordered.index(dist.get_rank()), [ordered.index(r) for r in members]
 
 
 def layout_of(model: nn.Module) -> ParallelLayout:
@@ -140,7 +157,7 @@ class _ReduceFromTP(torch.autograd.Function):
 
 
 class _GatherLastDim(torch.autograd.Function):
-    """All-gather of uneven pieces along the last dim (bounds[r] = rank r's [start, stop));
+    """All-gather of uneven pieces along the last dim (bounds[g] = group rank g's [start, stop));
     backward keeps this rank's slice of the (replicated) gradient."""
 
     @staticmethod
@@ -150,7 +167,10 @@ class _GatherLastDim(torch.autograd.Function):
         padded = F.pad(x.contiguous(), (0, width - x.shape[-1]))
         parts = [torch.empty_like(padded) for _ in bounds]
         dist.all_gather(parts, padded, group=group)
-        return torch.cat([p[..., : stop - start] for p, (start, stop) in zip(parts, bounds, strict=True)], dim=-1)
+        out = x.new_empty(*x.shape[:-1], max(stop for _, stop in bounds))
+        for part, (start, stop) in zip(parts, bounds, strict=True):  # members in any tp order
+            out[..., start:stop] = part[..., : stop - start]
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
@@ -165,13 +185,13 @@ class ColumnParallelLinear(nn.Linear):
     """Holds rows [start, stop) of the full weight; output features are local (or gathered)."""
 
     tp_group: Group
-    gather_bounds: list[tuple[int, int]] | None  # set on the head: all-gather full-vocab logits
-    tp_rank: int
+    gather_bounds: list[tuple[int, int]] | None  # on the head, by group rank: all-gather full-vocab logits
+    group_rank: int
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(_CopyToTP.apply(x, self.tp_group), self.weight, self.bias)
         if self.gather_bounds is not None:
-            out = _GatherLastDim.apply(out, self.tp_group, self.gather_bounds, self.tp_rank)
+            out = _GatherLastDim.apply(out, self.tp_group, self.gather_bounds, self.group_rank)
         return out
 
 
@@ -239,12 +259,12 @@ def _shard_tensor_parallel(model: nn.Module, layout: ParallelLayout) -> None:
             if module.bias is not None:
                 narrow(module, name, "bias")
             full = layout.full_shapes_by_id[id(module.weight)][0]  # type: ignore[attr-defined]
-            bounds = [even_bounds(full, tp, r) for r in range(tp)] if kind == "vocab" else None
+            bounds = [even_bounds(full, tp, t) for t in layout.tp_of_member] if kind == "vocab" else None
             _become(
                 module,
                 ColumnParallelLinear,
                 tp_group=group,
-                tp_rank=layout.tp_rank,
+                group_rank=dist.get_rank(group),
                 out_features=piece.stop - piece.start,
                 gather_bounds=bounds,
             )
@@ -294,7 +314,8 @@ class _AbsentHead(nn.Module):
         self.layout = layout
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return _broadcast(None, self.layout.pp - 1, self.layout.pp_group, hidden.device)
+        last = self.layout.member_of_stage[-1]
+        return _broadcast(None, last, self.layout.pp_group, hidden.device)
 
 
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
@@ -352,12 +373,12 @@ def _cut_pipeline_stage(model: nn.Module, layout: ParallelLayout) -> None:
     for index in range(len(layers)):
         if index not in mine:
             layers[index] = _Absent()
-    group = layout.pp_group
+    group, member = layout.pp_group, layout.member_of_stage
     if not first:
         setattr(model.model, "embed_tokens", _AbsentEmbedding(config.hidden_size, dtype))  # noqa: B010
 
         def receive(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            received = _recv(layout.pp_rank - 1, group, args[0].device)
+            received = _recv(member[layout.pp_rank - 1], group, args[0].device)
             if torch.is_grad_enabled():
                 layout.boundary_in = received.requires_grad_(True)
             return (received, *args[1:]), kwargs
@@ -368,7 +389,7 @@ def _cut_pipeline_stage(model: nn.Module, layout: ParallelLayout) -> None:
 
         def send(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
             hidden = output[0] if isinstance(output, tuple) else output
-            _send(hidden.detach(), layout.pp_rank + 1, group)
+            _send(hidden.detach(), member[layout.pp_rank + 1], group)
             if torch.is_grad_enabled():
                 layout.boundary_out = hidden
             return output
@@ -377,7 +398,7 @@ def _cut_pipeline_stage(model: nn.Module, layout: ParallelLayout) -> None:
     if last:  # the logits go to every stage, so each rank's forward returns the same output
 
         def share(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-            return _broadcast(output, layout.pp - 1, group, output.device)
+            return _broadcast(output, member[-1], group, output.device)
 
         head: nn.Module = model.get_submodule("lm_head")
         head.register_forward_hook(share)
@@ -400,12 +421,12 @@ def pipeline_backward(model: nn.Module, loss: torch.Tensor) -> None:
         sent = layout.boundary_out
         if sent is None:
             raise RuntimeError("pipeline_backward: no activations were sent by a forward under autograd")
-        sent.backward(_recv(layout.pp_rank + 1, layout.pp_group, sent.device))
+        sent.backward(_recv(layout.member_of_stage[layout.pp_rank + 1], layout.pp_group, sent.device))
     if layout.pp_rank > 0:
         received = layout.boundary_in
         if received is None or received.grad is None:
             raise RuntimeError("pipeline_backward: the activations received from the previous stage got no gradient")
-        _send(received.grad, layout.pp_rank - 1, layout.pp_group)
+        _send(received.grad, layout.member_of_stage[layout.pp_rank - 1], layout.pp_group)
     layout.boundary_in = layout.boundary_out = None
 
 
@@ -417,10 +438,14 @@ def parallelize(
     *,
     tp_group: Group = None,
     pp_group: Group = None,
+    tp_ranks: list[int] | None = None,
+    pp_ranks: list[int] | None = None,
 ) -> ParallelLayout:
     """Turn `model` (a full Llama-family causal LM, or a ValueModel when pp is 1) into this rank's
     tensor/pipeline-parallel form, in place. A None group means size 1 on that axis. Every rank
-    must start from the same full weights. Returns the layout (also kept as model._hfrt_layout)."""
+    must start from the same full weights. tp_ranks / pp_ranks: the groups' global ranks in tp-rank /
+    stage order when that is not ascending (a strided generation group); default ascending.
+    Returns the layout (also kept as model._hfrt_layout)."""
     if getattr(model, "_hfrt_layout", None) is not None:
         raise ValueError("parallelize: this model is already parallelized")
     shape = ModelShape.of(_config(model))
@@ -428,14 +453,18 @@ def parallelize(
     pp = dist.get_world_size(pp_group) if pp_group is not None else 1
     shape.check_tp(tp, "parallelize")
     shape.check_pp(pp, "parallelize")
+    tp_rank, tp_of_member = _members(tp_group, tp_ranks, "tp") if tp_group is not None else (0, [0])
+    pp_rank, pp_of_member = _members(pp_group, pp_ranks, "pp") if pp_group is not None else (0, [0])
     layout = ParallelLayout(
         shape=shape,
         tp=tp,
-        tp_rank=dist.get_rank(tp_group) if tp_group is not None else 0,
+        tp_rank=tp_rank,
         tp_group=tp_group,
         pp=pp,
-        pp_rank=dist.get_rank(pp_group) if pp_group is not None else 0,
+        pp_rank=pp_rank,
         pp_group=pp_group,
+        tp_of_member=tp_of_member,
+        member_of_stage=[pp_of_member.index(stage) for stage in range(pp)],
     )
     layout.full_shapes = {n: (p.shape, p.dtype) for n, p in model.named_parameters()}
     layout.full_shapes_by_id = {id(p): p.shape for p in model.parameters()}  # type: ignore[attr-defined]
@@ -449,10 +478,10 @@ def parallelize(
     return layout
 
 
-def build_parallel(full_model: nn.Module, *, tp_group: Group = None, pp_group: Group = None) -> nn.Module:
-    """`full_model` sharded in place for this rank's tp / pp coordinates (generation side's entry:
-    build or load the full HF model, then keep only this rank's pieces). Returns the same module."""
-    parallelize(full_model, tp_group=tp_group, pp_group=pp_group)
+def build_parallel(full_model: nn.Module, **groups: Any) -> nn.Module:
+    """`full_model` sharded in place for this rank's tp / pp coordinates (parallelize's keywords);
+    returns the same module. empty_parallel avoids holding the full model at all."""
+    parallelize(full_model, **groups)
     return full_model
 
 
@@ -461,6 +490,8 @@ def empty_parallel(
     *,
     tp_group: Group = None,
     pp_group: Group = None,
+    tp_ranks: list[int] | None = None,
+    pp_ranks: list[int] | None = None,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> nn.Module:
@@ -471,7 +502,7 @@ def empty_parallel(
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    parallelize(model, tp_group=tp_group, pp_group=pp_group)
+    parallelize(model, tp_group=tp_group, pp_group=pp_group, tp_ranks=tp_ranks, pp_ranks=pp_ranks)
     first: dict[int, str] = {}
     aliases = []  # tied parameters: to_empty gives each module its own storage, tie them again
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -565,7 +596,7 @@ def gather_full(local: torch.Tensor, name: str, layout: ParallelLayout) -> torch
     """The full tensor of `name` from every tp rank's piece (collective over the tp group; uneven
     pieces padded for the all-gather). Replicated parameters come back as they are."""
     full_shape = tuple(layout.full_shapes[name][0])
-    pieces = [layout.piece(name, full_shape, r) for r in range(layout.tp)]
+    pieces = [layout.piece(name, full_shape, t) for t in layout.tp_of_member]  # by group rank
     dim = pieces[0].dim
     if layout.tp == 1 or dim is None:
         return local
@@ -593,7 +624,7 @@ def full_block(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
             full = gather_full(params[name].detach(), name, layout)
         if layout.pp > 1:
             device = next(iter(params.values())).device
-            full = _broadcast(full, owner, layout.pp_group, device)
+            full = _broadcast(full, layout.member_of_stage[owner], layout.pp_group, device)
         assert full is not None
         out[name] = full
     return out

@@ -50,6 +50,15 @@ def test_forward_equals_single_process(ranks: list[dict[str, Any]], tp: int, pp:
         assert "lm_head.weight" in last and "model.embed_tokens.weight" not in last
 
 
+def test_tp_groups_in_any_rank_order(ranks: list[dict[str, Any]]) -> None:
+    """tp ranks follow the order given (tp_ranks), not the group's ascending global ranks."""
+    assert [r["strided"]["t4_0213"]["tp_rank"] for r in ranks] == [0, 2, 1, 3]
+    assert [r["strided"]["t2_reversed"]["tp_rank"] for r in ranks] == [1, 1, 0, 0]
+    for res in ranks:
+        assert res["strided"]["t4_0213"]["diff"] < 1e-5
+        assert res["strided"]["t2_reversed"]["diff"] < 1e-5
+
+
 def test_greedy_generation_over_tp2_is_token_identical(ranks: list[dict[str, Any]]) -> None:
     for res in (r["greedy"] for r in ranks):
         assert res["tokens_equal"], res["tokens"]

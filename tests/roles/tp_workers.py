@@ -73,6 +73,33 @@ def forward_equal(tp: int, pp: int, preset: str = "tiny") -> dict[str, Any]:
     }
 
 
+def forward_strided() -> dict[str, Any]:
+    """tp groups whose tp order is not ascending global rank (as a generation layout laid over a
+    training one makes them): tp=4 ordered [0, 2, 1, 3], and tp=2 groups [2, 0] and [3, 1]."""
+    import torch.distributed as dist
+
+    from hfrt.roles.parallel import tp_model
+
+    model = _tiny()
+    batch = make_batch(model.config.vocab_size)
+    reference = _logits(model, batch)
+    rank, out = dist.get_rank(), {}
+    pairs = [[2, 0], [3, 1]]
+    groups = [dist.new_group(sorted(p)) for p in pairs]
+    cases = {
+        "t4_0213": (dist.new_group([0, 1, 2, 3]), [0, 2, 1, 3]),
+        "t2_reversed": (groups[rank % 2], pairs[rank % 2]),
+    }
+    for key, (group, order) in cases.items():
+        sharded = tp_model.empty_parallel(model.config, tp_group=group, tp_ranks=order)
+        tp_model.load_full(sharded, model.named_parameters())
+        out[key] = {
+            "tp_rank": tp_model.layout_of(sharded).tp_rank,
+            "diff": float((_logits(sharded, batch) - reference).abs().max()),
+        }
+    return out
+
+
 def greedy_tp(tp: int) -> dict[str, Any]:
     """Greedy tokens from HFGenerationEngine over the tp-sharded tiny model and over the full one."""
     from hfrt.roles.engines.tp import build_mesh
@@ -155,6 +182,7 @@ def everything(rank: int, world: int, *, out_dir: Path, layouts: list[tuple[int,
     return {
         "forward": {f"t{tp}p{pp}": forward_equal(tp, pp) for tp, pp in layouts},
         "greedy": greedy_tp(2),
+        "strided": forward_strided(),
         "critic": critic_values_tp(4),
         "train": {f"t{tp}p{pp}": train_tp(tp, pp, out_dir) for tp, pp in TRAIN_LAYOUTS},
         "train_tied": train_tp(2, 2, out_dir, tied=True),
