@@ -46,6 +46,8 @@ FLOWS: dict[str, tuple[dict[str, dict[str, Any]], type[FlowConfig], Callable[...
 STEP_OBJECTS: dict[str, Callable[..., Any]] = {"grpo_async": grpo_async.AsyncGRPO}
 #: stage-2 call name (as StageTimer records it) → (role, endpoint); a flow uses those whose role it has
 STAGE2 = {"values": ("critic", "compute_values"), "ref_log_prob": ("reference", "compute_log_prob"), "reward": ("reward", "score")}
+#: roles --split places on the generation CPU by default
+GEN_ROLES = frozenset({"rollout"})
 #: what the bench leaves out of each flow's defaults: no files, no bar, no trace
 QUIET = {"run_dir": "", "progress": "off", "tensorboard": False, "trace": False}
 
@@ -68,21 +70,24 @@ async def serial_stage2(cfg: FlowConfig, roles: Mapping[str, Any], prompts: Any)
     return total
 
 
-def pin_split(ctl: Any, roles: Mapping[str, Any]) -> dict[str, list[int]]:
-    """Split pools on one machine: the rollout role's daemons on the last CPU, every other daemon
-    on the others (Linux affinity, set from here on the daemons' pids)."""
+def pin_split(ctl: Any, roles: Mapping[str, Any], gen_roles: frozenset[str] = GEN_ROLES) -> dict[str, list[int]]:
+    """Split pools on one machine: the rollout role's daemons (and those of `gen_roles`) on the
+    last CPU, every other daemon on the others (Linux affinity, set from here on the daemons' pids)."""
     cpus = sorted(os.sched_getaffinity(0))
     if "rollout" not in roles or len(cpus) < 2:
         return {}
     placed: dict[str, list[int]] = {}
     for info in ctl.daemons():
-        mine = cpus[-1:] if info.role == "rollout" else cpus[:-1]
+        mine = cpus[-1:] if info.role in gen_roles else cpus[:-1]
         os.sched_setaffinity(info.pid, mine)
         placed[info.identity] = mine
     return placed
 
 
-def bench_flow(name: str, steps: int, warmup: int, settings: Mapping[str, Any] | None = None, split: bool = False) -> Flow:
+def bench_flow(
+    name: str, steps: int, warmup: int, settings: Mapping[str, Any] | None = None, split: bool = False,
+    gen_roles: frozenset[str] = GEN_ROLES,
+) -> Flow:
     """A flow that runs `warmup + steps` steps of `name` through its Trainer, keeps the measured
     steps' metrics, then times the serial stage-2 reference `steps` times."""
     roles_spec, config_cls, step_fn = FLOWS[name]
@@ -90,7 +95,7 @@ def bench_flow(name: str, steps: int, warmup: int, settings: Mapping[str, Any] |
     async def measure(ctl: Any, _config: dict[str, Any]) -> dict[str, Any]:
         cfg = config_cls.read({**QUIET, **(settings or {}), "steps": warmup + steps})
         roles = await get_roles(ctl, *roles_spec)
-        placed = pin_split(ctl, roles) if split else {}
+        placed = pin_split(ctl, roles, gen_roles) if split else {}
         records: list[dict[str, Any]] = []
         trainer = Trainer(ctl, cfg, roles)
         owned = STEP_OBJECTS[name](cfg, roles, trainer) if name in STEP_OBJECTS else None
@@ -142,10 +147,14 @@ def summarize(records: list[dict[str, Any]], serial: list[float], calls: list[st
     }
 
 
-async def bench_raw(name: str, steps: int, warmup: int, settings: Mapping[str, Any] | None = None, split: bool = False) -> dict[str, Any]:
+async def bench_raw(
+    name: str, steps: int, warmup: int, settings: Mapping[str, Any] | None = None, split: bool = False, heartbeat_s: float = 2.0,
+    gen_roles: frozenset[str] = GEN_ROLES,
+) -> dict[str, Any]:
     """One run of `name` on fresh daemons: its measured records, serial references, bytes, pinning."""
     with tempfile.TemporaryDirectory(prefix=f"hfrt-bench-step-{name}-") as run_dir:
-        return await run_flow(bench_flow(name, steps, warmup, settings, split), run_dir=Path(run_dir), config={})
+        return await run_flow(bench_flow(name, steps, warmup, settings, split, gen_roles), run_dir=Path(run_dir), config={},
+                              heartbeat_s=heartbeat_s)
 
 
 async def bench_one(name: str, steps: int, warmup: int, settings: Mapping[str, Any] | None = None, split: bool = False) -> dict[str, Any]:
@@ -202,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flows", default="ppo,grpo", help=f"comma-separated flows to run, from {','.join(FLOWS)}")
     p.add_argument("--rounds", type=int, default=1,
                    help="run the flows this many times, alternating (grpo, grpo_async, grpo, ...); figures are over every round")
+    p.add_argument("--gen-roles", default="rollout",
+                   help="with --split: the roles placed on the generation CPU (comma-separated; the rollout role always), "
+                        "e.g. rollout,reference,reward to take inference off the training CPU")
+    p.add_argument("--heartbeat-s", type=float, default=2.0,
+                   help="daemon heartbeat interval (a daemon silent for a few intervals is declared gone): raise it on an overloaded machine")
     p.add_argument("--max-staleness", type=int, default=1, help="grpo_async's max_staleness (0: synchronous)")
     p.add_argument("--split", action="store_true",
                    help="split pools on this machine: rollout daemons on the last CPU, every other daemon on the rest")
@@ -215,12 +229,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"need --steps >= 1, --warmup >= 0, --rounds >= 1 and --flows from {','.join(FLOWS)} (unknown: {unknown})")
     configure_logging("warning")
 
+    gen_roles = frozenset({"rollout", *(r.strip() for r in args.gen_roles.split(",") if r.strip())})
     common = dict(setting(item, p) for item in args.set)
     settings = {name: common | ({"max_staleness": args.max_staleness} if name == "grpo_async" else {}) for name in names}
     raw: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     rounds: list[dict[str, Any]] = []
     for _ in range(args.rounds):  # the flows alternate, so a change in the machine's load hits each alike
-        per = {name: run(bench_raw(name, args.steps, args.warmup, settings[name], args.split)) for name in names}
+        per = {name: run(bench_raw(name, args.steps, args.warmup, settings[name], args.split, args.heartbeat_s, gen_roles))
+               for name in names}
         for name in names:
             raw[name].append(per[name])
         rounds.append({"load_avg": [round(x, 2) for x in os.getloadavg()],
@@ -231,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         **{k: top[k] for k in keys}, "top_level_flow": "ppo" if "ppo" in flows else names[0],
         "steps": args.steps, "warmup": args.warmup, "preset": "tiny", "task": "addition",
-        "flows": flows, **machine(),
+        "flows": flows, **machine(), **({"split_gen_roles": sorted(gen_roles)} if args.split else {}),
     }
     if "grpo" in flows and "grpo_async" in flows:  # the async flow's step time against the synchronous one's
         result["grpo_async_over_grpo_step_s"] = round(flows["grpo_async"]["step_s"] / flows["grpo"]["step_s"], 4)

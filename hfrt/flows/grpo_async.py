@@ -4,15 +4,17 @@ checksummed, by handle) after every update, off-policy tokens corrected with tru
 sampling against the rollout engine's own log-probs (`tis_cap`).
 
 A step: take the rollout started up to max_staleness steps ago (await late) → (reference log-probs
-∥ reward scores) → old log-probs → advantages → actor update → publish the new version and start
+∥ reward scores; with early_stage2 started as soon as the rollout was there) → old log-probs → advantages → actor update → publish the new version and start
 the next rollouts (start early). max_staleness=0 is the synchronous `grpo` flow, sample for sample.
 It knows role endpoints and their options, nothing of engines or devices.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +50,10 @@ class GRPOAsyncConfig(GRPOFlowConfig):
     when fewer than this share of a step's groups survive, the dropped prompts are generated again)
     and sync_bucket_mb (weight-sync bucket size). partial_rollout_tokens K > 0: rollouts are
     generated K new tokens at a time and a weight sync in between resumes the unfinished rows with
-    the new weights (0: off). tis_cap > 0 weights each token's loss by min(π_old / π_rollout,
+    the new weights (0: off). early_stage2: start a rollout's reference log-probs and reward scores
+    as soon as it is generated (while the actor still trains the step before): worth it when the
+    reference and reward daemons have devices of their own (e.g. on the generation pool); beside
+    the actor they only take its time. tis_cap > 0 weights each token's loss by min(π_old / π_rollout,
     tis_cap) with the rollout engine's log-probs (policy_loss_mode=decoupled: decoupled PPO)."""
 
     max_staleness: int = 1
@@ -57,6 +62,7 @@ class GRPOAsyncConfig(GRPOFlowConfig):
     stale_min_keep: float = 0.5
     sync_bucket_mb: float = 64.0
     partial_rollout_tokens: int = 0
+    early_stage2: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -105,6 +111,7 @@ class AsyncGRPO:
         sync = WeightSync(roles["actor"], roles["rollout"], bucket_mb=cfg.sync_bucket_mb)
         self.pipeline = RolloutPipeline(sync, cfg.staleness(), self._generate, self._next_prompts, steps=cfg.steps)
         self._started = False
+        self._stage2: dict[int, list[tuple[BatchHandle, Any, Any]]] = {}  # step → (rollout, ref, scores) started early
         recovery = getattr(trainer.ctl, "recovery", None)
         if recovery is not None:
             recovery.on_restart("rollout", self._rollout_restarted)
@@ -117,8 +124,25 @@ class AsyncGRPO:
         sampling = {"n": cfg.n, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
                     "seed": sampling_seed(cfg, step), "timeout_s": CALL_TIMEOUT_S}
         if cfg.partial_rollout_tokens:
-            return partial_rollout(self.roles["rollout"], prompts, segment_tokens=cfg.partial_rollout_tokens, **sampling)
-        return self.roles["rollout"].generate(prompts, **sampling)
+            call = partial_rollout(self.roles["rollout"], prompts, segment_tokens=cfg.partial_rollout_tokens, **sampling)
+        else:
+            call = self.roles["rollout"].generate(prompts, **sampling)
+        return self._then_stage2(step, call)
+
+    async def _then_stage2(self, step: int, call: Awaitable[BatchHandle]) -> BatchHandle:
+        """The rollout; with early_stage2, its reference log-probs and reward scores are started as
+        soon as it is there (start early: they run while the actor still trains an earlier step)
+        and `__call__` uses them if the step trains on this very rollout (not on a part of it)."""
+        rollout = await call
+        if not self.cfg.early_stage2:
+            return rollout
+        kw = {"timeout_s": CALL_TIMEOUT_S}
+        ref = asyncio.ensure_future(self.roles["reference"].compute_log_prob(rollout, **kw))
+        scores = asyncio.ensure_future(self.roles["reward"].score(rollout, **kw))
+        for future in (ref, scores):  # an unused pair's error is not "never retrieved"
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._stage2.setdefault(step, []).append((rollout, ref, scores))
+        return rollout
 
     async def _rollout_restarted(self, replaced: list[str]) -> None:
         """Recovery's hook (hfrt.recovery.Recovery.on_restart): a relaunched rollout daemon gets
@@ -132,7 +156,8 @@ class AsyncGRPO:
             await self.pipeline.start(step)
         t = StageTimer()
         rollout, info = await t.one("generate", self.pipeline.take(step))
-        record = await train_on(self.cfg, t, rollout, **{k: self.roles[k] for k in ("actor", "reference", "reward")})
+        early = next(((ref, scores) for batch, ref, scores in self._stage2.pop(step, []) if batch is rollout), None)
+        record = await train_on(self.cfg, t, rollout, early=early, **{k: self.roles[k] for k in ("actor", "reference", "reward")})
         sync_start = time.perf_counter()
         info |= await t.one("sync", self.pipeline.trained(step + 1))  # publishing goes on in a task
         info["timing/sync_s"] = time.perf_counter() - sync_start
@@ -144,11 +169,15 @@ class AsyncGRPO:
         await self.pipeline.close(abort=abort)
 
 
-async def train_on(cfg: GRPOFlowConfig, t: StageTimer, rollout: BatchHandle, *, actor: Any, reference: Any, reward: Any) -> dict[str, Any]:
-    """grpo's stages after generation, on a rollout made elsewhere; the step's metrics."""
+async def train_on(
+    cfg: GRPOFlowConfig, t: StageTimer, rollout: BatchHandle, *, actor: Any, reference: Any, reward: Any,
+    early: tuple[Awaitable[BatchHandle], Awaitable[BatchHandle]] | None = None,
+) -> dict[str, Any]:
+    """grpo's stages after generation, on a rollout made elsewhere; the step's metrics. `early`:
+    the rollout's (reference log-probs, reward scores) calls, already started."""
     kw = {"timeout_s": CALL_TIMEOUT_S}
-    ref, scores = await t.together(
-        "stage2", ref_log_prob=reference.compute_log_prob(rollout, **kw), reward=reward.score(rollout, **kw))
+    ref_call, score_call = early or (reference.compute_log_prob(rollout, **kw), reward.score(rollout, **kw))
+    ref, scores = await t.together("stage2", ref_log_prob=ref_call, reward=score_call)
     # as in grpo: one optimizer step takes the actor's current log-probs as the old ones (the
     # proximal policy); the rollout engine's own log-probs enter through tis_cap
     old = [] if cfg.on_policy(len(rollout)) else [await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))]
