@@ -3,7 +3,11 @@ through the hybrid engine — weights pushed into the generation engine before e
 memory released after.
 
 Options (beyond roles/common.py's): `generator` ("hf" | "vllm"), `sampling` (SamplingParams
-defaults), `vllm` (VLLMConfig fields but model_dir). Endpoints take Batches whose extra positional
+defaults), `vllm` (VLLMConfig fields but model_dir), `parallel` {tp, pp} (training layout; dp
+follows from world_size; default the placement's HFRT_TP_SIZE / HFRT_PP_SIZE) and
+`generation.parallel` {tp, pp} (default: the training sizes): with either above 1 the actor trains
+on the TP engine and generates with a TP model at the generation layout, filled by micro-DP
+resharding (roles/parallel, hybrid.ReshardHybrid); `generate` splits rows by generation dp. Endpoints take Batches whose extra positional
 Batches (same rows) are merged in, so a flow can pass `(rollout, old_log_probs, advantages)`
 without a daemon-side join. It knows the endpoint contract and nothing of the algorithm: the flow
 gives the loss options and computes advantages elsewhere.
@@ -12,6 +16,8 @@ gives the loss options and computes advantages elsewhere.
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +47,7 @@ from .common import (
 )
 from .engines import ForwardOutput, LossFn
 from .generate import GenerationEngine, HFGenerationEngine
-from .hybrid import HybridEngine
+from .hybrid import HybridEngine, ReshardHybrid
 from .models import ModelConfig, export_model_dir, load_model, load_tokenizer, resolve_model_dir
 from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
 from .rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
@@ -91,27 +97,66 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
     """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, export_hf, weight_sync_report (REPLICATE);
     compute_advantages, advantage_state, load_advantage_state (RANK0, from roles/advantage.py)."""
 
-    OPTIONS = frozenset({"generator", "sampling", "vllm"})
+    OPTIONS = frozenset({"generator", "sampling", "vllm", "parallel", "generation"})
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
         check_options(context, cls.OPTIONS)
-        check_backend(context, ModelOptions.read(context.options, trainable=True).engine)
+        layouts = read_layouts(context)
+        check_backend(context, ModelOptions.read(with_layout(context.options, layouts), trainable=True).engine)
         check_generation_options(context.options)
+        if layouts is not None and context.options.get("generator", "hf") != "hf":
+            raise ValueError(f"{context.role}: options.parallel / generation.parallel need generator 'hf' (vllm is not wired to the 3D engine)")
 
     async def setup(self) -> None:
         with role_errors(self.context):
             ctx = self.context
             self.check_config(ctx)
-            self.opts = ModelOptions.read(ctx.options, trainable=True)
+            self.layouts = read_layouts(ctx)
+            self.opts = ModelOptions.read(with_layout(ctx.options, self.layouts), trainable=True)
             self._joined = prepare_process(ctx, needs_group=needs_group(ctx, self.opts.engine))
             self.tokenizer = load_tokenizer(self.opts.model, self.opts.seed)
             self.sampling = sampling_params(ctx.options.get("sampling"))
             kind = str(ctx.options.get("generator", "hf"))
             self.engine = build_engine(ctx, self.opts, extra_copies=1 if kind == "hf" else 0)
-            self.generator = self._generation_engine(kind)
+            self.hybrid: HybridEngine
+            if self.layouts is not None:
+                self.hybrid = self._resharding_hybrid(*self.layouts)
+                self.generator = self.hybrid.gen
+            else:
+                self.generator = self._generation_engine(kind)
+                self.hybrid = HybridEngine(self.engine, self.generator)
             self.generator.sleep()  # the daemon starts in the training phase
-            self.hybrid = HybridEngine(self.engine, self.generator)
+
+    def _resharding_hybrid(self, train: Any, gen: Any) -> ReshardHybrid:
+        """Generation at its own layout: a TP model in this rank's generation TP group, filled by
+        micro-DP resharding from the training engine's pieces (roles/parallel)."""
+        from .parallel import layout as L
+        from .parallel import tp_model
+        from .parallel.reshard import Resharder
+        from .parallel.shard import ModelShape
+
+        config = self.engine.model.config
+        groups = L.new_groups(train, gen, self.context.rank)
+        shapes = {n: tuple(shape) for n, (shape, _) in self.engine.layout.full_shapes.items()}  # type: ignore[attr-defined]
+        resharder = Resharder(train, gen, self.context.rank, shapes, ModelShape.of(config), groups)
+        dtype = getattr(torch, self.opts.dtype)
+        model = tp_model.empty_parallel(config, tp_group=groups.gen_tp, dtype=dtype)
+        tok = self.tokenizer
+        generator = HFGenerationEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        return ReshardHybrid(self.engine, generator, resharder)
+
+    def dp_axes(self) -> dict[str, list[int]]:
+        """Training rows by training dp, generation rows by generation dp (Dispatch.SPLIT_GENERATION)."""
+        layouts = getattr(self, "layouts", None)
+        if layouts is None:
+            return {}
+        from .parallel.layout import dp_axes
+
+        return dp_axes(layouts[0], layouts[1], self.context.rank)
+
+    def _generation_dp_rank(self) -> int:
+        return self.dp_axes().get("generation", [self.context.dp_rank])[0]
 
     def _generation_engine(self, kind: str) -> GenerationEngine:
         tok = self.tokenizer
@@ -137,7 +182,7 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
 
     # -- rollouts ---------------------------------------------------------------------------
 
-    @endpoint(dispatch=Dispatch.SPLIT)
+    @endpoint(dispatch=Dispatch.SPLIT_GENERATION)
     def generate(self, batch: Batch, *extra: Batch, **sampling: Any) -> Batch:
         """Sample responses for the `prompt` column (strings, chats or token ids); keyword
         arguments override the `sampling` option for this call. See roles/rollout.py for the
@@ -146,7 +191,7 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
         check_rows(len(prompts), "actor.generate")
         params = sampling_params(self.sampling, **sampling)
         if params.seed is not None:
-            params = dataclasses.replace(params, seed=params.seed + self.context.dp_rank)
+            params = dataclasses.replace(params, seed=params.seed + self._generation_dp_rank())
         if "prompt" not in prompts:
             raise KeyError(f"actor.generate needs a non-tensor column 'prompt'; the batch has {list(prompts.non_tensor)}")
         ids = [encode_prompt(self.tokenizer, p) for p in prompts["prompt"]]
@@ -225,6 +270,51 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
         if isinstance(self.generator, HFGenerationEngine):
             return dict(self.generator.model.named_parameters())
         return None  # vLLM fuses and renames parameters: only checksums compare
+
+
+def read_layouts(context: DaemonContext) -> tuple[Any, Any] | None:
+    """(training, generation) Layouts from options.parallel {tp, pp} (default: the placement's
+    HFRT_TP_SIZE / HFRT_PP_SIZE, else 1) and options.generation.parallel {tp, pp} (default: the
+    training sizes); None when both are 1 × 1 (the data-parallel actor). ValueError names the
+    option that does not fit the world size or the other layout."""
+    from .parallel.layout import Layout, check_pair
+
+    where = f"roles.{context.role}.options"
+    par = _table(context.options.get("parallel"), f"{where}.parallel")
+    tp = int(par.get("tp", os.environ.get("HFRT_TP_SIZE", 1)))
+    pp = int(par.get("pp", os.environ.get("HFRT_PP_SIZE", 1)))
+    gen_opts = _table(_table(context.options.get("generation"), f"{where}.generation").get("parallel"), f"{where}.generation.parallel")
+    tp_g, pp_g = int(gen_opts.get("tp", tp)), int(gen_opts.get("pp", pp))
+    if tp * pp == 1 and tp_g * pp_g == 1:
+        return None
+    train = Layout.for_world(context.world_size, tp, pp, f"{where}.parallel")
+    gen = Layout.for_world(context.world_size, tp_g, pp_g, f"{where}.generation.parallel")
+    check_pair(train, gen)
+    if gen.pp > 1:
+        raise ValueError(f"{where}.generation.parallel: pp={gen.pp} is not built (generation runs tensor parallel only)")
+    return train, gen
+
+
+def with_layout(options: Mapping[str, Any], layouts: tuple[Any, Any] | None) -> dict[str, Any]:
+    """options with engine.tp / engine.pp from the training layout (backend 'tp' unless fsdp2)."""
+    out = dict(options)
+    if layouts is None:
+        return out
+    train = layouts[0]
+    engine = dict(out.get("engine") or {})
+    if engine.get("backend", "local") not in ("tp", "fsdp2"):
+        engine["backend"] = "tp"
+    engine.update(tp=train.tp, pp=train.pp)
+    out["engine"] = engine
+    return out
+
+
+def _table(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be a table, e.g. {{tp = 2, pp = 1}}; got {value!r}")
+    return dict(value)
 
 
 def length_stats(response_mask: torch.Tensor, max_new_tokens: int) -> dict[str, float]:

@@ -35,7 +35,7 @@ COMMON_OPTIONS = frozenset(
     {"model", "dtype", "engine", "seed", "threads", "dist_master", "memory_limit_mb",
      "transfer", "stage_in_shm", "inline_max_bytes"}
 )
-SHARDED_BACKENDS = ("fsdp2", "deepspeed")
+SHARDED_BACKENDS = ("fsdp2", "deepspeed", "tp")
 
 
 class RoleSetupError(RuntimeError):

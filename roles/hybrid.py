@@ -149,6 +149,41 @@ class HybridEngine:
         return out, metrics
 
 
+
+class ReshardHybrid(HybridEngine):
+    """The 3D-HybridEngine transition (roles/parallel/reshard.py): the training engine's tp/pp
+    pieces (engine.local_pieces(), gathered over dp by FSDP as every forward does) are regrouped
+    inside micro-DP groups into this rank's generation pieces and loaded into a generation engine
+    built at the generation layout; no rank gathers the full model unless that layout is t1p1.
+    Adds reshard/bytes_sent, reshard/bytes_received (this rank; the rollout meta takes the max)."""
+
+    def __init__(self, train: TrainEngine, gen: GenerationEngine, resharder: Any) -> None:
+        super().__init__(train, gen)
+        self.resharder = resharder
+
+    def to_generate(self) -> dict[str, float]:
+        if self.phase == "generate":
+            return {}
+        start, before = time.perf_counter(), rss_mb()
+        with PeakRSS() as peak:
+            self.gen.wake()
+            pieces = self.resharder.to_generation(self.train.local_pieces(), copy=True)  # type: ignore[attr-defined]
+            self.gen.load_weights(pieces.items())
+            self.resharder.to_train()  # the generation engine holds its copy; drop the gathered one
+            del pieces
+            _synchronize()
+        self.phase = "generate"
+        stats = self.resharder.last
+        return {
+            "timing/reshard_to_generate_s": time.perf_counter() - start,
+            "memory/reshard_to_generate_peak_rss_mb": peak.peak_mb,
+            "memory/rss_before_mb": before,
+            "reshard/bytes_sent": float(stats.bytes_sent),
+            "reshard/bytes_received": float(stats.bytes_received),
+            "reshard/exchange_s": stats.time_s,
+        }
+
+
 def _stream(buckets: Iterator[dict[str, torch.Tensor]], pushed: list[int]) -> Iterator[tuple[str, torch.Tensor]]:
     """Flatten per-block buckets into (name, tensor) pairs, counting bytes; the next block is
     gathered only when the consumer asks for its first tensor."""

@@ -267,7 +267,7 @@ def reward_stats(scores: list[float]) -> dict[str, float]:
 def rollout_metrics(meta: Mapping[str, Any]) -> dict[str, float]:
     """The actor's generation timings and memory from a rollout's meta (under `rollout/`), and its
     response-length statistics."""
-    out = {f"rollout/{k}": float(v) for k, v in meta.items() if k.startswith(("timing/", "memory/"))}
+    out = {f"rollout/{k}": float(v) for k, v in meta.items() if k.startswith(("timing/", "memory/", "reshard/"))}
     return out | {k: float(v) for k, v in meta.items() if k.startswith("response_length/") or k == "response_tokens"}
 
 

@@ -1,0 +1,41 @@
+"""The actor's parallel options: options.parallel / options.generation.parallel → layouts and the
+engine's tp / pp (pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hfrt.daemon import DaemonContext
+from hfrt.roles.actor import ActorDaemon, read_layouts, with_layout
+from hfrt.roles.parallel.layout import Layout
+
+
+def ctx(world: int = 4, **options: object) -> DaemonContext:
+    return DaemonContext("actor", 0, world, options=dict(options))
+
+
+def test_layouts_from_options_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HFRT_TP_SIZE", raising=False)
+    monkeypatch.delenv("HFRT_PP_SIZE", raising=False)
+    assert read_layouts(ctx()) is None
+    layouts = read_layouts(ctx(parallel={"tp": 2, "pp": 1}, generation={"parallel": {"tp": 1}}))
+    assert layouts == (Layout(2, 1, 2), Layout(1, 1, 4))
+    assert read_layouts(ctx(parallel={"tp": 2})) == (Layout(2, 1, 2), Layout(2, 1, 2))  # generation follows
+    monkeypatch.setenv("HFRT_TP_SIZE", "4")  # the cluster spec's tp_size
+    assert read_layouts(ctx(generation={"parallel": {"tp": 2}})) == (Layout(4, 1, 1), Layout(2, 1, 2))
+    engine = with_layout({"engine": {"backend": "local", "micro_batch_size": 2}}, layouts)["engine"]
+    assert engine == {"backend": "tp", "micro_batch_size": 2, "tp": 2, "pp": 1}
+    assert with_layout({"engine": {"backend": "fsdp2"}}, layouts)["engine"]["backend"] == "fsdp2"
+
+
+def test_bad_parallel_options_name_the_option() -> None:
+    with pytest.raises(ValueError, match=r"roles.actor.options.parallel: tp=3 × pp=1 does not divide world_size=4"):
+        read_layouts(ctx(parallel={"tp": 3}))
+    with pytest.raises(ValueError, match="does not nest"):
+        read_layouts(ctx(parallel={"tp": 2}, generation={"parallel": {"tp": 1, "pp": 2}}))
+    with pytest.raises(ValueError, match="generation.parallel: pp=2 is not built"):
+        read_layouts(ctx(parallel={"pp": 2}))
+    with pytest.raises(ValueError, match="options.parallel must be a table"):
+        read_layouts(ctx(parallel=2))
+    with pytest.raises(ValueError, match="need generator 'hf'"):
+        ActorDaemon.check_config(ctx(parallel={"tp": 2}, generator="vllm"))
