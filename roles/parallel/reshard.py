@@ -4,7 +4,10 @@ inside its micro-DP group, and back (dropping the generation copy).
 Every rank computes the same exchange plan from the two layouts and the full parameter shapes
 (which member sends which rows of which parameter), so no sizes travel. A micro-DP group's
 training pieces cover exactly its generation piece (layout.py), so gathered bytes never exceed one
-generation shard and the full model is built only when the generation layout is t1p1. Where a
+generation shard and the full model is built only when the generation layout is t1p1. The one
+exception is an uneven split whose bounds do not nest (a vocabulary of 10 rows is 3+3+2+2 at
+tp=4 but 5+5 at tp=2): those parameters alone are all-gathered over the training model-parallel
+group (`fallback_names`). Where a
 generation piece equals a training piece (equal layouts; norms replicated over tp) it *is* the
 training tensor (shared storage, no bytes); where it lies inside one (generation more sharded) it
 is a view of it. The naive baseline (`naive_to_generation`) all-gathers every piece over the
@@ -110,11 +113,14 @@ def make_plan(
     *,
     members: list[int] | None = None,
     dedup: bool = True,
+    only: set[str] | None = None,
+    skip: set[str] | frozenset[str] = frozenset(),
 ) -> Plan:
-    """The exchange of `rank`'s micro-DP group (or of `members`, for the naive baseline).
+    """The exchange of `rank`'s micro-DP group (or of `members`: the fallback and the naive baseline).
 
     dedup: send each row once and only when some member lacks it (the reshard); False sends every
     held piece of every parameter of the generation stage (the naive all-gather).
+    only / skip: restrict the parameters planned.
     """
     g, _ = L.gen_coords(train, gen, rank)
     if members is None:
@@ -122,7 +128,7 @@ def make_plan(
     coords = [L.train_coords(train, r) for r in members]
     plan = Plan(members, {})
     for name, shape in shapes.items():
-        if not holds(name, model, gen.pp, g.pp):
+        if not holds(name, model, gen.pp, g.pp) or name in skip or (only is not None and name not in only):
             continue
         want = interval(name, shape, gen.tp, g.tp, model)
         plan.want[name] = want
@@ -164,6 +170,38 @@ def _contributions(
     return out
 
 
+def _covered(want: Interval, held: list[Interval]) -> bool:
+    """Whether the union of `held` covers `want`."""
+    reach = want[0]
+    for lo, hi in sorted(held):
+        if lo > reach:
+            break
+        reach = max(reach, hi)
+    return reach >= want[1]
+
+
+def fallback_names(
+    train: L.Layout, gen: L.Layout, rank: int, shapes: Mapping[str, tuple[int, ...]], model: ModelShape
+) -> set[str]:
+    """Parameters that some micro-DP group of `rank`'s training replica cannot assemble from its
+    own rows: an uneven split (vocabulary) whose training and generation bounds do not nest, e.g.
+    10 rows as 3+3+2+2 over tp=4 but 5+5 over tp=2. Those few are gathered over the training
+    model-parallel group instead (the same answer on every rank of it, so they all join)."""
+    dp = L.train_coords(train, rank).dp
+    groups = [grp for grp in L.micro_dp_groups(train, gen) if L.train_coords(train, grp[0]).dp == dp]
+    out = set()
+    for grp in groups:
+        g, _ = L.gen_coords(train, gen, grp[0])
+        coords = [L.train_coords(train, r) for r in grp]
+        for name, shape in shapes.items():
+            if not holds(name, model, gen.pp, g.pp):
+                continue
+            held = [h for h in (_held(train, c, name, shape, model) for c in coords) if h is not None]
+            if not _covered(interval(name, shape, gen.tp, g.tp, model), held):
+                out.add(name)
+    return out
+
+
 def _narrow(t: Tensor, name: str, held: Interval, rows: Interval) -> Tensor:
     """Rows `rows` (full coordinates) of a local tensor that holds rows `held`."""
     return t.narrow(split_dim(name), rows[0] - held[0], rows[1] - rows[0])
@@ -190,10 +228,15 @@ class Resharder:
         L.check_pair(train, gen, model)
         self.train, self.gen, self.rank, self.model = train, gen, rank, model
         self.shapes = dict(shapes)
-        self.plan = make_plan(train, gen, rank, self.shapes, model)
-        self.group = groups.micro_dp if groups is not None else None
-        if len(self.plan.members) > 1 and groups is None:
+        self.fallback = fallback_names(train, gen, rank, self.shapes, model)
+        self.plan = make_plan(train, gen, rank, self.shapes, model, skip=self.fallback)
+        self.fallback_plan: Plan | None = None
+        if self.fallback:
+            members = next(grp for grp in L.train_mp_groups(train) if rank in grp)
+            self.fallback_plan = make_plan(train, gen, rank, self.shapes, model, members=members, dedup=False, only=self.fallback)
+        if groups is None and (len(self.plan.members) > 1 or self.fallback_plan is not None):
             raise ValueError(f"rank {rank}: {train} → {gen} gathers over micro-DP group {self.plan.members}; pass its groups")
+        self.groups = groups
         self.coords = L.train_coords(train, rank)
         self.pieces: dict[str, Tensor] = {}
         self.last = Stats()
@@ -216,7 +259,12 @@ class Resharder:
                 pieces = {n: (t.clone() if copy else t) for block in pieces for n, t in block.items()}
             elif copy:
                 pieces = {n: t.clone() for n, t in pieces.items()}
-            self.pieces = exchange(self.plan, self.rank, self.group, pieces, self.held, self.shapes, stats)
+            micro = self.groups.micro_dp if self.groups is not None else None
+            out = exchange(self.plan, self.rank, micro, pieces, self.held, self.shapes, stats)
+            if self.fallback_plan is not None:
+                assert self.groups is not None
+                out |= exchange(self.fallback_plan, self.rank, self.groups.train_mp, pieces, self.held, self.shapes, stats)
+            self.pieces = out
             _synchronize()
         stats.time_s, stats.peak_rss_mb = time.perf_counter() - start, peak.peak_mb
         self.last = stats

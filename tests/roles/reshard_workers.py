@@ -123,11 +123,55 @@ def generate_after_reshard(rank: int, world: int, *, out_dir: Path, pairs: list[
     return out
 
 
+def uneven_shapes() -> tuple[dict[str, tuple[int, ...]], Any]:
+    """A Llama-shaped parameter set with a 10-row vocabulary: 3+3+2+2 over tp=4 but 5+5 over tp=2."""
+    from hfrt.roles.parallel.shard import ModelShape
+
+    shape = ModelShape(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=2, vocab_size=10)
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (10, 8)}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        shapes |= {p + "self_attn.q_proj.weight": (8, 8), p + "self_attn.k_proj.weight": (4, 8),
+                   p + "self_attn.o_proj.weight": (8, 8), p + "mlp.down_proj.weight": (8, 16),
+                   p + "input_layernorm.weight": (8,)}  # fmt: skip
+    return shapes | {"model.norm.weight": (8,), "lm_head.weight": (10, 8)}, shape
+
+
+def uneven_pairs(rank: int, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Reshard random weights of the uneven shapes; the pieces against exact slices, and which
+    parameters took the fallback over the training model-parallel group."""
+    from hfrt.roles.parallel import layout as L
+    from hfrt.roles.parallel.reshard import Resharder
+
+    shapes, shape = uneven_shapes()
+    g = torch.Generator().manual_seed(0)
+    full = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
+    out: dict[str, Any] = {}
+    for train_s, gen_s in pairs:
+        train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
+        groups = L.new_groups(train, gen, rank)
+        r = Resharder(train, gen, rank, shapes, shape, groups)
+        got = r.to_generation(train_pieces(full, train, rank, shape))
+        want = expected_pieces(full, train, gen, rank, shape)
+        out[f"{train_s}->{gen_s}"] = {
+            "bitwise": sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want),
+            "fallback": sorted(r.fallback),
+        }
+    return out
+
+
 def everything(
-    rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str, str]], gen_pairs: list[tuple[str, str]]
+    rank: int,
+    world: int,
+    *,
+    out_dir: Path,
+    pairs: list[tuple[str, str]],
+    gen_pairs: list[tuple[str, str]],
+    uneven: list[tuple[str, str]],
 ) -> dict[str, Any]:
-    """Both bodies in one spawn (the processes' start-up dominates the test's time)."""
+    """All bodies in one spawn (the processes' start-up dominates the test's time)."""
     return {
         "reshard": reshard_pairs(rank, world, out_dir=out_dir, pairs=pairs),
         "generate": generate_after_reshard(rank, world, out_dir=out_dir, pairs=gen_pairs),
+        "uneven": uneven_pairs(rank, uneven),
     }

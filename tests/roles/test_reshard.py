@@ -13,6 +13,9 @@ import pytest
 from tests.roles.dist_workers import run_ranks
 from tests.roles.reshard_workers import everything
 
+#: one spawn of 4 ranks for the whole file: ~25 s of CPU, longer on a loaded 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
 PAIRS = [
     ("t2p1d2", "t1p1d4"),
     ("t2p1d2", "t2p1d2"),
@@ -22,12 +25,13 @@ PAIRS = [
     ("t2p2d1", "t2p1d2"),
 ]
 GEN_PAIRS = [("t2p1d2", "t1p1d4"), ("t4p1d1", "t2p1d2"), ("t2p2d1", "t2p1d2")]
+UNEVEN = [("t4p1d1", "t2p1d2"), ("t2p1d2", "t4p1d1"), ("t2p1d2", "t1p1d4")]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out: Path = tmp_path_factory.mktemp("reshard")
-    return run_ranks(everything, 4, out, pairs=PAIRS, gen_pairs=GEN_PAIRS)
+    return run_ranks(everything, 4, out, pairs=PAIRS, gen_pairs=GEN_PAIRS, uneven=UNEVEN)
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +100,14 @@ def test_greedy_generation_at_generation_layout(ranks: list[dict[str, Any]]) -> 
     for rank, res in enumerate(ranks):
         for pair, equal in res["generate"].items():
             assert equal, f"rank {rank} {pair}: greedy tokens differ from the single-process reference"
+
+
+def test_uneven_vocabulary_that_does_not_nest(ranks: list[dict[str, Any]]) -> None:
+    """10 vocabulary rows: 3+3+2+2 at tp=4, 5+5 at tp=2. Only the embedding and head fall back to
+    the training model-parallel group (in the replicas whose generation rows do not nest; each
+    replica decides for its own group); every piece is still the exact slice."""
+    vocab = ["lm_head.weight", "model.embed_tokens.weight"]
+    for (train, gen), fallback in zip(UNEVEN, (vocab, vocab, []), strict=True):
+        cases = [res["uneven"][f"{train}->{gen}"] for res in ranks]
+        assert all(c["bitwise"] for c in cases), f"{train}->{gen}: a piece differs from the exact slice"
+        assert sorted({n for c in cases for n in c["fallback"]}) == fallback, f"{train}->{gen}"
