@@ -180,7 +180,7 @@ class TPEngine(TrainEngine):
             return
         head_of = [t * shape.num_kv_heads // self.tp_size for t in self.layout.tp_of_member]  # by group rank
         for name, grad in grads.items():
-            if not tp_model._is_kv(name):
+            if not tp_model.is_kv(name):
                 continue
             parts = [torch.empty_like(grad) for _ in range(self.tp_size)]
             dist.all_gather(parts, grad.contiguous(), group=self.tp_group)

@@ -1,22 +1,17 @@
-"""A Llama-family causal LM turned, in place, into its tensor- and pipeline-parallel form.
+"""A Llama-family causal LM turned, in place, into this rank's tensor- and pipeline-parallel form,
+and the piece-level API the engines and the resharding use: parallelize / empty_parallel,
+load_pieces / load_full, local_pieces / local_block, full_buckets / full_block / gather_full.
 
-Tensor parallel (Megatron-style, plain tensors): each Linear / Embedding keeps only the piece
-`shard.tp_piece` gives its tp rank; column-parallel projections compute local output features,
-row-parallel ones all-reduce their output, the vocabulary-parallel embedding masks ids outside
-its rows and all-reduces, and the head all-gathers full-vocabulary logits (uneven split) so every
-consumer of `.logits` works unchanged. Pipeline parallel: a rank keeps only its stage's layers
-(`shard.stage_of`); activations go stage to stage over the pp group and the last stage's logits
-are broadcast back to every stage; `pipeline_backward` runs the backward stage to stage (one
-micro-batch in flight, no 1F1B interleaving).
-
-Parameter names stay the Hugging Face names. This module knows nothing of engines, optimizers,
-data parallelism, checkpoints or generation layouts; the shard rules live in `shard`.
+Tensor parallel: `tp_layers` (each Linear / Embedding keeps the piece `shard.tp_piece` gives its tp
+rank; the head's logits are full-vocabulary, so every consumer of `.logits` works unchanged).
+Pipeline parallel: `pp_stage` (a rank keeps only its stage's layers; logits reach every stage;
+`pipeline_backward` for training). Parameter names stay the Hugging Face names. This module knows
+nothing of engines, optimizers, data parallelism, checkpoints or generation layouts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,410 +20,32 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..engines.base import named_buckets
-from ..models import ValueModel, transformer_blocks
-from .shard import ModelShape, Piece, even_bounds, split_kind, stage_of, stage_layers, tp_piece
-
-Group = Any  # a torch.distributed ProcessGroup, or None for "no parallelism on this axis"
-
-
-# ----------------------------------------------------------------------------- the layout record
-
-
-@dataclass
-class ParallelLayout:
-    """Where one rank sits: its tp / pp coordinates and groups, and what the full model looked like.
-
-    full_shapes: every parameter's full (unsharded) shape and dtype, by the full model's names
-    (tied parameters under their first name). buckets: those names grouped by decoder layer, then
-    the rest, the order full-weight iteration follows on every rank.
-    """
-
-    shape: ModelShape
-    tp: int = 1
-    tp_rank: int = 0
-    tp_group: Group = None
-    pp: int = 1
-    pp_rank: int = 0
-    pp_group: Group = None
-    full_shapes: dict[str, tuple[torch.Size, torch.dtype]] = field(default_factory=dict)
-    buckets: list[list[str]] = field(default_factory=list)
-    #: the tp rank of each member of tp_group, by group rank (torch numbers a group's members in
-    #: ascending global rank; a generation tp group may be strided in another order)
-    tp_of_member: list[int] = field(default_factory=lambda: [0])
-    #: the pp_group member (group rank) that runs each stage
-    member_of_stage: list[int] = field(default_factory=lambda: [0])
-    #: under autograd, the last forward's activations received from the previous stage (a leaf
-    #: whose .grad goes back) and sent to the next one (still in this stage's graph)
-    boundary_in: torch.Tensor | None = None
-    boundary_out: torch.Tensor | None = None
-
-    def piece(self, name: str, full_shape: tuple[int, ...], tp_rank: int | None = None) -> Piece:
-        rank = self.tp_rank if tp_rank is None else tp_rank
-        return tp_piece(_hf_name(name), tuple(full_shape), self.tp, rank, self.shape)
-
-    def holds(self, name: str) -> bool:
-        return self.pp_rank in stage_of(_hf_name(name), self.shape, self.pp)
-
-    def owner_stage(self, name: str) -> int:
-        """The stage whose copy of `name` is authoritative (a tied head's: the embedding's)."""
-        return min(stage_of(_hf_name(name), self.shape, self.pp))
-
-    def tp_replicas(self, name: str) -> int:
-        """How many tp ranks hold the same values of `name` (tp for replicated parameters, tp /
-        num_kv_heads for key/value projections when tp exceeds the kv heads, else 1)."""
-        full = self.full_shapes.get(name)
-        if self.tp == 1:
-            return 1
-        if split_kind(_hf_name(name)) == "replicated":
-            return self.tp
-        if full is not None and _is_kv(name) and self.tp > self.shape.num_kv_heads:
-            return self.tp // self.shape.num_kv_heads
-        return 1
-
-
-def _members(group: Group, ordered: list[int] | None, axis: str) -> tuple[int, list[int]]:
-    """(this rank's index along the axis, the axis index of each group member by group rank).
-    `ordered`: the group's global ranks in axis order; None means ascending (group rank = index)."""
-    size = dist.get_world_size(group)
-    if ordered is None:
-        return dist.get_rank(group), list(range(size))
-    members = dist.get_process_group_ranks(group)  # ascending global ranks = group-rank order
-    if sorted(ordered) != sorted(members):
-        raise ValueError(f"parallelize: {axis}_ranks {ordered} are not the members {members} of the {axis} group")
-    return ordered.index(dist.get_rank()), [ordered.index(r) for r in members]
-
-
-def layout_of(model: nn.Module) -> ParallelLayout:
-    layout = getattr(model, "_hfrt_layout", None)
-    if layout is None:
-        raise ValueError(f"{type(model).__name__} is not a parallelized model (call tp_model.parallelize first)")
-    return layout
-
-
-def _hf_name(name: str) -> str:
-    """A value model's backbone parameter under its causal-LM name (the shard rules match suffixes)."""
-    return name.removeprefix("backbone.")
-
-
-def _is_kv(name: str) -> bool:
-    parts = name.split(".")
-    return len(parts) >= 2 and parts[-2] in ("k_proj", "v_proj")
-
-
-def is_tied(model: nn.Module) -> bool:
-    """Whether the model's head shares the embedding's weight."""
-    return bool(getattr(_config(model), "tie_word_embeddings", False)) and not isinstance(model, ValueModel)
-
-
-def _config(model: nn.Module) -> Any:
-    return model.backbone.config if isinstance(model, ValueModel) else model.config
-
-
-# ------------------------------------------------------------------- autograd-aware collectives
-
-
-class _CopyToTP(torch.autograd.Function):
-    """Identity forward; all-reduce of the gradient backward (the input of a column-parallel layer)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Group) -> torch.Tensor:
-        ctx.group = group
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """All-reduce forward (partial sums of a row-parallel layer); identity backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Group) -> torch.Tensor:
-        out = x.contiguous().clone()
-        dist.all_reduce(out, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
-
-
-class _GatherLastDim(torch.autograd.Function):
-    """All-gather of uneven pieces along the last dim (bounds[g] = group rank g's [start, stop));
-    backward keeps this rank's slice of the (replicated) gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Group, bounds: list[tuple[int, int]], rank: int) -> torch.Tensor:
-        ctx.bounds, ctx.rank = bounds, rank
-        width = max(stop - start for start, stop in bounds)
-        padded = F.pad(x.contiguous(), (0, width - x.shape[-1]))
-        parts = [torch.empty_like(padded) for _ in bounds]
-        dist.all_gather(parts, padded, group=group)
-        out = x.new_empty(*x.shape[:-1], max(stop for _, stop in bounds))
-        for part, (start, stop) in zip(parts, bounds, strict=True):  # members in any tp order
-            out[..., start:stop] = part[..., : stop - start]
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        start, stop = ctx.bounds[ctx.rank]
-        return grad[..., start:stop].contiguous(), None, None, None
-
-
-# ------------------------------------------------------------------------ tensor-parallel layers
-
-
-class ColumnParallelLinear(nn.Linear):
-    """Holds rows [start, stop) of the full weight; output features are local (or gathered)."""
-
-    tp_group: Group
-    gather_bounds: list[tuple[int, int]] | None  # on the head, by group rank: all-gather full-vocab logits
-    group_rank: int
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(_CopyToTP.apply(x, self.tp_group), self.weight, self.bias)
-        if self.gather_bounds is not None:
-            out = _GatherLastDim.apply(out, self.tp_group, self.gather_bounds, self.group_rank)
-        return out
-
-
-class RowParallelLinear(nn.Linear):
-    """Holds columns [start, stop) of the full weight; partial outputs are all-reduced, the
-    (replicated) bias added once after."""
-
-    tp_group: Group
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = _ReduceFromTP.apply(F.linear(x, self.weight), self.tp_group)
-        return out if self.bias is None else out + self.bias
-
-
-class VocabParallelEmbedding(nn.Embedding):
-    """Holds vocabulary rows [vocab_start, vocab_stop); other ids give zeros, summed over tp."""
-
-    tp_group: Group
-    vocab_start: int
-    vocab_stop: int
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        outside = (ids < self.vocab_start) | (ids >= self.vocab_stop)
-        local = (ids - self.vocab_start).masked_fill(outside, 0)
-        pad = self.padding_idx
-        out = F.embedding(local, self.weight, pad, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse)
-        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
-        return _ReduceFromTP.apply(out, self.tp_group)
-
-
-def _narrow_param(param: nn.Parameter, piece: Piece) -> None:
-    if piece.dim is not None:
-        param.data = piece.take(param.data).clone()
-
-
-def _shard_tensor_parallel(model: nn.Module, layout: ParallelLayout) -> None:
-    """Swap every Linear / Embedding the shard rules split for its parallel class, keeping its piece."""
-    done: set[int] = set()  # tied parameters are narrowed once
-
-    def narrow(module: nn.Module, prefix: str, pname: str) -> Piece:
-        param = getattr(module, pname)
-        piece = layout.piece(f"{prefix}.{pname}", tuple(layout.full_shapes_by_id[id(param)]))  # type: ignore[attr-defined]
-        if id(param) not in done:
-            _narrow_param(param, piece)
-            done.add(id(param))
-        return piece
-
-    tp, group = layout.tp, layout.tp_group
-    for name, module in list(model.named_modules()):
-        kind = split_kind(f"{name}.weight")
-        if isinstance(module, nn.Embedding) and kind == "vocab":
-            piece = narrow(module, name, "weight")
-            pad = module.padding_idx
-            _become(
-                module,
-                VocabParallelEmbedding,
-                tp_group=group,
-                vocab_start=piece.start,
-                vocab_stop=piece.stop,
-                num_embeddings=piece.stop - piece.start,
-                padding_idx=pad - piece.start if pad is not None and piece.start <= pad < piece.stop else None,
-            )
-        elif isinstance(module, nn.Linear) and kind in ("column", "vocab"):
-            piece = narrow(module, name, "weight")
-            if module.bias is not None:
-                narrow(module, name, "bias")
-            full = layout.full_shapes_by_id[id(module.weight)][0]  # type: ignore[attr-defined]
-            bounds = [even_bounds(full, tp, t) for t in layout.tp_of_member] if kind == "vocab" else None
-            _become(
-                module,
-                ColumnParallelLinear,
-                tp_group=group,
-                group_rank=dist.get_rank(group),
-                out_features=piece.stop - piece.start,
-                gather_bounds=bounds,
-            )
-        elif isinstance(module, nn.Linear) and kind == "row":
-            piece = narrow(module, name, "weight")
-            _become(module, RowParallelLinear, tp_group=group, in_features=piece.stop - piece.start)
-        elif name.rsplit(".", 1)[-1] == "self_attn" and hasattr(module, "num_key_value_groups"):
-            heads = layout.shape.num_heads // tp
-            kv_heads = max(layout.shape.num_kv_heads // tp, 1)
-            setattr(module, "num_key_value_groups", heads // kv_heads)  # noqa: B010
-
-
-def _become(module: nn.Module, cls: type[nn.Module], **attrs: Any) -> None:
-    """Turn `module` into its parallel subclass in place (parameters, hooks and names kept)."""
-    module.__class__ = cls
-    for key, value in attrs.items():
-        setattr(module, key, value)
-
-
-# ------------------------------------------------------------------------------ pipeline stages
-
-
-class _Absent(nn.Module):
-    """Stands in for a module another pipeline stage holds: no parameters, passes its input on."""
-
-    def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return hidden
-
-
-class _AbsentEmbedding(nn.Module):
-    """Stands in for the embedding on later stages: zeros of the right shape (replaced by the
-    activations the previous stage sends before the first held layer runs)."""
-
-    def __init__(self, hidden: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.hidden, self.dtype = hidden, dtype
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(*ids.shape, self.hidden, dtype=self.dtype, device=ids.device)
-
-
-class _AbsentHead(nn.Module):
-    """The head's place on stages before the last: receives the logits the last stage broadcasts."""
-
-    def __init__(self, layout: ParallelLayout) -> None:
-        super().__init__()
-        self.layout = layout
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        last = self.layout.member_of_stage[-1]
-        return _broadcast(None, last, self.layout.pp_group, hidden.device)
-
-
-_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
-
-
-def _send(tensor: torch.Tensor, dst: int, group: Group) -> None:
-    header = torch.zeros(8, dtype=torch.long)
-    header[0], header[1] = tensor.dim(), _DTYPES.index(tensor.dtype)
-    header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape)
-    dist.send(header.to(tensor.device), group=group, group_dst=dst)
-    dist.send(tensor.contiguous(), group=group, group_dst=dst)
-
-
-def _recv(src: int, group: Group, device: torch.device) -> torch.Tensor:
-    header = torch.empty(8, dtype=torch.long, device=device)
-    dist.recv(header, group=group, group_src=src)
-    ndim, dtype = int(header[0]), _DTYPES[int(header[1])]
-    out = torch.empty(header[2 : 2 + ndim].tolist(), dtype=dtype, device=device)
-    dist.recv(out, group=group, group_src=src)
-    return out
-
-
-def _broadcast(tensor: torch.Tensor | None, src: int, group: Group, device: torch.device) -> torch.Tensor:
-    header = torch.zeros(8, dtype=torch.long, device=device)
-    if tensor is not None:
-        header[0], header[1] = tensor.dim(), _DTYPES.index(tensor.dtype)
-        header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape)
-    dist.broadcast(header, group=group, group_src=src)
-    if tensor is None:
-        ndim = int(header[0])
-        tensor = torch.empty(header[2 : 2 + ndim].tolist(), dtype=_DTYPES[int(header[1])], device=device)
-    else:
-        tensor = tensor.contiguous()
-    dist.broadcast(tensor, group=group, group_src=src)
-    return tensor
-
-
-def _decoder_layers(model: nn.Module) -> nn.ModuleList:
-    inner = model.backbone if isinstance(model, ValueModel) else model
-    layers = getattr(getattr(inner, "model", None), "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise ValueError(f"{type(inner).__name__}: no model.layers list to cut into pipeline stages")
-    return layers
-
-
-def _cut_pipeline_stage(model: nn.Module, layout: ParallelLayout) -> None:
-    """Replace what other stages hold by parameter-free stand-ins and hook the stage boundaries."""
-    if isinstance(model, ValueModel):
-        raise ValueError("pipeline stages: value models (critics) are not supported; use pp=1")
-    config = _config(model)
-    layers = _decoder_layers(model)
-    mine = stage_layers(layout.shape.num_layers, layout.pp, layout.pp_rank)
-    first, last = layout.pp_rank == 0, layout.pp_rank == layout.pp - 1
-    dtype = next(model.parameters()).dtype
-    for index in range(len(layers)):
-        if index not in mine:
-            layers[index] = _Absent()
-    group, member = layout.pp_group, layout.member_of_stage
-    if not first:
-        setattr(model.model, "embed_tokens", _AbsentEmbedding(config.hidden_size, dtype))  # noqa: B010
-
-        def receive(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            received = _recv(member[layout.pp_rank - 1], group, args[0].device)
-            if torch.is_grad_enabled():
-                layout.boundary_in = received.requires_grad_(True)
-            return (received, *args[1:]), kwargs
-
-        layers[mine.start].register_forward_pre_hook(receive, with_kwargs=True)
-    if not last:
-        setattr(model.model, "norm", _Absent())  # noqa: B010
-
-        def send(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-            hidden = output[0] if isinstance(output, tuple) else output
-            _send(hidden.detach(), member[layout.pp_rank + 1], group)
-            if torch.is_grad_enabled():
-                layout.boundary_out = hidden
-            return output
-
-        layers[mine.stop - 1].register_forward_hook(send)
-    if last:  # the logits go to every stage, so each rank's forward returns the same output
-
-        def share(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-            return _broadcast(output, member[-1], group, output.device)
-
-        head: nn.Module = model.get_submodule("lm_head")
-        head.register_forward_hook(share)
-    else:
-        setattr(model, "lm_head", _AbsentHead(layout))  # noqa: B010
-
-
-def pipeline_backward(model: nn.Module, loss: torch.Tensor) -> None:
-    """Backward of one micro-batch across the pipeline (one micro-batch in flight, GPipe-style):
-    the last stage backpropagates `loss` (every stage computed the same loss from the broadcast
-    logits), each stage hands the gradient of the activations it received to the previous stage,
-    which continues its backward from the activations it sent. Collective over the pp group."""
-    layout = layout_of(model)
-    if layout.pp == 1:
-        loss.backward()
-        return
-    if layout.pp_rank == layout.pp - 1:
-        loss.backward()
-    else:
-        sent = layout.boundary_out
-        if sent is None:
-            raise RuntimeError("pipeline_backward: no activations were sent by a forward under autograd")
-        sent.backward(_recv(layout.member_of_stage[layout.pp_rank + 1], layout.pp_group, sent.device))
-    if layout.pp_rank > 0:
-        received = layout.boundary_in
-        if received is None or received.grad is None:
-            raise RuntimeError("pipeline_backward: the activations received from the previous stage got no gradient")
-        _send(received.grad, layout.member_of_stage[layout.pp_rank - 1], layout.pp_group)
-    layout.boundary_in = layout.boundary_out = None
-
+from ..models import transformer_blocks
+from .model_layout import Group, ParallelLayout, config_of, is_kv, is_tied, layout_of, members
+from .pp_stage import broadcast, cut_pipeline_stage, pipeline_backward
+from .shard import ModelShape
+from .tp_layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, shard_tensor_parallel
+
+__all__ = [
+    "ColumnParallelLinear",
+    "ParallelLayout",
+    "RowParallelLinear",
+    "VocabParallelEmbedding",
+    "build_parallel",
+    "empty_parallel",
+    "full_block",
+    "full_buckets",
+    "gather_full",
+    "is_kv",
+    "is_tied",
+    "layout_of",
+    "load_full",
+    "load_pieces",
+    "local_block",
+    "local_pieces",
+    "parallelize",
+    "pipeline_backward",
+]
 
 # ------------------------------------------------------------------------------------ public API
 
@@ -448,13 +65,13 @@ def parallelize(
     Returns the layout (also kept as model._hfrt_layout)."""
     if getattr(model, "_hfrt_layout", None) is not None:
         raise ValueError("parallelize: this model is already parallelized")
-    shape = ModelShape.of(_config(model))
+    shape = ModelShape.of(config_of(model))
     tp = dist.get_world_size(tp_group) if tp_group is not None else 1
     pp = dist.get_world_size(pp_group) if pp_group is not None else 1
     shape.check_tp(tp, "parallelize")
     shape.check_pp(pp, "parallelize")
-    tp_rank, tp_of_member = _members(tp_group, tp_ranks, "tp") if tp_group is not None else (0, [0])
-    pp_rank, pp_of_member = _members(pp_group, pp_ranks, "pp") if pp_group is not None else (0, [0])
+    tp_rank, tp_of_member = members(tp_group, tp_ranks, "tp") if tp_group is not None else (0, [0])
+    pp_rank, pp_of_member = members(pp_group, pp_ranks, "pp") if pp_group is not None else (0, [0])
     layout = ParallelLayout(
         shape=shape,
         tp=tp,
@@ -470,10 +87,10 @@ def parallelize(
     layout.full_shapes_by_id = {id(p): p.shape for p in model.parameters()}  # type: ignore[attr-defined]
     layout.buckets = [names for _, names in named_buckets(model, transformer_blocks(model))]
     if tp > 1:
-        _shard_tensor_parallel(model, layout)
+        shard_tensor_parallel(model, layout)
     del layout.full_shapes_by_id  # type: ignore[attr-defined]
     if pp > 1:
-        _cut_pipeline_stage(model, layout)
+        cut_pipeline_stage(model, layout)
     setattr(model, "_hfrt_layout", layout)  # noqa: B010
     return layout
 
@@ -624,7 +241,7 @@ def full_block(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
             full = gather_full(params[name].detach(), name, layout)
         if layout.pp > 1:
             device = next(iter(params.values())).device
-            full = _broadcast(full, layout.member_of_stage[owner], layout.pp_group, device)
+            full = broadcast(full, layout.member_of_stage[owner], layout.pp_group, device)
         assert full is not None
         out[name] = full
     return out
