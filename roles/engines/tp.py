@@ -252,6 +252,8 @@ class TPEngine(TrainEngine):
                 torch.save(self.scheduler.state_dict(), folder / "scheduler.pt")
 
     def _load_from(self, folder: Path) -> None:
+        if not (folder / "layout.json").exists():
+            raise ValueError(f"checkpoint {folder} was not written by the tp engine (no layout.json)")
         saved = json.loads((folder / "layout.json").read_text())
         mine = {"tp": self.tp_size, "pp": self.pp_size, "dp": self.dp_size}
         if saved != mine:
