@@ -195,7 +195,14 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
         if "prompt" not in prompts:
             raise KeyError(f"actor.generate needs a non-tensor column 'prompt'; the batch has {list(prompts.non_tensor)}")
         ids = [encode_prompt(self.tokenizer, p) for p in prompts["prompt"]]
-        [width] = all_reduce([max(len(i) for i in ids)], "max")
+        if self.layouts is not None and params.seed is None:
+            # the ranks of one generation TP group must draw the same tokens: one seed for the
+            # call (max over ranks), offset by the generation dp rank
+            drawn = int(torch.randint(2**31, ()).item())
+            width, top = all_reduce([max(len(i) for i in ids), drawn], "max")
+            params = dataclasses.replace(params, seed=int(top) + self._generation_dp_rank())
+        else:
+            [width] = all_reduce([max(len(i) for i in ids)], "max")
         out, metrics = self.hybrid.generate(ids, params)
         record = fixed_width(
             out, prompt_width=int(width), response_width=params.max_new_tokens,
