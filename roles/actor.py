@@ -141,7 +141,8 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
         shapes = {n: tuple(shape) for n, (shape, _) in self.engine.layout.full_shapes.items()}  # type: ignore[attr-defined]
         resharder = Resharder(train, gen, self.context.rank, shapes, ModelShape.of(config), groups)
         dtype = getattr(torch, self.opts.dtype)
-        model = tp_model.empty_parallel(config, tp_group=groups.gen_tp, dtype=dtype)
+        # the group's ranks in generation-tp order: a strided group need not be ascending
+        model = tp_model.empty_parallel(config, tp_group=groups.gen_tp, tp_ranks=groups.gen_tp_ranks, dtype=dtype)
         tok = self.tokenizer
         generator = HFGenerationEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
         return ReshardHybrid(self.engine, generator, resharder)
