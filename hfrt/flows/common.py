@@ -59,7 +59,7 @@ class FlowConfig:
     run_dir / resume: set by `hfrt controller` (--run-dir, --resume); run_dir "" writes no file.
     recovery: "on" relaunches a dead or hung reward / reference / cost daemon and retries the calls
     that failed with it, and relaunches a dead actor / critic and rewinds to the last checkpoint
-    (hfrt.recovery; local runs only); recovery_max_restarts restarts of one daemon within
+    (hfrt.recovery; local, SSH and Slurm launchers, not --attach); recovery_max_restarts restarts of one daemon within
     recovery_window_s seconds are allowed, one more ends the run.
     """
 
