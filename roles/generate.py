@@ -172,6 +172,33 @@ class HFGenerationEngine:
             with torch.no_grad():
                 target.copy_(tensor)
 
+    def adopt_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Make the tensors the parameters' storage, without copying (instead of wake +
+        load_weights): a generation model at the training layout then *is* the training pieces.
+        A tensor of another dtype or device is converted (that one is a copy). Every parameter
+        must come; the engine is awake afterwards and sleep drops the references. Returns the
+        bytes that had to be converted."""
+        if self.share_weights:
+            raise ValueError("adopt_weights: this engine shares the training module; there is nothing to adopt")
+        converted, seen = 0, set()
+        for name, tensor in named:
+            target = self._params.get(name)
+            if target is None:
+                raise KeyError(f"generation model has no parameter {name!r}")
+            shape, dtype = self._shapes[name]
+            if tuple(tensor.shape) != tuple(shape):
+                raise ValueError(f"adopt_weights: {name} is {tuple(tensor.shape)}, the generation model wants {tuple(shape)}")
+            if tensor.dtype != dtype or tensor.device != target.device:
+                tensor = tensor.to(dtype=dtype, device=target.device)
+                converted += tensor.numel() * tensor.element_size()
+            target.data = tensor.detach()
+            seen.add(name)
+        missing = [n for n in self._params if n not in seen]
+        if missing:
+            raise KeyError(f"adopt_weights: no tensor came for {missing[:5]} ({len(missing)} parameters)")
+        self.awake = True
+        return converted
+
     def sleep(self) -> None:
         """Free parameter storage of a private copy (shapes are remembered for wake)."""
         if self.share_weights or not self.awake:

@@ -152,10 +152,15 @@ class HybridEngine:
 
 class ReshardHybrid(HybridEngine):
     """The 3D-HybridEngine transition (roles/parallel/reshard.py): the training engine's tp/pp
-    pieces (engine.local_pieces(), gathered over dp by FSDP as every forward does) are regrouped
-    inside micro-DP groups into this rank's generation pieces and loaded into a generation engine
-    built at the generation layout; no rank gathers the full model unless that layout is t1p1.
-    Adds reshard/bytes_sent, reshard/bytes_received (this rank; the rollout meta takes the max)."""
+    pieces (engine.local_pieces(), gathered over dp by FSDP as every forward does, one block at a
+    time) are regrouped inside micro-DP groups into this rank's generation pieces, which the
+    generation model *adopts* as its parameters (no copy, no wake-time allocation). Where the
+    layouts coincide (or generation is more sharded) a generation parameter is the training piece
+    or a view of it: zero bytes beyond the dp gather, none at all without FSDP (dp = 1). to_train
+    drops the generation model's references, so what was assembled or dp-gathered is freed. No
+    rank gathers the full model unless the generation layout is t1p1. Adds reshard/bytes_sent,
+    reshard/bytes_received (this rank; the rollout meta takes the max), reshard/shared,
+    reshard/built (generation tensors kept from the training pieces / assembled from rows)."""
 
     def __init__(self, train: TrainEngine, gen: GenerationEngine, resharder: Any) -> None:
         super().__init__(train, gen)
@@ -165,12 +170,13 @@ class ReshardHybrid(HybridEngine):
         if self.phase == "generate":
             return {}
         start, before = time.perf_counter(), rss_mb()
+        engine: Any = self.train
+        # FSDP's pieces are views of buffers freed when the next block is gathered: keep a copy of
+        # the generation rows only; without FSDP they are the parameters themselves: share them
+        copy = bool(getattr(engine, "sharded", True))
         with PeakRSS() as peak:
-            self.gen.wake()
-            pieces = self.resharder.to_generation(self.train.local_pieces(), copy=True)  # type: ignore[attr-defined]
-            self.gen.load_weights(pieces.items())
-            self.resharder.to_train()  # the generation engine holds its copy; drop the gathered one
-            del pieces
+            pieces = self.resharder.stream(engine.local_pieces(), engine.layout.buckets, copy=copy)
+            converted = self.gen.adopt_weights(pieces)  # type: ignore[attr-defined]
             _synchronize()
         self.phase = "generate"
         stats = self.resharder.last
@@ -181,7 +187,17 @@ class ReshardHybrid(HybridEngine):
             "reshard/bytes_sent": float(stats.bytes_sent),
             "reshard/bytes_received": float(stats.bytes_received),
             "reshard/exchange_s": stats.time_s,
+            "reshard/shared": float(stats.shared),
+            "reshard/built": float(stats.built),
+            "reshard/converted_mb": converted / 2**20,
         }
+
+    def to_train(self) -> dict[str, float]:
+        """Drop the generation model's references to the adopted pieces (sleep) and the
+        resharder's, so assembled and dp-gathered rows are freed; shared training tensors stay."""
+        metrics = super().to_train()
+        self.resharder.to_train()
+        return metrics
 
 
 def _stream(buckets: Iterator[dict[str, torch.Tensor]], pushed: list[int]) -> Iterator[tuple[str, torch.Tensor]]:

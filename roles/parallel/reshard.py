@@ -23,7 +23,7 @@ no models beyond parameter names and shapes, and no optimizer state.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -270,6 +270,57 @@ class Resharder:
         self.last = stats
         return self.pieces
 
+    def stream(
+        self, blocks: Iterable[Mapping[str, Tensor]], units: list[list[str]], *, copy: bool = False
+    ) -> Iterator[tuple[str, Tensor]]:
+        """This rank's generation pieces as (name, tensor), one exchange unit at a time: the
+        transition without ever holding the whole training shard twice. `units` are the full-model
+        names in the order `blocks` comes in (an engine's layout.buckets and local_pieces(): one
+        block per unit this rank holds, none for the others); every rank passes the same units, so
+        the micro-DP collectives line up. A block is pulled only when its unit is exchanged, and
+        nothing of it is kept but the generation rows: with copy=False (the pieces are the training
+        parameters themselves) a kept piece *is* the training tensor or a view of it; with
+        copy=True (views of FSDP's temporary dp-gather buffers, invalid once the next block is
+        pulled) only the wanted rows are cloned. Stats land in `.last` when the stream is
+        exhausted; the consumer must exhaust it (collective)."""
+        from roles.hybrid import PeakRSS
+
+        stats = Stats()
+        start = time.perf_counter()
+        source = _Lookahead(iter(blocks))
+        like = source.peek()
+        if like is None:
+            raise ValueError(f"rank {self.rank}: the training engine yielded no pieces")
+        like_tensor = next(iter(like.values()))
+        micro = self.groups.micro_dp if self.groups is not None else None
+        with PeakRSS() as peak:
+            for unit in units:
+                names = set(unit)
+                if "model.embed_tokens.weight" in names:
+                    names.add("lm_head.weight")  # a tied head on the last stage comes under its own name
+                nxt = source.peek()
+                pieces: Mapping[str, Tensor] = {}
+                if nxt is not None and names & set(nxt):
+                    pieces = source.pop()
+                    extra = set(pieces) - names
+                    if extra:
+                        raise ValueError(f"rank {self.rank}: block {sorted(pieces)[:3]}… does not match the unit {unit[:3]}…")
+                wanted = {b for b in (block_of(n, self.model.num_layers) for n in unit)}
+                out = exchange(self.plan, self.rank, micro, pieces, self.held, self.shapes, stats,
+                               names=names, blocks=wanted, copy=copy, like=like_tensor)  # fmt: skip
+                if self.fallback_plan is not None:
+                    assert self.groups is not None
+                    out |= exchange(self.fallback_plan, self.rank, self.groups.train_mp, pieces, self.held, self.shapes,
+                                    stats, names=names, blocks=wanted, copy=copy, like=like_tensor)  # fmt: skip
+                del pieces
+                yield from out.items()
+                del out
+            if source.peek() is not None:
+                raise ValueError(f"rank {self.rank}: the training engine yielded blocks outside the units")
+            _synchronize()
+        stats.time_s, stats.peak_rss_mb = time.perf_counter() - start, peak.peak_mb
+        self.last = stats
+
     def to_train(self) -> dict[str, float]:
         """Drop the generation copy (shared tensors stay with training; assembled ones are freed)."""
         start = time.perf_counter()
@@ -349,18 +400,32 @@ def exchange(
     held: Any,
     shapes: Mapping[str, tuple[int, ...]],
     stats: Stats,
+    *,
+    names: set[str] | None = None,
+    blocks: set[int] | None = None,
+    copy: bool = False,
+    like: Tensor | None = None,
 ) -> dict[str, Tensor]:
-    """Run the plan block by block; return the generation pieces (shared where possible)."""
+    """Run the plan block by block; return the generation pieces (shared where possible).
+    names / blocks: only these parameters and exchange blocks (one unit of a stream; `like` then
+    gives dtype and device, as this rank may hold none of them). copy: clone the kept rows of a
+    shared piece instead of viewing them."""
     me = plan.members.index(rank)
-    like = next(iter(pieces.values()))
+    if like is None:
+        like = next(iter(pieces.values()))
     out: dict[str, Tensor] = {}
     for name, want in plan.want.items():  # shared: held rows already cover the wanted ones
+        if names is not None and name not in names:
+            continue
         mine = held(name)
         if mine is not None and mine[0] <= want[0] and want[1] <= mine[1]:
-            out[name] = pieces[name] if mine == want else _narrow(pieces[name], name, mine, want)
+            if name not in pieces:
+                raise KeyError(f"rank {rank}: the training pieces lack {name!r} that this rank holds")
+            kept = pieces[name] if mine == want else _narrow(pieces[name], name, mine, want)
+            out[name] = kept.clone() if copy else kept
             stats.shared += 1
     built: set[str] = set()
-    for block in sorted(plan.blocks):
+    for block in sorted(plan.blocks if blocks is None else blocks & plan.blocks.keys()):
         slices = plan.blocks[block]
         sizes = [sum(_numel(shapes[s.name], s) for s in member) for member in slices]
         if len(sizes) == 1 or not any(sizes):  # the same decision on every member
@@ -380,7 +445,7 @@ def exchange(
                 offset += n
         del bufs, flat
     stats.built += len(built)
-    missing = [n for n in plan.want if n not in out]
+    missing = [n for n in plan.want if n not in out and (names is None or n in names)]
     if missing:
         raise RuntimeError(f"rank {rank}: generation pieces never assembled: {missing[:5]}")
     return out
@@ -440,6 +505,28 @@ def _allocate(
     if mine is not None:
         _copy_rows(target, want, pieces[name], mine, name)
     return target
+
+
+class _Lookahead:
+    """An iterator of blocks whose next item can be looked at without being consumed (pulling a
+    block from an FSDP engine resumes it, which frees the previous block's buffers)."""
+
+    _END: Any = object()
+
+    def __init__(self, it: Iterator[Mapping[str, Tensor]]) -> None:
+        self._it = it
+        self._next: Any = None
+
+    def peek(self) -> Mapping[str, Tensor] | None:
+        if self._next is None:
+            self._next = next(self._it, self._END)
+        return None if self._next is self._END else self._next
+
+    def pop(self) -> Mapping[str, Tensor]:
+        item = self.peek()
+        assert item is not None
+        self._next = None
+        return item
 
 
 def _synchronize() -> None:
