@@ -10,7 +10,15 @@ time_s / naive_time_s (median over repeats of the slowest rank), weights_equal (
 generation pieces equal the exact slices of the full weights, for both methods), peak RSS above
 the starting point, micro_dp. `llama-110m` is a randomly initialised Llama (hidden 768, 12 layers,
 12 heads, 4 kv heads, vocab 32000) built from its config, for timings less dominated by latency.
-It knows nothing of RL, engines or daemons.
+
+`--actor` measures the actor's own transition instead (hybrid.ReshardHybrid over a real TP engine
+at the training layout): per pair, the streamed transition whose generation model adopts the
+resharded pieces beside the previous one (clone the whole dp-gathered shard, exchange, wake the
+generation model, copy into it), alternating, each from the training state: peak RSS above that
+state (median of the busiest rank), the storage the generation model holds beyond the training
+parameters, and time. JSON: `actor_cases` with `train`, `gen`, `peak_rss_delta_mb`,
+`clone_peak_rss_delta_mb`, `added_mb`, `clone_added_mb`, `gen_shard_mb`, `time_s`, `clone_time_s`,
+`weights_equal`.
 """
 
 from __future__ import annotations
@@ -108,7 +116,113 @@ def run_case(rank: int, full: dict[str, Any], shape: Any, pair: str, repeats: in
     }  # fmt: skip
 
 
-def rank_main(rank: int, port: int, out_dir: str, preset: str, pairs: list[str], repeats: int) -> None:
+def _clone_then_copy(hybrid: Any) -> float:
+    """The transition before streaming/adoption (the reference): the whole dp-gathered training
+    shard cloned, exchanged, the generation model woken (allocated) and the pieces copied in.
+    Returns its peak RSS, MiB."""
+    from hfrt.roles.hybrid import PeakRSS
+
+    with PeakRSS() as peak:
+        hybrid.gen.wake()
+        pieces = hybrid.resharder.to_generation(hybrid.train.local_pieces(), copy=True)
+        hybrid.gen.load_weights(pieces.items())
+        hybrid.resharder.to_train()
+        del pieces
+    hybrid.phase = "generate"
+    return peak.peak_mb
+
+
+def _added_mb(hybrid: Any) -> float:
+    """Storage the generation model holds that is not a training parameter's, MiB."""
+    from torch.distributed.tensor import DTensor
+
+    training = {(p.to_local() if isinstance(p, DTensor) else p).untyped_storage().data_ptr() for p in hybrid.train.model.parameters()}
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in hybrid.gen.model.parameters()}
+    return sum(n for ptr, n in storages.items() if ptr not in training) / 2**20
+
+
+def run_actor_case(rank: int, model_fn: Any, pair: str, repeats: int) -> dict[str, Any]:
+    """The actor's transition at one layout pair: streamed + adopted vs clone-then-copy."""
+    import gc
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from hfrt.roles.engines import EngineConfig, build_train_engine
+    from hfrt.roles.generate import HFGenerationEngine
+    from hfrt.roles.hybrid import ReshardHybrid, rss_mb
+    from hfrt.roles.parallel import layout as L
+    from hfrt.roles.parallel import tp_model
+    from hfrt.roles.parallel.reshard import Resharder
+    from hfrt.roles.parallel.shard import ModelShape
+
+    train_s, gen_s = pair.split(":")
+    train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
+    model = model_fn()
+    engine: Any = build_train_engine(model, EngineConfig(backend="tp", tp=train.tp, pp=train.pp, trainable=False))
+    full = engine.full_parameters()
+    g, _ = L.gen_coords(train, gen, rank)
+    shape = ModelShape.of(model.config)
+    want = _pieces(full, gen, g, gen.tp, gen.pp, shape)
+    del full
+    groups = L.new_groups(train, gen, rank)
+    shapes = {n: tuple(t) for n, (t, _) in engine.layout.full_shapes.items()}
+    resharder = Resharder(train, gen, rank, shapes, shape, groups)
+    gen_model = tp_model.empty_parallel(model.config, tp_group=groups.gen_tp, tp_ranks=groups.gen_tp_ranks)
+    hybrid = ReshardHybrid(engine, HFGenerationEngine(gen_model, pad_token_id=0, eos_token_id=None), resharder)
+    hybrid.gen.sleep()
+    rows: dict[str, list[float]] = {"peak": [], "clone_peak": [], "time": [], "clone_time": []}
+    added = clone_added = 0.0
+    equal = True
+    for _ in range(repeats):
+        for method in (("stream", "clone") if len(rows["time"]) % 2 else ("clone", "stream")):
+            gc.collect()
+            dist.barrier()
+            base, start = rss_mb(), time.perf_counter()
+            if method == "stream":
+                peak = hybrid.to_generate()["memory/reshard_to_generate_peak_rss_mb"]
+            else:
+                peak = _clone_then_copy(hybrid)
+            elapsed = time.perf_counter() - start
+            got = dict(hybrid.gen.model.named_parameters())
+            equal = equal and sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
+            if method == "stream":
+                added = _added_mb(hybrid)
+            else:
+                clone_added = _added_mb(hybrid)
+            del got
+            hybrid.to_train()
+            prefix = "" if method == "stream" else "clone_"
+            rows[prefix + "peak"].append(peak - base)
+            rows[prefix + "time"].append(elapsed)
+    return {
+        "gen_mb": sum(t.numel() * t.element_size() for t in want.values()) / 2**20,
+        "added": added, "clone_added": clone_added, "equal": equal, **rows,
+    }  # fmt: skip
+
+
+def summarize_actor(pair: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    train, gen = pair.split(":")
+    n = len(ranks[0]["time"])
+    slowest = {k: [max(r[k][i] for r in ranks) for i in range(n)] for k in ("peak", "clone_peak", "time", "clone_time")}
+    return {
+        "train": train,
+        "gen": gen,
+        "gen_shard_mb": round(max(r["gen_mb"] for r in ranks), 2),
+        "peak_rss_delta_mb": round(statistics.median(slowest["peak"]), 2),
+        "clone_peak_rss_delta_mb": round(statistics.median(slowest["clone_peak"]), 2),
+        "added_mb": round(max(r["added"] for r in ranks), 2),
+        "clone_added_mb": round(max(r["clone_added"] for r in ranks), 2),
+        "time_s": statistics.median(slowest["time"]),
+        "clone_time_s": statistics.median(slowest["clone_time"]),
+        "weights_equal": all(r["equal"] for r in ranks),
+    }
+
+
+def rank_main(
+    rank: int, port: int, out_dir: str, preset: str, pairs: list[str], repeats: int, actor: bool = False
+) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -118,12 +232,17 @@ def rank_main(rank: int, port: int, out_dir: str, preset: str, pairs: list[str],
         from hfrt.roles.parallel.shard import ModelShape
 
         init_distributed(rank, WORLD, "127.0.0.1", port)
+        if actor:
+            result = {"ok": True, "cases": {p: run_actor_case(rank, lambda: build_model(preset), p, repeats) for p in pairs}}
+            raise _Done
         model = build_model(preset)
         shape = ModelShape.of(model.config)
         full = {n: p.detach() for n, p in model.named_parameters()}
         result = {"ok": True, "cases": {}}
         for pair in pairs:
             result["cases"][pair] = run_case(rank, full, shape, pair, repeats)
+    except _Done:
+        pass
     except BaseException:
         result = {"ok": False, "error": traceback.format_exc()}
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
@@ -136,7 +255,11 @@ def rank_main(rank: int, port: int, out_dir: str, preset: str, pairs: list[str],
     os._exit(0 if result["ok"] else 1)
 
 
-def spawn(preset: str, pairs: list[str], repeats: int) -> list[dict[str, Any]]:
+class _Done(Exception):
+    """The actor mode's early exit from rank_main's try block."""
+
+
+def spawn(preset: str, pairs: list[str], repeats: int, actor: bool = False) -> list[dict[str, Any]]:
     import socket
 
     import torch
@@ -147,11 +270,15 @@ def spawn(preset: str, pairs: list[str], repeats: int) -> list[dict[str, Any]]:
         port = int(s.getsockname()[1])
     with tempfile.TemporaryDirectory(prefix="hfrt-bench-reshard-") as tmp:
         ctx = mp.start_processes(
-            rank_main, args=(port, tmp, preset, pairs, repeats), nprocs=WORLD, join=False, start_method="spawn"
+            rank_main, args=(port, tmp, preset, pairs, repeats, actor), nprocs=WORLD, join=False, start_method="spawn"
         )
-        while not ctx.join(timeout=60):
-            pass
-        results = [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+        try:
+            while not ctx.join(timeout=60):
+                pass
+        except mp.ProcessExitedException:
+            pass  # the failing rank's saved traceback is raised below
+        files = [Path(tmp) / f"rank{r}.pt" for r in range(WORLD)]
+        results = [torch.load(f, weights_only=False) if f.exists() else {"ok": False, "error": "no result"} for f in files]
     for rank, res in enumerate(results):
         if not res["ok"]:
             raise RuntimeError(f"rank {rank} failed:\n{res['error']}")
@@ -198,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="tiny", help="tiny, llama-110m (random, built from a config) or smollm2-135m")
     p.add_argument("--repeats", type=int, default=7, help="transitions per method and case (median reported)")
     p.add_argument("--pairs", nargs="+", default=PAIRS, help="train:gen layout pairs, e.g. t2p1d2:t1p1d4 (4 ranks)")
+    p.add_argument("--actor", action="store_true", help="measure the actor's transition (stream + adopt vs clone + copy)")
     add_output_flags(p)
     args = p.parse_args(argv)
     if args.repeats < 1:
@@ -211,6 +339,24 @@ def main(argv: list[str] | None = None) -> int:
             check_pair(train, gen)
         except ValueError as e:
             p.error(str(e))
+    if args.actor:
+        # every large allocation mmapped, so freed memory leaves RSS and the peaks compare; glibc's
+        # default keeps freed tensors in the heap, and the next transition reuses them unseen
+        os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+        ranks = spawn(args.preset, args.pairs, args.repeats, actor=True)
+        actor_cases = [summarize_actor(pair, [r["cases"][pair] for r in ranks]) for pair in args.pairs]
+        result = {"bench": "reshard-actor", "preset": args.preset, "world": WORLD, "backend": "gloo",
+                  "repeats": args.repeats, "actor_cases": actor_cases, **machine()}  # fmt: skip
+        if not args.json:
+            print(f"{'train':>7} {'gen':>7} {'shardMB':>8} {'rssΔMB':>7} {'cloneΔ':>7} {'addMB':>7} {'cloneAdd':>8} {'time_s':>8} {'clone_s':>8} equal")
+            for c in actor_cases:
+                print(
+                    f"{c['train']:>7} {c['gen']:>7} {c['gen_shard_mb']:>8.1f} {c['peak_rss_delta_mb']:>7.1f} "
+                    f"{c['clone_peak_rss_delta_mb']:>7.1f} {c['added_mb']:>7.1f} {c['clone_added_mb']:>8.1f} "
+                    f"{c['time_s']:>8.4f} {c['clone_time_s']:>8.4f} {c['weights_equal']}"
+                )
+        emit(result, args)
+        return 0
     ranks = spawn(args.preset, args.pairs, args.repeats)
     cases = [summarize(pair, [r["cases"][pair] for r in ranks]) for pair in args.pairs]
     for case in cases:

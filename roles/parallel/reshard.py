@@ -250,7 +250,7 @@ class Resharder:
         """This rank's generation pieces (full HF names → tensors) from its training pieces: one
         mapping, or blocks of them (an engine's `local_pieces()`, exhausted here). copy=True clones
         each training piece first (an FSDP engine's pieces are views of temporary buffers)."""
-        from roles.hybrid import PeakRSS
+        from ..hybrid import PeakRSS
 
         stats = Stats()
         start = time.perf_counter()
@@ -283,7 +283,7 @@ class Resharder:
         copy=True (views of FSDP's temporary dp-gather buffers, invalid once the next block is
         pulled) only the wanted rows are cloned. Stats land in `.last` when the stream is
         exhausted; the consumer must exhaust it (collective)."""
-        from roles.hybrid import PeakRSS
+        from ..hybrid import PeakRSS
 
         stats = Stats()
         start = time.perf_counter()
@@ -339,7 +339,7 @@ def naive_to_generation(
 ) -> tuple[dict[str, Tensor], Stats]:
     """The baseline: every rank all-gathers every piece of its training model-parallel group (the
     full model), then copies out its generation pieces and drops the full model."""
-    from roles.hybrid import PeakRSS
+    from ..hybrid import PeakRSS
 
     stats = Stats()
     start = time.perf_counter()
