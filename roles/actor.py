@@ -105,8 +105,8 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
         layouts = read_layouts(context)
         check_backend(context, ModelOptions.read(with_layout(context.options, layouts), trainable=True).engine)
         check_generation_options(context.options)
-        if layouts is not None and context.options.get("generator", "hf") != "hf":
-            raise ValueError(f"{context.role}: options.parallel / generation.parallel need generator 'hf' (vllm is not wired to the 3D engine)")
+        if layouts is not None and context.options.get("generator", "hf") == "vllm":
+            check_vllm_layout(*layouts, where=f"roles.{context.role}.options.generation.parallel")
 
     async def setup(self) -> None:
         with role_errors(self.context):
@@ -120,7 +120,11 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
             kind = str(ctx.options.get("generator", "hf"))
             self.engine = build_engine(ctx, self.opts, extra_copies=1 if kind == "hf" else 0)
             self.hybrid: HybridEngine
-            if self.layouts is not None:
+            if self.layouts is not None and kind == "vllm":
+                # each rank one vLLM rank at the generation tp (external_launcher), fed full blocks
+                self.generator = self._generation_engine(kind, self.layouts[1])
+                self.hybrid = HybridEngine(self.engine, self.generator)
+            elif self.layouts is not None:
                 self.hybrid = self._resharding_hybrid(*self.layouts)
                 self.generator = self.hybrid.gen
             else:
@@ -159,7 +163,7 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
     def _generation_dp_rank(self) -> int:
         return self.dp_axes().get("generation", [self.context.dp_rank])[0]
 
-    def _generation_engine(self, kind: str) -> GenerationEngine:
+    def _generation_engine(self, kind: str, gen_layout: Any = None) -> GenerationEngine:
         tok = self.tokenizer
         if kind == "hf":
             copy = load_model(ModelConfig(self.opts.model, self.opts.dtype, seed=self.opts.seed))
@@ -170,6 +174,8 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
             fields = dict(self.context.options.get("vllm") or {})
             fields.setdefault("seed", self.opts.seed)
             fields["model_dir"] = str(resolve_model_dir(self.opts.model, self.opts.seed))
+            if gen_layout is not None and gen_layout.tp > 1:
+                fields["tensor_parallel_size"], fields["data_parallel_size"] = gen_layout.tp, gen_layout.dp
             return VLLMGenerationEngine(build_dataclass(VLLMConfig, fields, "vllm"), pad_token_id=tok.pad_token_id)
         raise ValueError(f"unknown generator {kind!r}: use hf or vllm")
 
@@ -301,6 +307,27 @@ def read_layouts(context: DaemonContext) -> tuple[Any, Any] | None:
     if gen.pp > 1:
         raise ValueError(f"{where}.generation.parallel: pp={gen.pp} is not built (generation runs tensor parallel only)")
     return train, gen
+
+
+def check_vllm_layout(train: Any, gen: Any, where: str) -> None:
+    """generator 'vllm' at a generation layout: vLLM's external_launcher orders its ranks TP
+    innermost over the whole world (TP rank = rank % tp, DP rank = rank // tp), so the generation
+    TP groups must be sets of consecutive ranks; strided groups (e.g. t4p1d1 → t2p1d2, whose
+    groups are [0, 2] and [1, 3]) are refused. vLLM gets full checkpoint tensors one block at a
+    time and keeps its TP slice itself: its loaders narrow full tensors
+    (model_executor/layers/linear.py weight_loader) into fused per-rank qkv_proj / gate_up_proj and
+    a vocabulary padded to a multiple of 64 (VocabParallelEmbedding), which hfrt's micro-DP pieces
+    do not match, so the transition moves each block whole (not micro-DP resharding)."""
+    from .parallel.layout import gen_coords
+
+    for rank in range(train.world):
+        g, _ = gen_coords(train, gen, rank)
+        if g.dp != rank // gen.tp:  # the tp order within a group is vLLM's own (full tensors come in)
+            raise ValueError(
+                f"{where}: {train} → {gen} puts rank {rank} in generation dp group {g.dp}; vLLM's "
+                f"external_launcher puts it in {rank // gen.tp} (TP groups of consecutive ranks). "
+                f"Use generator 'hf' for this layout pair"
+            )
 
 
 def with_layout(options: Mapping[str, Any], layouts: tuple[Any, Any] | None) -> dict[str, Any]:

@@ -38,6 +38,11 @@ class VLLMConfig:
         one batch.
     enable_sleep_mode: free weights + KV cache between rollouts (CUDA only; ignored on CPU).
     enforce_eager: skip CUDA graphs / torch.compile (faster start, slower decode).
+    tensor_parallel_size / data_parallel_size: > 1 runs vLLM's "external_launcher" executor: this
+        process is one vLLM rank of the torch.distributed world already set up (every rank builds
+        its LLM together; vLLM creates its TP / DP groups over that world, TP innermost: TP rank =
+        rank % tp, DP rank = rank // tp). Weights still come as full checkpoint tensors, one block
+        at a time; vLLM's loaders keep this rank's TP slice (see load_weights).
     """
 
     model_dir: str
@@ -49,6 +54,12 @@ class VLLMConfig:
     enable_sleep_mode: bool = True
     enforce_eager: bool = True
     seed: int = 0
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+
+    @property
+    def external_launcher(self) -> bool:
+        return self.tensor_parallel_size * self.data_parallel_size > 1
 
 
 def import_vllm() -> Any:
@@ -130,7 +141,11 @@ class VLLMGenerationEngine:
         self.pad_token_id = pad_token_id
         self._vllm = vllm
         sleep_ok = config.enable_sleep_mode and torch.cuda.is_available()
+        parallel: dict[str, Any] = {}
+        if config.external_launcher:
+            parallel = _external_launcher(config)
         self.llm = vllm.LLM(
+            **parallel,
             model=config.model_dir,
             dtype=config.dtype,
             max_model_len=config.max_model_len,
@@ -223,6 +238,34 @@ class VLLMGenerationEngine:
             response_mask[i, : len(row)] = 1
             log_probs[i, : len(lp)] = torch.as_tensor(lp, dtype=torch.float32)
         return assemble(prompt_ids, prompt_mask, responses, response_mask, log_probs, n)
+
+
+def _external_launcher(config: VLLMConfig) -> dict[str, Any]:
+    """vLLM's arguments for one rank of a TP × DP engine spread over the torch.distributed world.
+    vLLM reuses the initialised default group (vllm.distributed.init_distributed_environment
+    skips init_process_group) and reads RANK / LOCAL_RANK from the environment
+    (v1/executor/uniproc_executor.py, ExecutorWithExternalLauncher._distributed_args)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("vllm tensor_parallel_size / data_parallel_size > 1 needs torch.distributed initialised (the actor's group)")
+    world = dist.get_world_size()
+    if config.tensor_parallel_size * config.data_parallel_size != world:
+        raise ValueError(
+            f"vllm: tensor_parallel_size {config.tensor_parallel_size} × data_parallel_size "
+            f"{config.data_parallel_size} must equal the {world} ranks (external_launcher spans the world)"
+        )
+    rank = dist.get_rank()
+    os.environ["RANK"] = str(rank)
+    if torch.cuda.is_available():
+        os.environ["LOCAL_RANK"] = str(torch.cuda.current_device())
+    else:
+        os.environ.setdefault("LOCAL_RANK", str(rank))
+    return {
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "data_parallel_size": config.data_parallel_size,
+        "distributed_executor_backend": "external_launcher",
+    }
 
 
 def _reprocess_tied_layers(model: torch.nn.Module) -> int:

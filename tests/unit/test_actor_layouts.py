@@ -37,5 +37,7 @@ def test_bad_parallel_options_name_the_option() -> None:
         read_layouts(ctx(parallel={"pp": 2}))
     with pytest.raises(ValueError, match="options.parallel must be a table"):
         read_layouts(ctx(parallel=2))
-    with pytest.raises(ValueError, match="need generator 'hf'"):
-        ActorDaemon.check_config(ctx(parallel={"tp": 2}, generator="vllm"))
+    # vllm at a generation tp: consecutive TP groups only (vLLM's external_launcher rank order)
+    ActorDaemon.check_config(ctx(parallel={"tp": 2}, generator="vllm"))
+    with pytest.raises(ValueError, match="consecutive ranks"):
+        ActorDaemon.check_config(ctx(parallel={"tp": 4}, generation={"parallel": {"tp": 2}}, generator="vllm"))
