@@ -85,7 +85,8 @@ class WeightSync:
         self._loads: collections.deque[tuple[int, float, dict[str, Any], asyncio.Future[Any]]] = collections.deque()
         self._ended: dict[int, float] = {}
 
-    async def publish(self, version: int) -> None:
+    async def publish(self, version: int) -> asyncio.Future[Any]:
+        """Publish `version` on the actor and send its load to the rollout role; the load's future."""
         start = time.perf_counter()
         try:
             per_rank = await self.actor.publish_weights(version, bucket_mb=self.bucket_mb, timeout_s=self.timeout_s)
@@ -97,6 +98,7 @@ class WeightSync:
         # the record holds the buckets' handles: kept until the load is done, or the actor frees them
         self._loads.append((version, start, record, load))
         self.sent = version
+        return load
 
     def finished(self) -> dict[str, float]:
         """Metrics of the loads done so far (the newest one's), raising a failed load's error."""
@@ -314,11 +316,11 @@ class RolloutPipeline:
             await task
 
     async def resync(self) -> None:
-        """Push the current version again and wait until it is loaded (a replaced rollout daemon
-        starts with its initial weights; calls retried after this generate with these)."""
-        await self._published()
-        await self.sync.publish(self.version)
-        await self.sync.drain()
+        """Push the current version again and wait until that load is done (a replaced rollout
+        daemon starts with its initial weights; calls retried after this generate with these).
+        Loads sent before, to the daemon that died, are not waited for: they are retried after."""
+        load = await self.sync.publish(self.version)
+        await asyncio.shield(load)
 
     async def close(self, *, abort: bool = False) -> None:
         """Stop rollouts still in flight and wait for the loads already sent (raising a failed
