@@ -305,6 +305,12 @@ def read_layouts(context: DaemonContext) -> tuple[Any, Any] | None:
     gen = Layout.for_world(context.world_size, tp_g, pp_g, f"{where}.generation.parallel")
     check_pair(train, gen)
     if gen.pp > 1:
+        # Not built: tp_model's pipeline forward runs under HF generate but its KV cache is wrong
+        # on later stages: their first layers are parameter-free stand-ins that never update the
+        # cache, so cache.get_seq_length() (layer 0) stays 0 there and positions / causal masks
+        # of decode steps are those of a fresh prompt (greedy tokens diverge from one process;
+        # measured: tiny, pp=2, max |Δ log-prob| 0.22). Needs the stand-ins to advance the cache
+        # (zero-byte keys per absent layer) and the generation pp groups in layout.new_groups.
         raise ValueError(f"{where}.generation.parallel: pp={gen.pp} is not built (generation runs tensor parallel only)")
     return train, gen
 
