@@ -40,7 +40,7 @@ class FlowConfig:
     the built-in addition task, whose largest addend is max_operand.
     max_new_tokens / temperature: sampling. ppo_epochs / ppo_mini_batch_size: of both updates.
     entropy_coeff: the actor's entropy bonus (keeps a small policy exploring).
-    policy_loss_mode: the actor's policy loss (vanilla, gspo, cispo). tis_cap: truncated importance
+    policy_loss_mode: the actor's policy loss (vanilla, gspo, cispo, decoupled). tis_cap: truncated importance
     sampling against the sampler's log-probs, weights capped at tis_cap (0: off).
     actor_loss / critic_loss: more `update` options (hfrt.loss_options), merged last into every
     actor / critic update call, e.g. `--set actor_loss.clip_ratio_c=10`; checked before launch.
