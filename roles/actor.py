@@ -145,8 +145,11 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
         shapes = {n: tuple(shape) for n, (shape, _) in self.engine.layout.full_shapes.items()}  # type: ignore[attr-defined]
         resharder = Resharder(train, gen, self.context.rank, shapes, ModelShape.of(config), groups)
         dtype = getattr(torch, self.opts.dtype)
+        pp_group, pp_ranks = gen_pp_group(train, gen, self.context.rank)
         # the group's ranks in generation-tp order: a strided group need not be ascending
-        model = tp_model.empty_parallel(config, tp_group=groups.gen_tp, tp_ranks=groups.gen_tp_ranks, dtype=dtype)
+        model = tp_model.empty_parallel(
+            config, tp_group=groups.gen_tp, tp_ranks=groups.gen_tp_ranks, pp_group=pp_group, pp_ranks=pp_ranks, dtype=dtype
+        )
         tok = self.tokenizer
         generator = HFGenerationEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
         return ReshardHybrid(self.engine, generator, resharder)
@@ -304,19 +307,29 @@ def read_layouts(context: DaemonContext) -> tuple[Any, Any] | None:
     train = Layout.for_world(context.world_size, tp, pp, f"{where}.parallel")
     gen = Layout.for_world(context.world_size, tp_g, pp_g, f"{where}.generation.parallel")
     check_pair(train, gen)
-    if gen.pp > 1:
-        # Not built: tp_model's pipeline forward runs under HF generate but its KV cache is wrong
-        # on later stages: their first layers are parameter-free stand-ins that never update the
-        # cache, so cache.get_seq_length() (layer 0) stays 0 there and positions / causal masks
-        # of decode steps are those of a fresh prompt (greedy tokens diverge from one process;
-        # measured: tiny, pp=2, max |Δ log-prob| 0.22). Needs the stand-ins to advance the cache
-        # (zero-byte keys per absent layer) and the generation pp groups in layout.new_groups.
-        raise ValueError(f"{where}.generation.parallel: pp={gen.pp} is not built (generation runs tensor parallel only)")
     return train, gen
 
 
+def gen_pp_group(train: Any, gen: Any, rank: int) -> tuple[Any, list[int] | None]:
+    """This rank's generation pipeline group and its ranks in stage order, (None, None) when the
+    generation layout has one stage. Collective when pp_g > 1: every rank creates every group."""
+    if gen.pp == 1:
+        return None, None
+    import torch.distributed as dist
+
+    from .parallel.layout import gen_pp_groups
+
+    mine: tuple[Any, list[int] | None] = (None, None)
+    for ranks in gen_pp_groups(train, gen):
+        group = dist.new_group(ranks)
+        if rank in ranks:
+            mine = (group, ranks)
+    return mine
+
+
 def check_vllm_layout(train: Any, gen: Any, where: str) -> None:
-    """generator 'vllm' at a generation layout: vLLM's external_launcher orders its ranks TP
+    """generator 'vllm' at a generation layout (tensor parallel only: hfrt does not run vLLM's
+    pipeline stages, refused here). vLLM's external_launcher orders its ranks TP
     innermost over the whole world (TP rank = rank % tp, DP rank = rank // tp), so the generation
     TP groups must be sets of consecutive ranks; strided groups (e.g. t4p1d1 → t2p1d2, whose
     groups are [0, 2] and [1, 3]) are refused. vLLM gets full checkpoint tensors one block at a
@@ -326,6 +339,8 @@ def check_vllm_layout(train: Any, gen: Any, where: str) -> None:
     do not match, so the transition moves each block whole (not micro-DP resharding)."""
     from .parallel.layout import gen_coords
 
+    if gen.pp > 1:
+        raise ValueError(f"{where}: pp={gen.pp} with generator 'vllm' is not built (vLLM runs at a generation tp only); use generator 'hf'")
     for rank in range(train.world):
         g, _ = gen_coords(train, gen, rank)
         if g.dp != rank // gen.tp:  # the tp order within a group is vLLM's own (full tensors come in)

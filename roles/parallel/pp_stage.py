@@ -28,6 +28,24 @@ class _Absent(nn.Module):
         return hidden
 
 
+class _AbsentLayer(_Absent):
+    """A decoder layer another stage holds. Under a KV cache it still advances the cache by the
+    step's tokens with one-float keys per token (one head of width 1), so the cache's length, which
+    the model reads from layer 0 for positions and causal masks, is right on every stage (an empty
+    tensor would not do: transformers' DynamicLayer reports length 0 for numel 0)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def forward(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        cache = kwargs.get("past_key_values")
+        if cache is not None and kwargs.get("use_cache", True):
+            marker = hidden.new_zeros(hidden.shape[0], 1, hidden.shape[1], 1)
+            cache.update(marker, marker, self.index)
+        return hidden
+
+
 class _AbsentEmbedding(nn.Module):
     """Stands in for the embedding on later stages: zeros of the right shape (replaced by the
     activations the previous stage sends before the first held layer runs)."""
@@ -106,7 +124,7 @@ def cut_pipeline_stage(model: nn.Module, layout: ParallelLayout) -> None:
     dtype = next(model.parameters()).dtype
     for index in range(len(layers)):
         if index not in mine:
-            layers[index] = _Absent()
+            layers[index] = _AbsentLayer(index)
     group, member = layout.pp_group, layout.member_of_stage
     if not first:
         setattr(model.model, "embed_tokens", _AbsentEmbedding(config.hidden_size, dtype))  # noqa: B010

@@ -13,6 +13,7 @@ import torch
 
 def _hybrid(engine: Any, train: Any, gen: Any, rank: int) -> Any:
     """What the actor's _resharding_hybrid builds, on the tiny preset."""
+    from hfrt.roles.actor import gen_pp_group
     from hfrt.roles.generate import HFGenerationEngine
     from hfrt.roles.hybrid import ReshardHybrid
     from hfrt.roles.models import load_tokenizer
@@ -25,7 +26,8 @@ def _hybrid(engine: Any, train: Any, gen: Any, rank: int) -> Any:
     groups = L.new_groups(train, gen, rank)
     shapes = {n: tuple(s) for n, (s, _) in engine.layout.full_shapes.items()}
     resharder = Resharder(train, gen, rank, shapes, ModelShape.of(config), groups)
-    model = tp_model.empty_parallel(config, tp_group=groups.gen_tp, tp_ranks=groups.gen_tp_ranks)
+    pp_group, pp_ranks = gen_pp_group(train, gen, rank)
+    model = tp_model.empty_parallel(config, tp_group=groups.gen_tp, tp_ranks=groups.gen_tp_ranks, pp_group=pp_group, pp_ranks=pp_ranks)
     tok = load_tokenizer("tiny")
     generator = HFGenerationEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     generator.sleep()

@@ -1,7 +1,8 @@
 """The actor's transition streams block by block and the generation model adopts the resharded
 pieces (hybrid.ReshardHybrid over a real TP engine, 4 gloo ranks, tiny preset): with equal layouts
 the generation parameters are the training pieces (dp = 1: the very storage; dp = 2: the dp-gathered
-rows and nothing more), every layout pair gives the exact slices, and to_train frees them."""
+rows and nothing more), every layout pair gives the exact slices, and to_train frees them;
+pipeline-parallel generation (pp_g = 2, KV cache on every stage) samples like one process."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ PAIRS = [
     ("t4p1d1", "t2p1d2"),
     ("t2p1d2", "t1p1d4"),
     ("t1p2d2", "t1p1d4"),
+    ("t1p1d4", "t1p2d2"),
+    ("t2p2d1", "t2p2d1"),
 ]
-GREEDY = ["t2p1d2->t1p1d4", "t4p1d1->t2p1d2"]
+GREEDY = ["t2p1d2->t1p1d4", "t4p1d1->t2p1d2", "t1p1d4->t1p2d2", "t2p2d1->t2p2d1"]
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +42,10 @@ def test_adopted_generation_weights_are_exact_slices_and_freed(results: list[dic
         assert case["train_intact"], f"rank {rank}: the transition changed the training weights"
 
 
-def test_equal_layouts_without_fsdp_share_the_training_storage(results: list[dict[str, Any]]) -> None:
+@pytest.mark.parametrize("pair", ["t4p1d1->t4p1d1", "t2p2d1->t2p2d1"])
+def test_equal_layouts_without_fsdp_share_the_training_storage(results: list[dict[str, Any]], pair: str) -> None:
     for rank, res in enumerate(results):
-        case = res["t4p1d1->t4p1d1"]
+        case = res[pair]
         assert case["shared_with_training"] == case["n_gen"], f"rank {rank}: {case}"
         assert case["added_bytes"] == 0, f"rank {rank}: the transition allocated {case['added_bytes']} bytes"
         assert case["metrics"]["reshard/bytes_received"] == 0

@@ -33,8 +33,9 @@ def test_bad_parallel_options_name_the_option() -> None:
         read_layouts(ctx(parallel={"tp": 3}))
     with pytest.raises(ValueError, match="does not nest"):
         read_layouts(ctx(parallel={"tp": 2}, generation={"parallel": {"tp": 1, "pp": 2}}))
-    with pytest.raises(ValueError, match="generation.parallel: pp=2 is not built"):
-        read_layouts(ctx(parallel={"pp": 2}))
+    assert read_layouts(ctx(parallel={"pp": 2})) == (Layout(1, 2, 2), Layout(1, 2, 2))  # pipeline generation
+    with pytest.raises(ValueError, match="generation.parallel: pp=2 with generator 'vllm' is not built"):
+        ActorDaemon.check_config(ctx(parallel={"pp": 2}, generator="vllm"))
     with pytest.raises(ValueError, match="options.parallel must be a table"):
         read_layouts(ctx(parallel=2))
     # vllm at a generation tp: consecutive TP groups only (vLLM's external_launcher rank order)
