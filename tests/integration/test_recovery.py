@@ -445,10 +445,6 @@ def test_sixty_steps_with_reward_killed_at_20_and_reference_at_40_learn_as_an_un
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-@pytest.mark.xfail(strict=True, reason=(
-    "RolloutPipeline.resync (the on_restart hook) drains every weight load, including one that failed with the "
-    "killed daemon and is retried only after the hook: recovery ends the run after hello_timeout_s. Remove this "
-    "mark once resync only sends the current version (calls to one daemon run in arrival order)"))
 def test_a_killed_rollout_daemon_is_replaced_resynced_and_grpo_async_finishes(tmp_path: Path) -> None:
     """grpo_async registers Recovery.on_restart("rollout", ...): the replacement gets the actor's
     current weights before the failed generate is retried, so no step trains on stale samples."""
