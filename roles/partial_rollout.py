@@ -96,14 +96,21 @@ class PartialRollouts:
         return self._partial_state
 
     @endpoint(dispatch=Dispatch.SPLIT)
-    def generate_partial(self, batch: Batch, *extra: Batch, key: str, segment_tokens: int, **sampling: Any) -> Batch:
+    def generate_partial(
+        self, batch: Batch, *extra: Batch, key: str, segment_tokens: int, segment: int = 0, **sampling: Any
+    ) -> Batch:
         """One segment of rollout `key`: at most `segment_tokens` new tokens for every row not yet
         finished (the first call for `key` starts it from the `prompt` column, as `generate` does;
         later calls must pass the same prompts and continue it). While any row of the group is
         unfinished it returns per-row `finished` only (meta `unfinished`, `segments`); the call
         that finishes the last row returns the rollout Batch as `generate` does, plus tensor
         `token_versions` [N, R] (the version that sampled each token, -1 on padding) and per-row
-        `weight_version` (the row's oldest token's version) and `weight_version_max`, and forgets `key`."""
+        `weight_version` (the row's oldest token's version) and `weight_version_max`, and forgets `key`.
+
+        `segment` is the caller's count of calls already made for `key`. A later segment for a key
+        this daemon does not hold means the rows were lost with a daemon that has been replaced
+        since (elastic recovery re-sends the call): the whole rollout is generated again, to the
+        end, in this call, with the weights held now (meta `regenerated`)."""
         if self.broken is not None:
             raise RuntimeError(f"rollout daemon {self.context.identity} holds no valid weights: {self.broken}")
         if not isinstance(segment_tokens, int) or isinstance(segment_tokens, bool) or segment_tokens < 1:
@@ -117,13 +124,20 @@ class PartialRollouts:
         elif len(prompts) * rows.params.n != len(rows.done):
             raise ValueError(f"generate_partial {key!r}: continued with {len(prompts)} prompts, started with "
                              f"{len(rows.done) // rows.params.n} (pass the same prompts to every segment)")
+        lost = rows.segments == 0 and segment > 0
         self._segment(rows, segment_tokens)
         [unfinished] = all_reduce([float(len(rows.open_rows()))])
+        while lost and unfinished:
+            self._segment(rows, segment_tokens)
+            [unfinished] = all_reduce([float(len(rows.open_rows()))])
         if unfinished:
             meta = {"unfinished": unfinished, "segments": rows.segments, "weight_version": self.version}
             return Batch({}, {"finished": list(rows.done)}, meta)
         del self._partials[key]
-        return self._finish(rows)
+        out = self._finish(rows)
+        if lost:
+            out.meta["regenerated"] = True
+        return out
 
     def _start(self, prompts: Batch, sampling: dict[str, Any]) -> PartialRows:
         prompts = with_uids(prompts)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import math
 import time
 import uuid
@@ -135,10 +136,13 @@ async def partial_rollout(rollout: Any, prompts: BatchHandle, *, segment_tokens:
     the unfinished rows go on with the new weights. Returns the finished rollout (per-token
     `token_versions`, per-row `weight_version` = the oldest token's version)."""
     key = uuid.uuid4().hex
-    while True:
-        out = await rollout.generate_partial(prompts, key=key, segment_tokens=segment_tokens, **sampling)
+    for segment in itertools.count():
+        # `segment` lets a replaced rollout daemon see that it lost this rollout's rows, and make
+        # the whole rollout again in one call (so a recovery retry of this call is a full rollout)
+        out = await rollout.generate_partial(prompts, key=key, segment_tokens=segment_tokens, segment=segment, **sampling)
         if not out.meta.get("unfinished"):
             return out
+    raise AssertionError("unreachable")
 
 
 @dataclass

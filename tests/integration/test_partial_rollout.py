@@ -67,6 +67,16 @@ async def test_a_sync_between_segments_resumes_rows_with_the_new_version() -> No
         trained = await ctl.fetch(await actor.compute_log_prob(out, timeout_s=CALL_TIMEOUT_S))
         assert torch.allclose(batch["rollout_log_probs"], trained["old_log_probs"], atol=1e-4)
 
+        # a later segment for a key the daemon does not hold (its rows were lost with a replaced
+        # daemon; recovery re-sends the call): the whole rollout again, to the end, in one call
+        lost = await rollout.generate_partial(
+            prompts, key="gone", segment_tokens=2, segment=2, **SAMPLING, timeout_s=CALL_TIMEOUT_S
+        )
+        assert "unfinished" not in lost.meta and lost.meta["regenerated"] is True and lost.meta["segments"] == 3
+        again = await ctl.fetch(lost)
+        assert again["responses"].shape == batch["responses"].shape and "response_mask" in again.tensors
+        assert again["token_versions"].tolist() == [[1] * 6] * 8  # all with the weights held now
+
 
 def run_cli(run_dir: Path, *sets: str) -> list[dict[str, Any]]:
     args = [sys.executable, "-m", "hfrt", "controller", "--flow", "grpo_async", "--run-dir", str(run_dir),
