@@ -200,6 +200,8 @@ def hfrt_roles(shape: Shape, engine: str) -> dict[str, dict[str, Any]]:
     roles["actor"]["options"] |= common | {
         "engine": {"micro_batch_size": micro, "optim": {"lr": shape.lr}}, "generator": engine,
     }
+    if engine == "vllm":  # fp32 like everything else here (vLLM's "auto" is the model's bf16: emulated on most CPUs)
+        roles["actor"]["options"]["vllm"] = {"dtype": "float32"}
     roles["reference"]["options"] |= common | {"engine": {"micro_batch_size": micro}}
     return roles
 
