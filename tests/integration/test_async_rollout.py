@@ -157,7 +157,10 @@ def test_max_staleness_1_runs_ahead_with_tis(tmp_path: Path) -> None:
         for key in ("async/train_wait_s", "async/rollout_idle_s", "perf/rollout_tokens_per_s", "perf/train_tokens_per_s"):
             assert r[key] >= 0, key
     assert rows[0]["sync/version"] == 0 and rows[0]["sync/buckets"] >= 4 and rows[0]["sync/bytes"] > 0
-    assert {r.get("sync/version") for r in rows} >= {0.0, 1.0}
+    # later loads finish while steps run (the publish overlaps the next step): a record carries the
+    # newest load that finished before it, so version 1's may be folded into version 2's
+    synced = sorted({r["sync/version"] for r in rows if "sync/version" in r})
+    assert synced[0] == 0.0 and synced[-1] >= 1.0, synced
     # the call trace shows the rollout role generating while the actor trains
     events = json.loads((tmp_path / "run" / "trace.json").read_text())
     events = events["traceEvents"] if isinstance(events, dict) else events
