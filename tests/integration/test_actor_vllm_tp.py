@@ -10,17 +10,14 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_flows import run_flow
-from tests.roles.test_vllm_tp import _vllm_missing
 from tests.roles.vllm_tp_workers import write_model
+from tests.support import skip_without_vllm
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_grpo_with_a_tp2_actor_sampling_through_vllm_tp2(tmp_path: Path) -> None:
-    reason = _vllm_missing()
-    if reason:
-        print(f"SKIP vLLM TP flow test: {reason}")
-        pytest.skip(reason)
+    skip_without_vllm("vLLM TP flow test", smollm2=False)
     model = tmp_path / "model"
     write_model(model)  # head_dim 64: vLLM's CPU attention does not take the tiny preset's 16
     summary = run_flow(

