@@ -92,13 +92,15 @@ class FSDP2Engine(TrainEngine):
             torch.save(self.scheduler.state_dict(), folder / "scheduler.pt")
 
     def _load_from(self, folder: Path) -> None:
-        state = self._state()
-        dcp.load(state, checkpoint_id=str(folder / "dcp"))
-        set_state_dict(
-            self.model,
-            self.optimizer or [],
-            model_state_dict=state["model"],
-            optim_state_dict=state.get("optim", {}),
-        )
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+        restore(self.model, self.optimizer, self.scheduler, self._state(), folder / "dcp")
+
+
+def restore(
+    model: nn.Module, optimizer: Any, scheduler: Any, state: dict[str, Any], checkpoint: Path, process_group: Any = None
+) -> None:
+    """Load the distributed checkpoint `checkpoint` into `state` (the engine's own state-dict
+    layout), then into the model and optimizer; the scheduler from scheduler.pt beside it."""
+    dcp.load(state, checkpoint_id=str(checkpoint), process_group=process_group)
+    set_state_dict(model, optimizer or [], model_state_dict=state["model"], optim_state_dict=state.get("optim", {}))
+    if scheduler is not None:
+        scheduler.load_state_dict(torch.load(checkpoint.parent / "scheduler.pt", weights_only=True))

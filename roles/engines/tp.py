@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
@@ -34,7 +34,7 @@ from ..models import transformer_blocks
 from ..parallel import tp_model
 from ..parallel.shard import ModelShape
 from .base import EngineConfig, TrainEngine, _comm_device, optimizer_and_scheduler
-from .fsdp2 import _mp_policy
+from .fsdp2 import _mp_policy, restore
 
 
 @dataclass(frozen=True)
@@ -258,16 +258,7 @@ class TPEngine(TrainEngine):
         mine = {"tp": self.tp_size, "pp": self.pp_size, "dp": self.dp_size}
         if saved != mine:
             raise ValueError(f"checkpoint {folder} was written with layout {saved}, this engine runs {mine}")
-        state = self._state()
-        dcp.load(state, checkpoint_id=str(folder / self._ckpt_name), process_group=self.dp_group)
-        set_state_dict(
-            self.model,
-            self.optimizer or [],
-            model_state_dict=state["model"],
-            optim_state_dict=state.get("optim", {}),
-        )
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+        restore(self.model, self.optimizer, self.scheduler, self._state(), folder / self._ckpt_name, self.dp_group)
 
     def is_checkpoint_leader(self) -> bool:
         return dist.get_rank() == 0
