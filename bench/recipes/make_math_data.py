@@ -1,6 +1,6 @@
 """Writes the real-model recipe's data: addition word problems as chat JSONL files.
 
-`python -m bench.recipes.make_math_data --out runs/math` writes train.jsonl and val.jsonl (rows
+`python -m hfrt.bench.recipes.make_math_data --out runs/math` writes train.jsonl and val.jsonl (rows
 {"prompt": [{"role": "user", "content": ...}], "ground_truth": "71", "data_source": "math2d"}),
 disjoint, from a seed. It knows the row format of hfrt's data files and nothing of training.
 """
@@ -47,7 +47,7 @@ def write(folder: Path, train: int, val: int, seed: int, max_operand: int = 20) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.recipes.make_math_data", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m hfrt.bench.recipes.make_math_data", description=__doc__)
     p.add_argument("--out", default="runs/math", help="folder for train.jsonl and val.jsonl")
     p.add_argument("--train", type=int, default=600)
     p.add_argument("--val", type=int, default=100)
