@@ -81,10 +81,7 @@ class FSDP2Engine(TrainEngine):
         return out
 
     def _state(self) -> dict[str, Any]:
-        if self.optimizer is None:
-            return {"model": get_state_dict(self.model, [])[0]}
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        return {"model": model_state, "optim": optim_state}
+        return engine_state(self.model, self.optimizer)
 
     def _save_into(self, folder: Path) -> None:
         dcp.save(self._state(), checkpoint_id=str(folder / "dcp"))
@@ -93,6 +90,14 @@ class FSDP2Engine(TrainEngine):
 
     def _load_from(self, folder: Path) -> None:
         restore(self.model, self.optimizer, self.scheduler, self._state(), folder / "dcp")
+
+
+def engine_state(model: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """The distributed state dict a checkpoint holds: {"model": ...} plus "optim" when training."""
+    if optimizer is None:
+        return {"model": get_state_dict(model, [])[0]}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
 
 
 def restore(

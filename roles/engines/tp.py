@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
@@ -34,7 +33,7 @@ from ..models import transformer_blocks
 from ..parallel import tp_model
 from ..parallel.shard import ModelShape
 from .base import EngineConfig, TrainEngine, _comm_device, optimizer_and_scheduler
-from .fsdp2 import _mp_policy, restore
+from .fsdp2 import _mp_policy, engine_state, restore
 
 
 @dataclass(frozen=True)
@@ -239,10 +238,7 @@ class TPEngine(TrainEngine):
         return f"dcp_tp{self.tp_rank}_pp{self.pp_rank}"
 
     def _state(self) -> dict[str, Any]:
-        if self.optimizer is None:
-            return {"model": get_state_dict(self.model, [])[0]}
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        return {"model": model_state, "optim": optim_state}
+        return engine_state(self.model, self.optimizer)
 
     def _save_into(self, folder: Path) -> None:
         dcp.save(self._state(), checkpoint_id=str(folder / self._ckpt_name), process_group=self.dp_group)
