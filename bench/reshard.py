@@ -202,10 +202,15 @@ def run_actor_case(rank: int, model_fn: Any, pair: str, repeats: int) -> dict[st
     }  # fmt: skip
 
 
+def slowest_per_repeat(ranks: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, list[float]]:
+    """For each key, the slowest (largest) rank's value in each repeat."""
+    repeats = len(ranks[0]["time"])
+    return {k: [max(r[k][i] for r in ranks) for i in range(repeats)] for k in keys}
+
+
 def summarize_actor(pair: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     train, gen = pair.split(":")
-    n = len(ranks[0]["time"])
-    slowest = {k: [max(r[k][i] for r in ranks) for i in range(n)] for k in ("peak", "clone_peak", "time", "clone_time")}
+    slowest = slowest_per_repeat(ranks, ("peak", "clone_peak", "time", "clone_time"))
     return {
         "train": train,
         "gen": gen,
@@ -288,8 +293,7 @@ def spawn(preset: str, pairs: list[str], repeats: int, actor: bool = False) -> l
 def summarize(pair: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """One case across ranks: the busiest rank's bytes, the slowest rank's median time."""
     train, gen = pair.split(":")
-    n = len(ranks[0]["time"])
-    slowest = {k: [max(r[k][i] for r in ranks) for i in range(n)] for k in ("time", "naive_time", "peak", "naive_peak")}
+    slowest = slowest_per_repeat(ranks, ("time", "naive_time", "peak", "naive_peak"))
     return {
         "train": train,
         "gen": gen,
