@@ -102,23 +102,31 @@ class WeightSync:
         return load
 
     def finished(self) -> dict[str, float]:
-        """Metrics of the loads done so far (the newest one's), raising a failed load's error."""
-        out: dict[str, float] = {}
+        """Metrics of the loads done since the last call, raising a failed load's error: sync/version
+        (the newest), sync/versions (how many loads these figures cover: a publish overlaps the next
+        step, so two can finish between records), and per version the means of sync/time_s,
+        publish_s, load_s, bytes and buckets, plus sync/bytes_total."""
+        done: list[dict[str, float]] = []
         while self._loads and self._loads[0][3].done():
             version, start, record, load = self._loads.popleft()
             try:
                 ranks = load.result()
             except Exception as exc:
                 raise RolloutError(f"weight sync to version {version} failed: {exc}") from exc
-            out = {
+            done.append({
                 "sync/version": float(version), "sync/time_s": self._ended.pop(version, time.perf_counter()) - start,
                 "sync/publish_s": float(record["timing/publish_s"]), "sync/load_s": max(float(r["timing/load_s"]) for r in ranks),
                 "sync/bytes": float(ranks[0]["bytes"]), "sync/buckets": float(ranks[0]["buckets"]),
-            }
+            })
+        if not done:
+            return {}
+        out = {key: sum(d[key] for d in done) / len(done) for key in done[0]}
+        out |= {"sync/version": done[-1]["sync/version"], "sync/versions": float(len(done)),
+                "sync/bytes_total": sum(d["sync/bytes"] for d in done)}
         return out
 
     async def drain(self) -> dict[str, float]:
-        """Wait for every load sent; their metrics (the newest)."""
+        """Wait for every load sent; their metrics (as `finished`)."""
         if self._loads:
             await asyncio.wait([entry[3] for entry in self._loads])
         return self.finished()
@@ -218,7 +226,7 @@ class RolloutPipeline:
         batch, versions, drops = await self._drop_stale(step, batch, prompts)
         now = time.perf_counter()
         info = staleness_metrics(step, versions, self.policy.max_staleness) | self.sync.finished()
-        busy = drops.pop("busy") + info.get("sync/load_s", 0.0)
+        busy = drops.pop("busy") + info.get("sync/load_s", 0.0) * info.get("sync/versions", 0.0)
         tokens = float(batch.meta.get("response_tokens", 0.0))
         generate_s = float(batch.meta.get("timing/generate_s", 0.0))
         info |= drops | {
