@@ -31,7 +31,10 @@ class ConversationLimit(RuntimeError):
 
 
 class AgentGenerationError(RuntimeError):
-    """A generate_turn call on the rollout role failed: the run cannot go on without generation."""
+    """A generate_turn call on the rollout role failed: the run cannot go on without generation.
+    `rows`: how many requests that call carried; `__cause__`: the call's own error."""
+
+    rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,14 @@ class AgentConfig:
 
 class TurnBatcher:
     """Collects turn requests of concurrent conversations into generate_turn calls (one per set of
-    sampling options), sent when all live conversations wait or flush_after_s after the first."""
+    sampling options), sent when all live conversations wait or flush_after_s after the first.
+    With `batch_size` (for callers that cannot count live conversations, such as an HTTP server)
+    a round goes out when that many requests wait instead."""
 
-    def __init__(self, rollout: Any, *, flush_after_s: float = 0.05, seed: int | None = None, timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(self, rollout: Any, *, flush_after_s: float = 0.05, seed: int | None = None, timeout_s: float = CALL_TIMEOUT_S,
+                 batch_size: int | None = None) -> None:
         self.rollout, self.flush_after_s, self.timeout_s = rollout, flush_after_s, timeout_s
+        self.batch_size = batch_size
         self.live = 0
         self.calls = 0
         self._seeds = itertools.count(seed) if seed is not None else None
@@ -101,7 +108,7 @@ class TurnBatcher:
         self._maybe_flush()
 
     def _maybe_flush(self) -> None:
-        if self._pending and len(self._pending) >= self.live:
+        if self._pending and len(self._pending) >= (self.live if self.batch_size is None else self.batch_size):
             self._flush()
         elif self._pending and self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.flush_after_s, self._flush)
@@ -128,6 +135,7 @@ class TurnBatcher:
             columns = {c: non_tensor(out, c) for c in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version")}
         except Exception as exc:
             error = AgentGenerationError(f"generate_turn on the rollout role failed for {len(entries)} conversations: {exc}")
+            error.rows, error.__cause__ = len(entries), exc
             for e in entries:
                 if not e[3].done():
                     e[3].set_exception(error)
