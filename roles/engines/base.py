@@ -236,8 +236,9 @@ class TrainEngine(ABC):
     def _optimizer_step(self) -> float:
         """Clip, step optimizer and schedule; return the pre-clip global grad norm."""
 
-    @abstractmethod
-    def current_lr(self) -> float: ...
+    def current_lr(self) -> float:
+        """The learning rate of the next step (0 for an engine with no optimizer)."""
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
 
     @abstractmethod
     def _gathered_buckets(self) -> Iterator[dict[str, torch.Tensor]]:

@@ -59,9 +59,6 @@ class FSDP2Engine(TrainEngine):
         self.scheduler.step()
         return float(norm)
 
-    def current_lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
-
     def _gathered_buckets(self) -> Iterator[dict[str, torch.Tensor]]:
         """Unshard one FSDP unit (a block, then the root's own parameters), yield it, reshard."""
         for block, names in self._buckets:

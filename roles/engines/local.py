@@ -41,9 +41,6 @@ class LocalEngine(TrainEngine):
         self.scheduler.step()
         return float(norm)
 
-    def current_lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
-
     def _gathered_buckets(self) -> Iterator[dict[str, torch.Tensor]]:
         params = dict(self.model.named_parameters())
         for _, names in named_buckets(self.model, transformer_blocks(self.model)):
