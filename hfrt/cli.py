@@ -1,4 +1,4 @@
-"""The `hfrt` command line: `controller`, `daemon`, `launch`, `stop`, `plot`, `plan` and `bench` subcommands (argparse).
+"""The `hfrt` command line: `controller`, `daemon`, `launch`, `stop`, `plot`, `plan`, `bench` and `serve-openai` subcommands (argparse).
 
 It parses flags and hands off; it holds no runtime logic of its own.
 """
@@ -114,7 +114,7 @@ def _run_config(args: argparse.Namespace, flow: Any) -> tuple[Path, dict[str, An
     if args.resume:
         config["resume"] = True
     flow.check({**config, "run_dir": str(run_dir)})
-    return run_dir, config, rc.roles
+    return run_dir, config, flow.roles_for(config, rc.roles)
 
 
 def _write_config(run_dir: Path, config: dict[str, Any], roles: dict[str, dict[str, Any]]) -> None:
@@ -207,6 +207,31 @@ def _launch(args: argparse.Namespace) -> int:
         return 130
     print(attach)
     _print_attach("FLOW", str(attach))
+    return 0
+
+
+def _serve_openai(args: argparse.Namespace) -> int:
+    from hfrt import log
+    from hfrt.errors import HfrtError
+    from hfrt.flows import Flow
+    from hfrt.loop import run
+    from hfrt.openai_server import serve_flow
+    from hfrt.run import run_flow
+
+    log.configure(args.log_level, "console")
+    _sigterm_as_sigint()
+    options = {"model": args.model, "seed": args.seed, "generator": args.generator}
+    roles = {"rollout": {"impl": "rollout", "world_size": args.ranks, "options": options}}
+    serve = serve_flow(host=args.host, port=args.port, model=args.served_model_name or args.model,
+                       batch_size=args.batch_size, flush_after_s=args.flush_ms / 1000)
+    run_dir = Path(args.run_dir or Path("runs") / time.strftime("serve-openai-%Y%m%d-%H%M%S"))
+    try:
+        run(run_flow(Flow("serve-openai", serve, roles), run_dir=run_dir, config={"trace": False}, roles=roles))
+    except KeyboardInterrupt:
+        print("hfrt serve-openai: stopped; the rollout daemons were shut down", file=sys.stderr)
+    except (OSError, HfrtError) as exc:  # the port is taken, the daemon could not start
+        print(f"hfrt serve-openai: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -340,6 +365,19 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("run_dir", help="a run folder (holding metrics.jsonl)")
     pl.add_argument("--out", help="PNG path (default: RUN_DIR/metrics.png)")
 
+    so = sub.add_parser("serve-openai", help="serve a local rollout role as an OpenAI-compatible HTTP endpoint (completions, chat completions) until Ctrl-C")
+    so.add_argument("--model", default="tiny", help="model preset or Hugging Face model folder the rollout daemon samples from")
+    so.add_argument("--served-model-name", default="", help="the model name clients send and /v1/models lists (default: --model)")
+    so.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 exposes it to the network: there is no authentication)")
+    so.add_argument("--port", type=int, default=8000, help="port to listen on (0: a free one, printed at start)")
+    so.add_argument("--generator", default="hf", choices=["hf", "vllm"], help="generation engine of the rollout daemon")
+    so.add_argument("--ranks", type=int, default=1, help="rollout daemons (requests are split across them)")
+    so.add_argument("--seed", type=int, default=0, help="seed of the rollout daemon (and of a preset's random weights)")
+    so.add_argument("--batch-size", type=int, default=64, help="most requests batched into one generate_turn call")
+    so.add_argument("--flush-ms", type=float, default=20.0, help="a batch goes out this long after its first request (or when full)")
+    so.add_argument("--run-dir", help="where daemon logs go (default: runs/serve-openai-TIMESTAMP)")
+    so.add_argument("--log-level", default="warning", help="debug, info, warning or error")
+
     b = sub.add_parser("bench", help="run a benchmark (extra flags go to the benchmark; see --help there)")
     b.add_argument("which", choices=sorted(BENCHES), help="which benchmark")
     return p
@@ -352,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    handlers = {"controller": _controller, "daemon": _daemon, "launch": _launch, "stop": _stop, "plot": _plot, "plan": _plan}
+    handlers = {"controller": _controller, "daemon": _daemon, "launch": _launch, "stop": _stop, "plot": _plot, "plan": _plan,
+                "serve-openai": _serve_openai}
     return handlers[args.command](args)
 
 

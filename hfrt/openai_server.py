@@ -153,3 +153,22 @@ def _http_error(exc: AgentGenerationError) -> HttpError:
     if isinstance(cause, RemoteError):  # without the remote traceback (the daemon's log has it)
         return HttpError(500, f"generate_turn failed: {cause.where} raised {cause.type_name}: {cause.message}")
     return HttpError(500, f"generate_turn failed: {cause or exc}")
+
+
+def serve_flow(*, host: str, port: int, model: str, batch_size: int = 64, flush_after_s: float = 0.02,
+               start_timeout_s: float = 600.0) -> Any:
+    """A flow (`async def flow(ctl, config)`) that serves the run's `rollout` role over HTTP until
+    cancelled; `hfrt serve-openai` runs it with one local rollout daemon."""
+
+    async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+        rollout = await ctl.role("rollout", timeout_s=start_timeout_s)
+        async with OpenAIServer(rollout, host=host, port=port, model=model, batch_size=batch_size, flush_after_s=flush_after_s) as server:
+            print(f"hfrt serve-openai: serving {model!r} at {server.url} (Ctrl-C stops)", flush=True)
+            try:
+                await server.serve_forever()
+            finally:
+                print(f"hfrt serve-openai: stopping after {server.requests} requests, "
+                      f"{server.generate_calls} generate_turn calls", flush=True)
+        return {}
+
+    return flow
