@@ -256,7 +256,7 @@ async def run_on_cluster(
     from hfrt.deploy.cluster import ClusterSession
 
     if flow.roles:
-        cluster.check_roles(flow.roles, f"flow {flow.name!r}")
+        cluster.check_roles(flow.roles_for(config), f"flow {flow.name!r}")
     policy = RecoveryPolicy.from_config(config)
     run_dir.mkdir(parents=True, exist_ok=True)
     key = new_key()

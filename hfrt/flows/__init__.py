@@ -3,8 +3,9 @@
 A flow module defines `async def flow(ctl, config) -> dict | None` and may define
 `ROLES = {"role": {"impl": "...", "world_size": N, "options": {...}}}`, the daemons it needs when
 the controller launches them itself, and `Config`, a class whose `Config.read(dict)` checks the
-flow's settings (`hfrt controller` calls it before any daemon starts). The loader knows module
-conventions, not algorithms.
+flow's settings (`hfrt controller` calls it before any daemon starts), and
+`roles_for(config, roles) -> roles`, the roles a run with those settings launches when some
+setting makes one of them unneeded (default: all). The loader knows module conventions, not algorithms.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ class Flow:
     run: FlowFn
     roles: dict[str, dict[str, Any]] = field(default_factory=dict)
     config_cls: Any = None
+    pick_roles: Callable[[dict[str, Any], dict[str, dict[str, Any]]], dict[str, dict[str, Any]]] | None = None
+
+    def roles_for(self, config: dict[str, Any], roles: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+        """The roles a run with `config` launches: `roles` (default: the flow's table) as the
+        module's roles_for narrows them, or all of them when it defines none."""
+        table = self.roles if roles is None else roles
+        return table if self.pick_roles is None else self.pick_roles(config, table)
 
     def check(self, config: dict[str, Any]) -> None:
         """Raise ValueError naming the key when the flow's Config rejects `config`."""
@@ -71,4 +79,7 @@ def load_flow(name_or_path: str) -> Flow:
     config_cls = getattr(module, "Config", None)
     if config_cls is not None and not callable(getattr(config_cls, "read", None)):
         raise ValueError(f"flow {name_or_path!r}: Config must have a read(dict) classmethod")
-    return Flow(name_or_path, run, roles, config_cls)
+    pick_roles = getattr(module, "roles_for", None)
+    if pick_roles is not None and not callable(pick_roles):
+        raise ValueError(f"flow {name_or_path!r}: roles_for must be a function (config, roles) -> roles")
+    return Flow(name_or_path, run, roles, config_cls, pick_roles)
