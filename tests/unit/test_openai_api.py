@@ -1,0 +1,89 @@
+"""The OpenAI request checks (each refusal names its field), the response shapes with hfrt's
+token-in/token-out fields, and session trajectories (gen_mask 1 exactly on sampled tokens; drift
+named with the session, call and first differing token)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hfrt.openai_api import BadRequest, TurnResult, chat_body, chat_request, completion_body, completion_request, error_body
+from hfrt.openai_sessions import Session, SessionCall, SessionDrift, build_trajectory
+
+
+def test_completion_request_forms() -> None:
+    text = completion_request({"prompt": "1+1=", "max_tokens": 5, "temperature": 0, "stop": "\n", "seed": 7, "user": "s"})
+    assert (text.context, text.append, text.text_prompt, text.user) == ([], ["1+1="], "1+1=", "s")
+    assert text.options == {"max_new_tokens": 5, "temperature": 0.0, "top_p": 1.0, "stop": ["\n"], "seed": 7}
+    ids = completion_request({"prompt": [[3, 4, 5]], "logprobs": 0})
+    assert (ids.context, ids.append, ids.text_prompt, ids.logprobs) == ([3, 4, 5], [], None, True)
+    assert completion_request({"prompt": ["one"], "n": 1, "stream": False, "logit_bias": {}}).append == ["one"]
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "x", "n": 2}, "n"), ({"prompt": "x", "stream": True}, "stream"), ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": [1, -2]}, "prompt"), ({"prompt": [True]}, "prompt"), ({"prompt": ""}, "prompt"), ({}, "prompt"),
+    ({"prompt": "x", "temperature": 3}, "temperature"), ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "max_tokens": 10**6}, "max_tokens"), ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": "x", "stop": ["", "a"]}, "stop"), ({"prompt": "x", "echo": True}, "echo"), ({"prompt": "x", "model": 3}, "model"),
+    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"), ({"prompt": "x", "user": 5}, "user"),
+])
+def test_completion_refusals_name_the_field(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        completion_request(body)
+    assert info.value.status == 400 and info.value.param == param
+    assert error_body(info.value)["error"]["param"] == param and info.value.message.startswith(param)
+
+
+def test_chat_request_and_refusals() -> None:
+    turn = chat_request({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                                      {"role": "assistant", "content": None, "name": "x"}], "max_completion_tokens": 9, "logprobs": True})
+    assert turn.append == [[{"role": "user", "content": "ab"}, {"role": "assistant", "content": ""}]]
+    assert turn.options["max_new_tokens"] == 9 and turn.logprobs and turn.context == []
+    cases = [
+        ({"messages": []}, "messages"), ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
+    ]
+    for body, param in cases:
+        with pytest.raises(BadRequest) as info:
+            chat_request(body)
+        assert info.value.param == param, body
+    with pytest.raises(BadRequest, match="must be a JSON object"):
+        chat_request([1])
+
+
+def test_response_shapes_carry_token_ids() -> None:
+    result = TurnResult.from_row([5, 6], {"appended": [[7]], "turn_ids": [8, 9], "turn_log_probs": [-0.5, -1.0],
+                                          "turn_text": "hi", "weight_version": 3})
+    assert result.prompt_ids == [5, 6, 7]
+    out = completion_body(completion_request({"prompt": [5, 6], "max_tokens": 2, "logprobs": 1}), result, "m")
+    assert out["prompt_token_ids"] == [5, 6, 7] and out["weight_version"] == 3 and out["model"] == "m"
+    choice = out["choices"][0]
+    assert choice["token_ids"] == [8, 9] and choice["text"] == "hi" and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["token_logprobs"] == [-0.5, -1.0] and choice["logprobs"]["tokens"] == ["token_id:8", "token_id:9"]
+    assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    chat = chat_body(chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5}), result, "m")
+    assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hi"} and chat["choices"][0]["finish_reason"] == "stop"
+    assert chat["choices"][0]["logprobs"] is None and chat["id"].startswith("chatcmpl-")
+
+
+def test_session_trajectory_and_drift() -> None:
+    session = Session([SessionCall([1, 2], [3, 4], [-0.1, -0.2], 0), SessionCall([1, 2, 3, 4, 9], [5], [-0.3], 1),
+                       SessionCall([1, 2, 3, 4, 9, 5], [6], [-0.4], 1)])
+    t = build_trajectory("s", session)
+    assert t.prompt_ids == [1, 2] and t.response_ids == [3, 4, 9, 5, 6]
+    assert t.gen_mask == [1, 1, 0, 1, 1] and t.log_probs == [-0.1, -0.2, 0.0, -0.3, -0.4]
+    assert t.weight_versions == [0, 1, 1] and t.turns == 3 and t.sample == {"session": "s"}
+    session.calls.append(SessionCall([1, 2, 3, 4, 8], [7], [-0.5], 1))
+    with pytest.raises(SessionDrift, match=r"session 's': call 3's prompt .*first difference at token 4 of 7: held 9, prompt has 8"):
+        build_trajectory("s", session)
+    short = Session([SessionCall([1, 2], [3], [-0.1], 0), SessionCall([1, 2], [4], [-0.1], 0)])
+    with pytest.raises(SessionDrift, match="token 2 of 3: held 3, prompt has end of prompt"):
+        build_trajectory("short", short)
+    with pytest.raises(KeyError, match="no calls"):
+        build_trajectory("empty", Session())
