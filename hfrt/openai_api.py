@@ -230,7 +230,7 @@ def token_name(token_id: int) -> str:
 
 def completion_body(request: TurnRequest, result: TurnResult, model: str) -> dict[str, Any]:
     """The /v1/completions response."""
-    logprobs = None
+    logprobs: dict[str, Any] | None = None
     if request.logprobs:
         logprobs = {"tokens": [token_name(t) for t in result.token_ids], "token_logprobs": result.log_probs,
                     "top_logprobs": None, "text_offset": None}
@@ -241,7 +241,7 @@ def completion_body(request: TurnRequest, result: TurnResult, model: str) -> dic
 
 def chat_body(request: TurnRequest, result: TurnResult, model: str) -> dict[str, Any]:
     """The /v1/chat/completions response."""
-    logprobs = None
+    logprobs: dict[str, Any] | None = None
     if request.logprobs:
         logprobs = {"content": [{"token": token_name(t), "logprob": lp, "bytes": None, "top_logprobs": []}
                                 for t, lp in zip(result.token_ids, result.log_probs, strict=True)]}
