@@ -66,16 +66,17 @@ class Request:
 
 @dataclass
 class Response:
-    """A reply: status, a JSON-able body, extra headers."""
+    """A reply: status, a JSON-able body (or bytes sent as they are, of `content_type`), extra headers."""
 
     status: int
     body: Any
     headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = "application/json"
 
     def encode(self, *, keep_alive: bool) -> bytes:
-        payload = json.dumps(self.body, separators=(",", ":")).encode()
+        payload = self.body if isinstance(self.body, bytes) else json.dumps(self.body, separators=(",", ":")).encode()
         head = [f"HTTP/1.1 {self.status} {REASONS.get(self.status, 'Unknown')}",
-                "Content-Type: application/json", f"Content-Length: {len(payload)}",
+                f"Content-Type: {self.content_type}", f"Content-Length: {len(payload)}",
                 f"Connection: {'keep-alive' if keep_alive else 'close'}"]
         head += [f"{k}: {v}" for k, v in self.headers.items()]
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload

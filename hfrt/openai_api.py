@@ -10,6 +10,7 @@ rollout daemon).
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ class TurnRequest:
     logprobs: bool = False
     text_prompt: str | None = None
     user: str | None = None
+    stream: bool = False  # answer as server-sent events (one chunk: the turn is sampled whole)
+    stream_usage: bool = False  # stream_options.include_usage
 
 
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float, *, lo_open: bool = False) -> float:
@@ -89,9 +92,8 @@ def _stop(body: dict[str, Any]) -> list[str]:
 
 
 def _sampling(body: dict[str, Any], max_tokens: int, max_tokens_limit: int) -> dict[str, Any]:
-    """The generate_turn options every request shares; refuses n > 1 and streaming."""
+    """The generate_turn options every request shares; refuses n > 1."""
     _refuse(body, "n", (None, 1), "one choice per request (send several requests; they are batched)")
-    _refuse(body, "stream", (None, False), "responses are not streamed")
     _refuse(body, "presence_penalty", (None, 0, 0.0), "no penalties")
     _refuse(body, "frequency_penalty", (None, 0, 0.0), "no penalties")
     _refuse(body, "logit_bias", (None, {}), "no logit bias")
@@ -127,6 +129,16 @@ def _token_ids(value: list[Any], name: str) -> list[int]:
     return [int(t) for t in value]
 
 
+def _streaming(body: dict[str, Any]) -> dict[str, bool]:
+    """TurnRequest's stream fields: `stream` (true/false) and stream_options.include_usage."""
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("stream", f"must be true or false, not {stream!r:.40}")
+    if options is not None and not (isinstance(options, dict) and isinstance(options.get("include_usage", False), bool)):
+        raise BadRequest("stream_options", f"must be {{\"include_usage\": true|false}}, not {options!r:.60}")
+    return {"stream": bool(stream), "stream_usage": bool((options or {}).get("include_usage", False))}
+
+
 def completion_request(body: Any, *, max_tokens_limit: int = 4096) -> TurnRequest:
     """A /v1/completions body: prompt is a string or token ids (or a list holding one of them)."""
     body = _object(body)
@@ -141,11 +153,12 @@ def completion_request(body: Any, *, max_tokens_limit: int = 4096) -> TurnReques
     if isinstance(prompt, str):
         if not prompt:
             raise BadRequest("prompt", "is empty")
-        return TurnRequest("completion", body.get("model"), [], [prompt], options, logprobs is not None, prompt, body.get("user"))
+        return TurnRequest("completion", body.get("model"), [], [prompt], options, logprobs is not None, prompt, body.get("user"), **_streaming(body))
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise BadRequest("prompt", f"holds {len(prompt)} prompts: send one prompt per request (concurrent requests are batched)")
     if isinstance(prompt, list):
-        return TurnRequest("completion", body.get("model"), _token_ids(prompt, "prompt"), [], options, logprobs is not None, None, body.get("user"))
+        ids = _token_ids(prompt, "prompt")
+        return TurnRequest("completion", body.get("model"), ids, [], options, logprobs is not None, None, body.get("user"), **_streaming(body))
     raise BadRequest("prompt", f"must be a string or a list of token ids, not {prompt!r:.60}")
 
 
@@ -187,7 +200,7 @@ def chat_request(body: Any, *, max_tokens_limit: int = 4096) -> TurnRequest:
     max_tokens = _int(body, "max_completion_tokens", None, 1, 2**31)
     max_tokens = max_tokens if max_tokens is not None else _int(body, "max_tokens", 16, 1, 2**31)
     options = _sampling(body, max_tokens or 16, max_tokens_limit)
-    return TurnRequest("chat", body.get("model"), [], [chat], options, bool(logprobs), None, body.get("user"))
+    return TurnRequest("chat", body.get("model"), [], [chat], options, bool(logprobs), None, body.get("user"), **_streaming(body))
 
 
 @dataclass(frozen=True)
@@ -253,3 +266,24 @@ def chat_body(request: TurnRequest, result: TurnResult, model: str) -> dict[str,
 def models_body(model: str, created: int) -> dict[str, Any]:
     """The /v1/models response: the one model this server samples from."""
     return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "hfrt"}]}
+
+
+def event_stream(request: TurnRequest, body: dict[str, Any]) -> bytes:
+    """A whole response as server-sent events, for clients that ask for `stream`: the turn is
+    sampled at once, so the text comes in one chunk, then (chat) a chunk with finish_reason, then
+    usage when stream_options.include_usage, then `data: [DONE]`."""
+    head = {k: body[k] for k in ("id", "created", "model")}
+    choice = body["choices"][0]
+    extension = {"prompt_token_ids": body["prompt_token_ids"], "weight_version": body["weight_version"]}
+    if request.kind == "chat":
+        head["object"] = "chat.completion.chunk"
+        delta = {"index": 0, "delta": choice["message"], "logprobs": choice["logprobs"], "finish_reason": None, "token_ids": choice["token_ids"]}
+        end = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}
+        chunks = [{**head, "choices": [delta], **extension}, {**head, "choices": [end]}]
+    else:
+        head["object"] = "text_completion"
+        chunks = [{**head, "choices": [choice], **extension}]
+    if request.stream_usage:
+        chunks.append({**head, "choices": [], "usage": body["usage"]})
+    events = [f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+    return "".join(events).encode()

@@ -19,7 +19,8 @@ from .flows.agent import AgentGenerationError, Trajectory, TurnBatcher
 from .flows.common import CALL_TIMEOUT_S
 from .http_json import HttpError, JsonHttpServer, Request, Response
 from .openai_api import (
-    BadRequest, TurnRequest, TurnResult, chat_body, chat_request, completion_body, completion_request, error_body, models_body,
+    BadRequest, TurnRequest, TurnResult, chat_body, chat_request, completion_body, completion_request, error_body, event_stream,
+    models_body,
 )
 from .openai_sessions import Session, SessionCall, build_trajectory
 
@@ -100,11 +101,11 @@ class OpenAIServer:
 
     async def _completions(self, request: Request) -> Response:
         turn = completion_request(request.json(), max_tokens_limit=self.max_tokens_limit)
-        return Response(200, completion_body(turn, await self._sample(turn, request), self.model))
+        return _reply(turn, completion_body(turn, await self._sample(turn, request), self.model))
 
     async def _chat(self, request: Request) -> Response:
         turn = chat_request(request.json(), max_tokens_limit=self.max_tokens_limit)
-        return Response(200, chat_body(turn, await self._sample(turn, request), self.model))
+        return _reply(turn, chat_body(turn, await self._sample(turn, request), self.model))
 
     # -- sampling -------------------------------------------------------------------------
 
@@ -140,6 +141,12 @@ class OpenAIServer:
             except AgentGenerationError as alone:
                 raise _http_error(alone) from alone
         return TurnResult.from_row(context, row)
+
+
+def _reply(turn: TurnRequest, body: dict[str, Any]) -> Response:
+    if turn.stream:
+        return Response(200, event_stream(turn, body), {"Cache-Control": "no-cache"}, content_type="text/event-stream")
+    return Response(200, body)
 
 
 def _http_error(exc: AgentGenerationError) -> HttpError:

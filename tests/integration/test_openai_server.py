@@ -132,7 +132,7 @@ async def test_concurrent_clients_are_batched(server: OpenAIServer) -> None:
 async def test_bad_requests_name_the_field_and_the_server_serves_on(server: OpenAIServer) -> None:
     cases = [
         ({"prompt": "x", "n": 2}, "n"), ({"prompt": "x", "temperature": "hot"}, "temperature"),
-        ({"prompt": 5}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "x", "stream": True}, "stream"),
+        ({"prompt": 5}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "x", "stream": 1}, "stream"),
         ({"prompt": "x", "stop": "\n\n"}, "stop"),  # two tokens: refused by the rollout daemon
         ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
     ]
@@ -180,3 +180,23 @@ async def test_session_drift_is_detected(server: OpenAIServer) -> None:
     await call(server, "/completions", {"prompt": [40, 41, 43, 44], "max_tokens": 2}, **{"X-Session-Id": "drift"})
     with pytest.raises(SessionDrift, match=r"session 'drift': call 1.*first difference at token 2"):
         server.trajectory("drift")
+
+
+async def test_the_openai_client_library_works_against_it(server: OpenAIServer) -> None:
+    try:
+        import openai
+    except ImportError:
+        pytest.skip("the openai package is not installed (pip install openai to run this check)")
+
+    def use_client() -> tuple[Any, list[Any]]:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        done = client.completions.create(model="tiny", prompt="1+1=", max_tokens=3, logprobs=1)
+        chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                     max_tokens=3, stream=True, stream_options={"include_usage": True}))
+        return done, chunks
+
+    done, chunks = await asyncio.get_running_loop().run_in_executor(POOL, use_client)
+    assert done.choices[0].text is not None and len(done.choices[0].logprobs.token_logprobs) == done.usage.completion_tokens
+    assert done.model_extra is not None and len(done.model_extra["prompt_token_ids"]) == 4  # the extension fields reach the client
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].usage.prompt_tokens == len(chunks[0].model_extra["prompt_token_ids"])
+    assert chunks[1].choices[0].finish_reason in ("stop", "length")

@@ -8,7 +8,11 @@ from typing import Any
 
 import pytest
 
-from hfrt.openai_api import BadRequest, TurnResult, chat_body, chat_request, completion_body, completion_request, error_body
+import json
+
+from hfrt.openai_api import (
+    BadRequest, TurnResult, chat_body, chat_request, completion_body, completion_request, error_body, event_stream,
+)
 from hfrt.openai_sessions import Session, SessionCall, SessionDrift, build_trajectory
 
 
@@ -22,7 +26,7 @@ def test_completion_request_forms() -> None:
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"prompt": "x", "n": 2}, "n"), ({"prompt": "x", "stream": True}, "stream"), ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": "x", "n": 2}, "n"), ({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": "x", "stream_options": {"include_usage": 1}}, "stream_options"), ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": [1, -2]}, "prompt"), ({"prompt": [True]}, "prompt"), ({"prompt": ""}, "prompt"), ({}, "prompt"),
     ({"prompt": "x", "temperature": 3}, "temperature"), ({"prompt": "x", "top_p": 0}, "top_p"),
     ({"prompt": "x", "max_tokens": 10**6}, "max_tokens"), ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
@@ -87,3 +91,18 @@ def test_session_trajectory_and_drift() -> None:
         build_trajectory("short", short)
     with pytest.raises(KeyError, match="no calls"):
         build_trajectory("empty", Session())
+
+
+def test_streamed_responses_are_server_sent_events() -> None:
+    result = TurnResult([5], [8, 9], [-0.5, -1.0], "hi", 3)
+    turn = chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True,
+                         "stream_options": {"include_usage": True}})
+    events = event_stream(turn, chat_body(turn, result, "m")).decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""] and all(e.startswith("data: ") for e in events[:-1])
+    first, end, usage = (json.loads(e[6:]) for e in events[:3])
+    assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"] == {"role": "assistant", "content": "hi"}
+    assert first["choices"][0]["token_ids"] == [8, 9] and first["prompt_token_ids"] == [5] and first["weight_version"] == 3
+    assert end["choices"][0]["finish_reason"] == "length" and usage["usage"]["total_tokens"] == 3 and usage["choices"] == []
+    plain = completion_request({"prompt": "x", "stream": True})
+    events = event_stream(plain, completion_body(plain, result, "m")).decode().split("\n\n")
+    assert len(events) == 3 and json.loads(events[0][6:])["choices"][0]["text"] == "hi"
