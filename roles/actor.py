@@ -11,12 +11,20 @@ resharding (roles/parallel, hybrid.ReshardHybrid); `generate` splits rows by gen
 Batches (same rows) are merged in, so a flow can pass `(rollout, old_log_probs, advantages)`
 without a daemon-side join. It knows the endpoint contract and nothing of the algorithm: the flow
 gives the loss options and computes advantages elsewhere.
+
+Phases: `generate` is one round trip (weights pushed, sample, generation memory released). The
+agent loop's turns (`generate_turn`, roles/agent_turns.py) leave the daemon in the generation
+phase, so a multi-turn round pushes the weights once, not once per turn; every endpoint that
+reads or changes the training weights first returns to the training phase (`in_training_phase`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import time
+from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +39,7 @@ from hfrt.loss_options import ActorLoss as ActorLoss  # declared torch-free, che
 from hfrt.loss_options import check_update_options
 
 from .advantage import AdvantageEndpoints  # compute_advantages (RANK0), in its own module
+from .agent_turns import AgentTurns  # generate_turn, assemble_trajectories: the agent loop's turns
 from .common import (
     CheckpointEndpoints,
     ModelOptions,
@@ -46,13 +55,33 @@ from .common import (
     sampling_params,
 )
 from .engines import ForwardOutput, LossFn
-from .generate import GenerationEngine, HFGenerationEngine
+from .generate import GenerationEngine, HFGenerationEngine, SamplingParams
 from .hybrid import HybridEngine, ReshardHybrid
 from .models import ModelConfig, export_model_dir, load_model, load_tokenizer, resolve_model_dir
 from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
 from .rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
 from .updates import MakeLoss, accumulate, forward_equal, require_one_step, run_updates
 from .weight_sync import WeightPublisher  # publish_weights (REPLICATE), for rollout daemons
+
+#: attribute in_training_phase sets on the endpoints it wraps (what tests check every endpoint for)
+PHASE_ATTR = "__hfrt_training_phase__"
+
+
+def in_training_phase(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an actor endpoint so the daemon is back in the training phase before it runs
+    (ActorDaemon._to_train: the generation engine asleep, its memory free; a no-op when already
+    there). Every endpoint that reads or changes the training weights, or needs the generation
+    engine's memory, takes it; the endpoint record `@endpoint` put on `fn` carries over, so it
+    also wraps an inherited endpoint in a class body (`save = in_training_phase(Checkpoint.save)`).
+    Only for endpoints every rank receives (REPLICATE, SPLIT): a phase change can be collective."""
+
+    @functools.wraps(fn)
+    def run(self: ActorDaemon, *args: Any, **kwargs: Any) -> Any:
+        self._to_train()
+        return fn(self, *args, **kwargs)
+
+    setattr(run, PHASE_ATTR, True)
+    return run
 
 
 def actor_loss(cfg: ActorLoss) -> MakeLoss:
@@ -93,11 +122,27 @@ def actor_loss(cfg: ActorLoss) -> MakeLoss:
     return make
 
 
-class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daemon):
-    """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, export_hf, weight_sync_report (REPLICATE);
-    compute_advantages, advantage_state, load_advantage_state (RANK0, from roles/advantage.py)."""
+class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, AgentTurns, Daemon):
+    """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, export_hf, weight_sync_report,
+    publish_weights, weight_version, hybrid_phase (REPLICATE); generate_turn (SPLIT_GENERATION) and
+    assemble_trajectories (SPLIT), from roles/agent_turns.py; compute_advantages, advantage_state,
+    load_advantage_state (RANK0, from roles/advantage.py).
+
+    Weight version: the number of optimizer steps the training engine has applied (engine.steps),
+    so it changes exactly when the weights do and a checkpoint load restores it; with one optimizer
+    step per update (GRPO on-policy) it is the number of updates applied, which is the version
+    grpo_async publishes after each update."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm", "parallel", "generation"})
+    #: endpoints that stay in the generation phase (the agent loop's); `generate` makes its own
+    #: round trip; the RANK0 endpoints (advantages) touch no engine and never change phase
+    GENERATION_SIDE = frozenset({"generate_turn", "assemble_trajectories"})
+    PHASE_FREE = frozenset({"generate", "describe", "weight_version", "hybrid_phase"})
+
+    # inherited endpoints that read the training weights: back in the training phase first
+    save = in_training_phase(CheckpointEndpoints.save)
+    load = in_training_phase(CheckpointEndpoints.load)
+    publish_weights = in_training_phase(WeightPublisher.publish_weights)
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
@@ -131,6 +176,7 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
                 self.generator = self._generation_engine(kind)
                 self.hybrid = HybridEngine(self.engine, self.generator)
             self.generator.sleep()  # the daemon starts in the training phase
+            self.transitions = {"to_generate": 0, "to_train": 0}  # phase changes that did work
 
     def _resharding_hybrid(self, train: Any, gen: Any) -> ReshardHybrid:
         """Generation at its own layout: a TP model in this rank's generation TP group, filled by
@@ -214,6 +260,7 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
         else:
             [width] = all_reduce([max(len(i) for i in ids)], "max")
         out, metrics = self.hybrid.generate(ids, params)
+        self._count(metrics)
         record = fixed_width(
             out, prompt_width=int(width), response_width=params.max_new_tokens,
             pad_id=self.tokenizer.pad_token_id, n=params.n,
@@ -223,7 +270,61 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
         meta |= length_stats(record["response_mask"], params.max_new_tokens)
         return rollout_batch(record, texts, prompts, params.n, meta)
 
+    # -- phases ---------------------------------------------------------------------------------
+
+    def _count(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Count the transitions a hybrid call's metrics show (a no-op transition reports none)."""
+        self.transitions["to_generate"] += "timing/reshard_to_generate_s" in metrics
+        self.transitions["to_train"] += "timing/reshard_to_train_s" in metrics
+        return dict(metrics)
+
+    def _to_train(self) -> dict[str, Any]:
+        return self._count(self.hybrid.to_train())
+
+    def _to_generate(self) -> dict[str, Any]:
+        return self._count(self.hybrid.to_generate())
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def hybrid_phase(self) -> dict[str, Any]:
+        """This rank's phase ("train" | "generate"), how many transitions to each did work since
+        the daemon started (to_generate pushes the weights), and the weight version."""
+        return {"phase": self.hybrid.phase, **self.transitions, "weight_version": self.engine.steps}
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def weight_version(self) -> int:
+        """The policy version this actor samples with: its optimizer steps so far (class docstring)."""
+        return int(self.engine.steps)
+
+    # -- agent turns: the AgentTurns hooks (roles/agent_turns.py) ------------------------------
+
+    def _turn_prepare(self, params: SamplingParams) -> tuple[SamplingParams, dict[str, float]]:
+        """To the generation phase (weights pushed on the first turn after a training-side call;
+        later turns find it there) and the seed: the call's seed plus the generation dp rank, or,
+        with a generation layout and no seed, one drawn seed all ranks agree on (max over ranks),
+        so the ranks of a generation TP/PP group draw the same tokens."""
+        meta = self._to_generate()
+        meta["reshard/pushes"] = 1.0 if "timing/reshard_to_generate_s" in meta else 0.0
+        if params.seed is None and self.layouts is not None:
+            [top] = all_reduce([int(torch.randint(2**31, ()).item())], "max")
+            params = dataclasses.replace(params, seed=int(top))
+        if params.seed is not None:
+            params = dataclasses.replace(params, seed=params.seed + self._generation_dp_rank())
+        return params, meta
+
+    def _turn_generate(self, contexts: list[list[int]], params: SamplingParams) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        if self.hybrid.phase != "generate":
+            raise RuntimeError(f"actor {self.context.identity}: a turn must be sampled in the generation phase (it is in {self.hybrid.phase!r})")
+        start = time.perf_counter()
+        out = self.generator.generate(contexts, params)
+        return out, {"timing/generate_s": time.perf_counter() - start}
+
+    def _turn_version(self) -> int:
+        return int(self.engine.steps)
+
+    # -- training-side endpoints: each first back in the training phase -------------------------
+
     @endpoint(dispatch=Dispatch.SPLIT)
+    @in_training_phase
     def compute_log_prob(self, batch: Batch, *extra: Batch, temperature: float | None = None) -> Batch:
         """Current-policy log-probs (`old_log_probs`) and `entropy` of the responses, 0 where masked."""
         batch = merge(batch, extra)
@@ -239,6 +340,7 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
     # -- training ---------------------------------------------------------------------------
 
     @endpoint(dispatch=Dispatch.SPLIT)
+    @in_training_phase
     def update(self, batch: Batch, *extra: Batch, **loss: Any) -> dict[str, float]:
         """PPO epochs × mini-batches of optimizer steps on `advantages`, `old_log_probs` (and
         `ref_log_prob` with use_kl_loss, `rollout_log_probs` with tis_cap). Options: ActorLoss and
@@ -260,6 +362,7 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
         )
 
     @endpoint(dispatch=Dispatch.REPLICATE)
+    @in_training_phase
     def export_hf(self, path: str) -> str:
         """Write the current policy as a Hugging Face model folder (the base model's config and
         tokenizer, the trained weights as model.safetensors) that transformers and vLLM load.
@@ -274,14 +377,15 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Daem
         return str(path)
 
     @endpoint(dispatch=Dispatch.REPLICATE)
+    @in_training_phase
     def weight_sync_report(self) -> dict[str, Any]:
         """Push weights as before a rollout and compare the generation engine's copy with the
         gathered training weights (diagnostic; gathers the weights twice)."""
-        self.hybrid.to_generate()
+        self._to_generate()
         try:
             return compare_weights(self.engine.state_dict_for_generation(), self._generation_parameters())
         finally:
-            self.hybrid.to_train()
+            self._to_train()
 
     def _generation_parameters(self) -> dict[str, torch.Tensor] | None:
         if isinstance(self.generator, HFGenerationEngine):

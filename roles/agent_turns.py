@@ -1,16 +1,17 @@
-"""Daemon-side endpoints of multi-turn agent rollouts, mixed into the rollout role: one sampled turn
-for many conversations at once (token ids in, sampled token ids and their log-probs out), and the
-assembly of finished trajectories into the rollout Batch layout (roles/rollout.py) the actor trains on.
+"""Daemon-side endpoints of multi-turn agent rollouts, mixed into any role that generates (the rollout
+role, and the actor on its hybrid engine): one sampled turn for many conversations at once (token
+ids in, sampled token ids and their log-probs out), and the assembly of finished trajectories into
+the rollout Batch layout (roles/rollout.py) the actor trains on.
 
 Token-in/token-out: a conversation travels as the token ids it holds so far; text is tokenised
 here only for what is appended (a prompt, a tool's output), never for what the policy sampled.
-It knows the generation engine and the tokenizer; nothing of tools, rewards or the agent loop.
+It knows the tokenizer and three hooks the daemon implements (TurnHooks); nothing of which engine
+samples, of weight versions' meaning, of tools, rewards or the agent loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from hfrt.batch import Batch
 from hfrt.endpoints import Dispatch, endpoint
 
 from .common import sampling_params
+from .generate import SamplingParams
 from .rollout import encode_prompt
 from .rows import all_reduce, merge
 
@@ -93,31 +95,50 @@ def trajectory_record(columns: dict[str, list[Any]], prompt_width: int, response
 
 
 class AgentTurns:
-    """Endpoints generate_turn and assemble_trajectories (SPLIT), for a daemon with `engine`,
-    `tokenizer`, `sampling`, `version`, `broken` and `context` (the rollout role)."""
+    """Endpoints generate_turn (SPLIT_GENERATION: rows by generation data-parallel group where the
+    daemon declares one, else by dp rank) and assemble_trajectories (SPLIT), for a daemon with
+    `tokenizer` and `sampling` (SamplingParams defaults) that implements the hooks:
 
-    engine: Any
+    - `_turn_prepare(params) -> (params, meta)`: make the engine ready to sample and settle the
+      call's sampling parameters (e.g. a seed the ranks of one generation group agree on); raise
+      if it cannot sample. Called on every rank for every call, with rows or none, before any row
+      is read, so it may be collective.
+    - `_turn_generate(contexts, params) -> (out, meta)`: sample one response per context (token
+      id lists); `out` as GenerationEngine.generate returns it (`responses`, `response_mask`,
+      `log_probs`), `meta` timings. Called only with rows.
+    - `_turn_version() -> int`: the weight version the turn was sampled with.
+    """
+
     tokenizer: Any
     sampling: Any
-    version: int
-    broken: str | None
-    context: Any
 
-    @endpoint(dispatch=Dispatch.SPLIT)
+    def _turn_prepare(self, params: SamplingParams) -> tuple[SamplingParams, dict[str, float]]:
+        raise NotImplementedError(f"{type(self).__name__} mixes in AgentTurns but does not implement _turn_prepare")
+
+    def _turn_generate(self, contexts: list[list[int]], params: SamplingParams) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        raise NotImplementedError(f"{type(self).__name__} mixes in AgentTurns but does not implement _turn_generate")
+
+    def _turn_version(self) -> int:
+        raise NotImplementedError(f"{type(self).__name__} mixes in AgentTurns but does not implement _turn_version")
+
+    @endpoint(dispatch=Dispatch.SPLIT_GENERATION)
     def generate_turn(self, batch: Batch, *extra: Batch, stop: dict[str, list[str]] | None = None, **sampling: Any) -> Batch:
         """One sampled turn per row. Reads `context` (token ids so far; [] for a new conversation)
         and `append` (texts tokenised and appended first: the prompt, tool outputs). Returns
         non-tensor `appended` (ids of each appended text), `turn_ids`, `turn_log_probs`, `turn_text`,
         `weight_version`. `stop`: {"strings": [...]}, one-token strings that end a turn (as stop
         token ids; a table, as SPLIT dispatch would split a list argument)."""
-        if self.broken is not None:
-            raise RuntimeError(f"rollout daemon {self.context.identity} holds no valid weights: {self.broken}")
         rows = merge(batch, extra)
         missing = [c for c in TURN_INPUT if c not in rows.non_tensor]
         if missing:
             raise KeyError(f"generate_turn needs non-tensor columns {missing}; the batch has {list(rows.non_tensor)}")
+        if stop is not None and not isinstance(stop, dict):
+            raise TypeError(f"generate_turn: stop must be a table {{'strings': [...]}}, not {stop!r:.80}")
+        stops = tuple(sampling.pop("stop_token_ids", None) or ()) + stop_ids(self.tokenizer, (stop or {}).get("strings", []))
+        params = dataclasses.replace(sampling_params(self.sampling, **sampling), n=1, stop_token_ids=stops)
+        params, meta = self._turn_prepare(params)  # every rank, rows or none: it may be collective
         if len(rows) == 0:
-            return Batch({}, {c: [] for c in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version")})
+            return Batch({}, {c: [] for c in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version")}, meta)
         contexts, appended = [], []
         for i, (context, append) in enumerate(zip(rows["context"], rows["append"], strict=True)):
             try:
@@ -126,20 +147,15 @@ class AgentTurns:
                 raise ValueError(f"generate_turn row {i}: {exc}") from exc
             contexts.append(ids)
             appended.append(pieces)
-        if stop is not None and not isinstance(stop, dict):
-            raise TypeError(f"generate_turn: stop must be a table {{'strings': [...]}}, not {stop!r:.80}")
-        stops = tuple(sampling.pop("stop_token_ids", None) or ()) + stop_ids(self.tokenizer, (stop or {}).get("strings", []))
-        params = dataclasses.replace(sampling_params(self.sampling, **sampling), n=1, stop_token_ids=stops)
-        start = time.perf_counter()
-        out = self.engine.generate(contexts, params)
-        elapsed = time.perf_counter() - start
+        out, timings = self._turn_generate(contexts, params)
+        version = self._turn_version()
         mask = out["response_mask"].bool()
         turn_ids = [r[m].tolist() for r, m in zip(out["responses"], mask, strict=True)]
         turn_lp = [lp[m].tolist() for lp, m in zip(out["log_probs"], mask, strict=True)]
         texts = list(self.tokenizer.batch_decode(turn_ids, skip_special_tokens=True))
         columns = {"appended": appended, "turn_ids": turn_ids, "turn_log_probs": turn_lp, "turn_text": texts,
-                   "weight_version": [self.version] * len(rows)}
-        return Batch({}, columns, {"timing/generate_s": elapsed, "weight_version": self.version})
+                   "weight_version": [version] * len(rows)}
+        return Batch({}, columns, {**meta, **timings, "weight_version": version})
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def assemble_trajectories(self, batch: Batch, *extra: Batch, prompt_width: int = 0, response_width: int = 0) -> Batch:

@@ -22,7 +22,7 @@ from hfrt.endpoints import Dispatch, endpoint
 
 from .agent_turns import AgentTurns
 from .common import build_dataclass, check_generation_options, check_options, close_group, prepare_process, role_errors, sampling_params
-from .generate import GenerationEngine, HFGenerationEngine
+from .generate import GenerationEngine, HFGenerationEngine, SamplingParams
 from .models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
 from .partial_rollout import NO_VERSION, PartialRollouts
 from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
@@ -104,6 +104,21 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
     @endpoint(dispatch=Dispatch.REPLICATE)
     def weight_version(self) -> int:
         """The policy version this daemon generates with (-1 before the first sync)."""
+        return self.version
+
+    # -- agent turns: the AgentTurns hooks (roles/agent_turns.py) -----------------------------
+
+    def _turn_prepare(self, params: SamplingParams) -> tuple[SamplingParams, dict[str, float]]:
+        if self.broken is not None:
+            raise RuntimeError(f"rollout daemon {self.context.identity} holds no valid weights: {self.broken}")
+        return params, {}
+
+    def _turn_generate(self, contexts: list[list[int]], params: SamplingParams) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        start = time.perf_counter()
+        out = self.engine.generate(contexts, params)
+        return out, {"timing/generate_s": time.perf_counter() - start}
+
+    def _turn_version(self) -> int:
         return self.version
 
     # -- generation -----------------------------------------------------------------------

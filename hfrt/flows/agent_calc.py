@@ -5,7 +5,11 @@ output) starts with the right sum, else 0.
 
 A step: push the actor's weights to the rollout role → run the agents (turns batched on the rollout
 role, token-in/token-out) → trajectories assembled into a rollout batch on the rollout daemons →
-(reference log-probs ∥ reward) → advantages → actor update. It knows endpoints, not engines.
+(reference log-probs ∥ reward) → advantages → actor update. With `agent_on = "actor"` the turns
+run on the actor's own generation engine instead (colocated, verl's AgentLoop on the hybrid
+engine): no rollout daemon is launched, no weights are sent anywhere, the actor stays in its
+generation phase across a step's turns (one weight push into its generation engine per step) and
+goes back to training for the update. It knows endpoints, not engines.
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ from .grpo import ROLES as GRPO_ROLES
 from .tasks import leading_number
 from .trainer import Trainer, sampling_seed
 
-#: grpo's roles, a rollout daemon for the turns, and the reward role reading the agents' rewards.
+#: where the agent loop's turns run: a separate rollout role (weights synced to it every step), or
+#: the actor's own generation engine (colocated)
+AGENT_ON = ("rollout", "actor")
+#: grpo's roles, a rollout daemon for the turns (not launched with agent_on = "actor", see
+#: roles_for), and the reward role reading the agents' rewards.
 ROLES: dict[str, dict[str, Any]] = {
     **GRPO_ROLES,
     "rollout": {"impl": "rollout", "options": {"model": "tiny", "sampling": {"top_k": 0}}},
@@ -66,7 +74,9 @@ async def calc_agent(conv: Conversation, sample: dict[str, Any], *, max_calls: i
 @dataclass(frozen=True)
 class AgentCalcConfig(GRPOFlowConfig):
     """grpo's settings (max_new_tokens per turn) plus max_total_tokens per conversation (prompt
-    included), max_turns and sample_timeout_s (a sample running longer ends with an error)."""
+    included), max_turns and sample_timeout_s (a sample running longer ends with an error), and
+    agent_on: "rollout" (default; the turns on the rollout role, weights synced to it each step)
+    or "actor" (the turns on the actor's generation engine; the run has no rollout role)."""
 
     steps: int = 300
     n: int = 8
@@ -75,9 +85,12 @@ class AgentCalcConfig(GRPOFlowConfig):
     max_total_tokens: int = 48
     max_turns: int = 6
     sample_timeout_s: float = 60.0
+    agent_on: str = "rollout"
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.agent_on not in AGENT_ON:
+            raise ValueError(f"config agent_on={self.agent_on!r}: use one of {', '.join(AGENT_ON)}")
         if self.val_every:
             raise ValueError(f"config val_every={self.val_every}: agent_calc has no validation pass (its reward comes from the agent loop); use 0")
         if self.max_total_tokens < 2 or self.max_turns < 1:
@@ -92,6 +105,14 @@ class AgentCalcConfig(GRPOFlowConfig):
 Config = AgentCalcConfig
 
 
+def roles_for(config: dict[str, Any], roles: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The roles a run launches (read by hfrt.flows.load_flow): all of them, but no rollout role
+    with agent_on = "actor". A tool flow built on agent_grpo re-exports it with ROLES and Config."""
+    if config.get("agent_on", "rollout") == "actor":
+        return {name: settings for name, settings in roles.items() if name != "rollout"}
+    return roles
+
+
 async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
     return await agent_grpo(ctl, config, calc_agent)
 
@@ -100,24 +121,49 @@ async def agent_grpo(ctl: Any, config: dict[str, Any], agent: AgentFn, *, config
     """GRPO over `agent`'s trajectories, with this module's ROLES: what a user's tool flow calls
     (`async def flow(ctl, config): return await agent_grpo(ctl, config, my_agent)`)."""
     cfg = config_cls.read(config)
+    if cfg.agent_on == "actor":
+        roles = await get_roles(ctl, "actor", "reference", "reward")
+        pushes = PushCounter(roles["actor"])
+        return await Trainer(ctl, cfg, roles).run(
+            lambda step, prompts: agent_step(cfg, step, prompts, roles["actor"], agent, None, pushes, **roles))
     roles = await get_roles(ctl, "actor", "rollout", "reference", "reward")
     sync = WeightSync(roles["actor"], roles["rollout"])
-    return await Trainer(ctl, cfg, roles).run(lambda step, prompts: agent_step(cfg, step, prompts, sync, agent, **roles))
+    train = {k: v for k, v in roles.items() if k != "rollout"}
+    return await Trainer(ctl, cfg, roles).run(
+        lambda step, prompts: agent_step(cfg, step, prompts, roles["rollout"], agent, sync, None, **train))
 
 
-async def agent_step(cfg: AgentCalcConfig, step: int, prompts: Any, sync: WeightSync, agent: AgentFn, *,
-                     actor: Any, rollout: Any, reference: Any, reward: Any) -> dict[str, Any]:
+class PushCounter:
+    """agent/weight_pushes for a step on the actor: how many times the actor pushed its weights into
+    its generation engine since the previous step (1 per step however many turns it ran)."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor, self.seen = actor, 0
+
+    async def since_last(self) -> dict[str, float]:
+        [first, *_] = await self.actor.hybrid_phase(timeout_s=CALL_TIMEOUT_S)
+        count, self.seen = int(first["to_generate"]) - self.seen, int(first["to_generate"])
+        return {"agent/weight_pushes": float(count), "agent/weight_version": float(first["weight_version"])}
+
+
+async def agent_step(cfg: AgentCalcConfig, step: int, prompts: Any, generator: Any, agent: AgentFn, sync: WeightSync | None,
+                     pushes: PushCounter | None, *, actor: Any, reference: Any, reward: Any) -> dict[str, Any]:
     """One step on a batch of prompts (each row sampled n times, a sample dict of its columns
     and a `uid` per prompt); its metrics, agent/* included (agent/tool_calls_mean from the
-    samples' `tool_calls` where the agent sets it)."""
+    samples' `tool_calls` where the agent sets it). `generator`: the role the turns and the
+    assembly run on (the rollout role, weights pushed by `sync` first; or the actor itself)."""
     t, kw = StageTimer(), {"timeout_s": CALL_TIMEOUT_S}
-    await sync.publish(step)
-    info = await t.one("sync", sync.drain())
+    info: dict[str, Any] = {}
+    if sync is not None:
+        await sync.publish(step)
+        info = await t.one("sync", sync.drain())
     names = [name for name in prompts.shards[0].non_tensor if name != "uid"]
     rows = [dict(zip(names, values, strict=True)) for values in zip(*(non_tensor(prompts, c) for c in names), strict=True)]
     samples = [row | {"uid": f"{step}-{i}"} for i, row in enumerate(rows) for _ in range(cfg.n)]
-    trajectories = await t.one("generate", run_agents(rollout, agent, samples, cfg.agent(step)))
-    batch = await t.one("assemble", assemble(rollout, trajectories, carry=(*names, "uid", "tool_calls")))
+    trajectories = await t.one("generate", run_agents(generator, agent, samples, cfg.agent(step)))
+    batch = await t.one("assemble", assemble(generator, trajectories, carry=(*names, "uid", "tool_calls")))
+    if pushes is not None:
+        info |= await pushes.since_last()
     ref, scores = await t.together("stage2", ref_log_prob=reference.compute_log_prob(batch, **kw), reward=reward.score(batch, **kw))
     old = [] if cfg.on_policy(len(batch)) else [await t.one("old_log_prob", actor.compute_log_prob(batch, **kw))]
     adv = await t.one("advantages", actor.compute_advantages(
