@@ -223,7 +223,7 @@ def _serve_openai(args: argparse.Namespace) -> int:
     options = {"model": args.model, "seed": args.seed, "generator": args.generator}
     roles = {"rollout": {"impl": "rollout", "world_size": args.ranks, "options": options}}
     serve = serve_flow(host=args.host, port=args.port, model=args.served_model_name or args.model,
-                       batch_size=args.batch_size, flush_after_s=args.flush_ms / 1000)
+                       batch_size=args.batch_size, flush_after_s=args.flush_ms / 1000, idle_flush=args.idle_flush)
     run_dir = Path(args.run_dir or Path("runs") / time.strftime("serve-openai-%Y%m%d-%H%M%S"))
     try:
         run(run_flow(Flow("serve-openai", serve, roles), run_dir=run_dir, config={"trace": False}, roles=roles))
@@ -375,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--seed", type=int, default=0, help="seed of the rollout daemon (and of a preset's random weights)")
     so.add_argument("--batch-size", type=int, default=64, help="most requests batched into one generate_turn call")
     so.add_argument("--flush-ms", type=float, default=20.0, help="a batch goes out this long after its first request (or when full)")
+    so.add_argument("--idle-flush", action="store_true", help="send a request at once when no generate_turn call is in flight (best for few clients)")
     so.add_argument("--run-dir", help="where daemon logs go (default: runs/serve-openai-TIMESTAMP)")
     so.add_argument("--log-level", default="warning", help="debug, info, warning or error")
 

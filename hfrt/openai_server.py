@@ -33,15 +33,16 @@ class OpenAIServer:
     a free one; `server.url` is the base URL, e.g. http://127.0.0.1:PORT/v1).
 
     Batching: a generate_turn call goes out when `batch_size` requests wait or `flush_after_s`
-    after the first. A failed call is retried one request at a time, so one bad request cannot
+    after the first (with `idle_flush`: at once when no call is in flight, so a lone client never
+    waits, while requests that come during a call go together in the next). A failed call is retried one request at a time, so one bad request cannot
     fail the others batched with it. Calls reach the rollout daemon in the order they are sent;
     responses on one connection come back in request order."""
 
     def __init__(self, rollout: Any, *, host: str = "127.0.0.1", port: int = 0, model: str = "hfrt",
-                 batch_size: int = 64, flush_after_s: float = 0.02, max_tokens_limit: int = 4096,
-                 timeout_s: float = CALL_TIMEOUT_S) -> None:
+                 batch_size: int = 64, flush_after_s: float = 0.02, idle_flush: bool = False,
+                 max_tokens_limit: int = 4096, timeout_s: float = CALL_TIMEOUT_S) -> None:
         self.rollout, self.model, self.max_tokens_limit = rollout, model, max_tokens_limit
-        self.batcher = TurnBatcher(rollout, flush_after_s=flush_after_s, timeout_s=timeout_s, batch_size=batch_size)
+        self.batcher = TurnBatcher(rollout, flush_after_s=flush_after_s, timeout_s=timeout_s, batch_size=batch_size, idle_flush=idle_flush)
         self._alone = TurnBatcher(rollout, flush_after_s=0.0, timeout_s=timeout_s, batch_size=1)
         self.http = JsonHttpServer(self.handle, error_body, host=host, port=port)
         self.sessions: dict[str, Session] = {}
@@ -163,13 +164,14 @@ def _http_error(exc: AgentGenerationError) -> HttpError:
 
 
 def serve_flow(*, host: str, port: int, model: str, batch_size: int = 64, flush_after_s: float = 0.02,
-               start_timeout_s: float = 600.0) -> Any:
+               idle_flush: bool = False, start_timeout_s: float = 600.0) -> Any:
     """A flow (`async def flow(ctl, config)`) that serves the run's `rollout` role over HTTP until
     cancelled; `hfrt serve-openai` runs it with one local rollout daemon."""
 
     async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
         rollout = await ctl.role("rollout", timeout_s=start_timeout_s)
-        async with OpenAIServer(rollout, host=host, port=port, model=model, batch_size=batch_size, flush_after_s=flush_after_s) as server:
+        async with OpenAIServer(rollout, host=host, port=port, model=model, batch_size=batch_size, flush_after_s=flush_after_s,
+                                idle_flush=idle_flush) as server:
             print(f"hfrt serve-openai: serving {model!r} at {server.url} (Ctrl-C stops)", flush=True)
             try:
                 await server.serve_forever()

@@ -82,12 +82,14 @@ class TurnBatcher:
     """Collects turn requests of concurrent conversations into generate_turn calls (one per set of
     sampling options), sent when all live conversations wait or flush_after_s after the first.
     With `batch_size` (for callers that cannot count live conversations, such as an HTTP server)
-    a round goes out when that many requests wait instead."""
+    a round goes out when that many requests wait instead; with `idle_flush` also at once when no
+    call is in flight (requests that come while one runs go together in the next)."""
 
     def __init__(self, rollout: Any, *, flush_after_s: float = 0.05, seed: int | None = None, timeout_s: float = CALL_TIMEOUT_S,
-                 batch_size: int | None = None) -> None:
+                 batch_size: int | None = None, idle_flush: bool = False) -> None:
         self.rollout, self.flush_after_s, self.timeout_s = rollout, flush_after_s, timeout_s
-        self.batch_size = batch_size
+        self.batch_size, self.idle_flush = batch_size, idle_flush
+        self.in_flight = 0
         self.live = 0
         self.calls = 0
         self._seeds = itertools.count(seed) if seed is not None else None
@@ -108,9 +110,10 @@ class TurnBatcher:
         self._maybe_flush()
 
     def _maybe_flush(self) -> None:
-        if self._pending and len(self._pending) >= (self.live if self.batch_size is None else self.batch_size):
+        full = len(self._pending) >= (self.live if self.batch_size is None else self.batch_size)
+        if self._pending and (full or (self.idle_flush and self.in_flight == 0)):
             self._flush()
-        elif self._pending and self._timer is None:
+        elif self._pending and self._timer is None and not self.idle_flush:
             self._timer = asyncio.get_running_loop().call_later(self.flush_after_s, self._flush)
 
     def _flush(self) -> None:
@@ -122,6 +125,7 @@ class TurnBatcher:
             groups.setdefault(entry[0], []).append(entry)
         self._pending = []
         for key, entries in groups.items():
+            self.in_flight += 1  # counted here: the task starts later, and a request may come first
             asyncio.ensure_future(self._call(dict(key), entries))
 
     async def _call(self, options: dict[str, Any], entries: list[Any]) -> None:
@@ -130,6 +134,14 @@ class TurnBatcher:
         if self._seeds is not None:
             options = {**options, "seed": next(self._seeds)}
         self.calls += 1
+        try:
+            await self._send(handle, options, entries)
+        finally:
+            self.in_flight -= 1
+            if self.idle_flush:
+                self._maybe_flush()
+
+    async def _send(self, handle: BatchHandle, options: dict[str, Any], entries: list[Any]) -> None:
         try:
             out = await self.rollout.generate_turn(handle, **options, timeout_s=self.timeout_s)
             columns = {c: non_tensor(out, c) for c in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version")}

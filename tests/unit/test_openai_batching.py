@@ -1,0 +1,86 @@
+"""How the OpenAI endpoint batches and maps failures, on a scripted rollout role (pure logic):
+TurnBatcher's batch_size and idle_flush modes, a failed batch retried one request at a time, and
+generate_turn errors as 400 (input refused), 503 (daemon gone) or 500."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hfrt.errors import DaemonGone, RemoteError
+from hfrt.flows.agent import AgentGenerationError, TurnBatcher
+from hfrt.http_json import Request
+from hfrt.openai_api import BadRequest
+from hfrt.openai_server import OpenAIServer, _http_error
+from tests.unit.test_agent_loop import ScriptedRollout
+
+OPTIONS = {"max_new_tokens": 2, "temperature": 1.0, "stop": []}
+
+
+class SlowRollout(ScriptedRollout):
+    """Takes `delay_s` per call; a row whose context is [999] makes its whole call fail."""
+
+    def __init__(self, delay_s: float = 0.05) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    async def generate_turn(self, handle: Any, **options: Any) -> Any:
+        await asyncio.sleep(self.delay_s)
+        from hfrt.flows.common import non_tensor
+
+        if [999] in non_tensor(handle, "context"):
+            self.calls.append(options | {"rows": len(non_tensor(handle, "context"))})
+            raise RemoteError("rollout:0", "IndexError", "index out of range in self")
+        return await super().generate_turn(handle, **options)
+
+
+async def test_batch_size_sends_a_full_round_at_once_and_the_timer_the_rest() -> None:
+    rollout = SlowRollout(0.0)
+    batcher = TurnBatcher(rollout, flush_after_s=0.2, batch_size=3)
+    start = asyncio.get_running_loop().time()
+    await asyncio.gather(*(batcher.request([i], [], OPTIONS) for i in range(3)))
+    assert asyncio.get_running_loop().time() - start < 0.15 and [c["rows"] for c in rollout.calls] == [3]
+    await asyncio.gather(*(batcher.request([i], [], OPTIONS) for i in range(2)))  # not full: after flush_after_s
+    assert asyncio.get_running_loop().time() - start >= 0.2 and [c["rows"] for c in rollout.calls] == [3, 2]
+
+
+async def test_idle_flush_sends_at_once_and_groups_what_comes_meanwhile() -> None:
+    rollout = SlowRollout(0.05)
+    batcher = TurnBatcher(rollout, flush_after_s=10.0, batch_size=64, idle_flush=True)
+    first = asyncio.ensure_future(batcher.request([1], [], OPTIONS))
+    await asyncio.sleep(0)
+    rest = [asyncio.ensure_future(batcher.request([i], [], OPTIONS)) for i in range(4)]
+    await asyncio.wait_for(asyncio.gather(first, *rest), 2.0)  # never waits for the 10 s timer
+    assert [c["rows"] for c in rollout.calls] == [1, 4] and batcher.in_flight == 0
+
+
+async def test_one_bad_request_fails_alone_and_the_others_are_served() -> None:
+    rollout = SlowRollout(0.0)
+    server = OpenAIServer(rollout, batch_size=4, flush_after_s=0.05)
+    bodies = [{"prompt": [40], "max_tokens": 2}] * 3 + [{"prompt": [999], "max_tokens": 2}]
+
+    async def post(body: dict[str, Any]) -> Any:
+        import json
+
+        try:
+            return (await server.handle(Request("POST", "/v1/completions", body=json.dumps(body).encode()))).status
+        except Exception as exc:
+            return exc
+
+    results = await asyncio.gather(*(post(b) for b in bodies))
+    assert results[:3] == [200, 200, 200] and getattr(results[3], "status", None) == 500
+    assert "IndexError: index out of range" in results[3].message
+    assert [c["rows"] for c in rollout.calls] == [4, 1, 1, 1, 1] and server.generate_calls == 5
+
+
+def test_generation_errors_become_http_statuses() -> None:
+    def failed(cause: Exception) -> AgentGenerationError:
+        error = AgentGenerationError("generate_turn on the rollout role failed for 1 conversations")
+        error.rows, error.__cause__ = 1, cause
+        return error
+
+    refused = _http_error(failed(RemoteError("rollout:0", "ValueError", "generate_turn row 0: stop string '\\n\\n' is 2 tokens")))
+    assert isinstance(refused, BadRequest) and refused.status == 400 and refused.param == "stop"
+    assert _http_error(failed(DaemonGone("rollout:0 exited"))).status == 503
+    crashed = _http_error(failed(RemoteError("rollout:0", "RuntimeError", "CUDA error", "Traceback ...")))
+    assert crashed.status == 500 and "Traceback" not in crashed.message and "rollout:0 raised RuntimeError: CUDA error" in crashed.message
