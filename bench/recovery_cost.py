@@ -43,6 +43,7 @@ def steps_done(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def daemon_of(run: subprocess.Popen[str], role: str) -> psutil.Process:
+    """The live daemon process of `role` (rank 0) under the controller `run`."""
     for child in psutil.Process(run.pid).children(recursive=True):
         try:
             argv = child.cmdline()

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from hfrt import shm
+from hfrt.bench import recovery_cost
 from hfrt.controller import Controller
 from hfrt.deploy.base import DaemonSpec, OnExit
 from hfrt.deploy.local import LocalLauncher
@@ -246,16 +247,10 @@ def killed_on_exit(run: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]
 
 
 def daemon_of(run: subprocess.Popen[str], role: str) -> psutil.Process:
-    """The live daemon process of `role` (rank 0) under the controller `run`."""
-    for child in psutil.Process(run.pid).children(recursive=True):
-        STARTED_PIDS.add(child.pid)
-        try:
-            argv = child.cmdline()
-        except psutil.Error:
-            continue
-        if "--role" in argv and argv[argv.index("--role") + 1] == role and child.status() != psutil.STATUS_ZOMBIE:
-            return child
-    raise LookupError(f"no live {role} daemon under pid {run.pid}")
+    """The live daemon process of `role` (rank 0) under the controller `run` (every daemon under it
+    is recorded for the suite's clean-up)."""
+    STARTED_PIDS.update(child.pid for child in psutil.Process(run.pid).children(recursive=True))
+    return recovery_cost.daemon_of(run, role)
 
 
 def wait_for_step(run: subprocess.Popen[str], run_dir: Path, step: int, timeout_s: float = 240.0) -> None:
