@@ -18,6 +18,7 @@ from .errors import CallTimeout, DaemonGone, RemoteError
 from .flows.agent import AgentGenerationError, Trajectory, TurnBatcher
 from .flows.common import CALL_TIMEOUT_S
 from .http_json import HttpError, JsonHttpServer, Request, Response
+from .log import get_logger
 from .openai_api import (
     BadRequest, TurnRequest, TurnResult, chat_body, chat_request, completion_body, completion_request, error_body, event_stream,
     models_body,
@@ -40,12 +41,13 @@ class OpenAIServer:
 
     def __init__(self, rollout: Any, *, host: str = "127.0.0.1", port: int = 0, model: str = "hfrt",
                  batch_size: int = 64, flush_after_s: float = 0.02, idle_flush: bool = False,
-                 max_tokens_limit: int = 4096, timeout_s: float = CALL_TIMEOUT_S) -> None:
+                 max_tokens_limit: int = 4096, max_sessions: int = 10_000, timeout_s: float = CALL_TIMEOUT_S) -> None:
         self.rollout, self.model, self.max_tokens_limit = rollout, model, max_tokens_limit
         self.batcher = TurnBatcher(rollout, flush_after_s=flush_after_s, timeout_s=timeout_s, batch_size=batch_size, idle_flush=idle_flush)
         self._alone = TurnBatcher(rollout, flush_after_s=0.0, timeout_s=timeout_s, batch_size=1)
         self.http = JsonHttpServer(self.handle, error_body, host=host, port=port)
         self.sessions: dict[str, Session] = {}
+        self.max_sessions, self.sessions_dropped = max_sessions, 0
         self.requests = 0
         self.created = int(time.time())
 
@@ -79,7 +81,8 @@ class OpenAIServer:
         return build_trajectory(session, self.sessions[session])
 
     def end_session(self, session: str) -> Trajectory:
-        """trajectory(session), then forget the session (sessions are kept until ended)."""
+        """trajectory(session), then forget the session (sessions are kept until ended, at most
+        max_sessions of them: the oldest is dropped to make room)."""
         t = self.trajectory(session)
         del self.sessions[session]
         return t
@@ -114,13 +117,22 @@ class OpenAIServer:
         if turn.model is not None and turn.model != self.model:
             raise BadRequest("model", f"{turn.model!r} does not exist: this server samples {self.model!r}", status=404, code="model_not_found")
         name = request.headers.get("x-session-id") or turn.user
-        session = self.sessions.setdefault(name, Session()) if name else None
+        session = self._session(name) if name else None
         context, append = self._continuation(turn, session)
         result = await self._generate(context, append, turn.options)
         if session is not None:
             session.calls.append(SessionCall(result.prompt_ids, result.token_ids, result.log_probs, result.weight_version))
             session.text = turn.text_prompt + result.text if turn.text_prompt is not None else None
         return result
+
+    def _session(self, name: str) -> Session:
+        """The named session, made on first use; past max_sessions the oldest is dropped (logged)."""
+        if name not in self.sessions and len(self.sessions) >= self.max_sessions:
+            oldest = next(iter(self.sessions))
+            del self.sessions[oldest]
+            self.sessions_dropped += 1
+            get_logger(part="openai_server").warning("session_dropped", session=oldest, max_sessions=self.max_sessions)
+        return self.sessions.setdefault(name, Session())
 
     @staticmethod
     def _continuation(turn: TurnRequest, session: Session | None) -> tuple[list[int], list[Any]]:

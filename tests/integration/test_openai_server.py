@@ -45,12 +45,17 @@ def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def server(chat_model: Path) -> AsyncIterator[OpenAIServer]:
+async def ctl(chat_model: Path) -> AsyncIterator[Any]:
     specs = [DaemonSpec("rollout", impl="rollout", options={"model": str(chat_model), "seed": 0})]
-    async with local_cluster(specs) as (ctl, _):
-        rollout = await ctl.role("rollout", timeout_s=90)
-        async with OpenAIServer(rollout, model="tiny", flush_after_s=0.3, batch_size=8, timeout_s=60) as srv:
-            yield srv
+    async with local_cluster(specs) as (controller, _):
+        yield controller
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(ctl: Any) -> AsyncIterator[OpenAIServer]:
+    rollout = await ctl.role("rollout", timeout_s=90)
+    async with OpenAIServer(rollout, model="tiny", flush_after_s=0.3, batch_size=8, timeout_s=60) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +158,7 @@ async def test_bad_requests_name_the_field_and_the_server_serves_on(server: Open
     assert (await call(server, "/completions", {"prompt": "ok", "max_tokens": 2}))[0] == 200
 
 
-async def test_session_builds_an_exact_trajectory(server: OpenAIServer) -> None:
+async def test_session_builds_an_exact_trajectory(server: OpenAIServer, ctl: Any) -> None:
     # text prompts: the second starts with the first prompt + the returned text, so only "[42]" is tokenised
     first = (await call(server, "/completions", {"prompt": "1+1=", "max_tokens": 4, "user": "text"}))[1]
     text = "1+1=" + first["choices"][0]["text"] + "[42]"
@@ -171,8 +176,13 @@ async def test_session_builds_an_exact_trajectory(server: OpenAIServer) -> None:
         assert t.gen_mask == [1] * len(t1) + [0] * len(extra) + [1] * len(t2)
         assert t.log_probs[len(t1) + len(extra):] == two["choices"][0]["logprobs"]["token_logprobs"]
         assert t.weight_versions == [-1, -1]
-    batch = await assemble(server.rollout, [server.end_session("ids")])
-    assert len(batch) == 1 and "ids" not in server.sessions
+    trajectories = [server.end_session(name) for name in ("text", "ids")]
+    batch = await ctl.fetch(await assemble(server.rollout, trajectories))  # the rollout batch the actor trains on
+    assert not server.sessions or not {"text", "ids"} & set(server.sessions)
+    for row, t in enumerate(trajectories):
+        n = len(t.response_ids)
+        assert batch["responses"][row, :n].tolist() == t.response_ids and batch["response_mask"][row, :n].tolist() == t.gen_mask
+        assert batch["rollout_log_probs"][row, :n].tolist() == pytest.approx(t.log_probs)
 
 
 async def test_session_drift_is_detected(server: OpenAIServer) -> None:

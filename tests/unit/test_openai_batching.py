@@ -84,3 +84,18 @@ def test_generation_errors_become_http_statuses() -> None:
     assert _http_error(failed(DaemonGone("rollout:0 exited"))).status == 503
     crashed = _http_error(failed(RemoteError("rollout:0", "RuntimeError", "CUDA error", "Traceback ...")))
     assert crashed.status == 500 and "Traceback" not in crashed.message and "rollout:0 raised RuntimeError: CUDA error" in crashed.message
+
+
+async def test_sessions_are_recorded_and_the_oldest_dropped_past_max_sessions() -> None:
+    import json
+
+    server = OpenAIServer(ScriptedRollout(), batch_size=1, max_sessions=2)
+    for name in ("a", "b", "c"):
+        body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
+        await server.handle(Request("POST", "/v1/completions", headers={"x-session-id": name}, body=body))
+    assert list(server.sessions) == ["b", "c"] and server.sessions_dropped == 1
+    again = json.dumps({"prompt": "hiab!", "max_tokens": 2, "user": "c"}).encode()  # "hi" + the returned "ab" + new text
+    await server.handle(Request("POST", "/v1/completions", body=again))
+    t = server.end_session("c")
+    assert t.prompt_ids == [ord("h"), ord("i")] and t.response_ids == [ord(c) for c in "ab!ab"] and t.gen_mask == [1, 1, 0, 1, 1]
+    assert list(server.sessions) == ["b"]
