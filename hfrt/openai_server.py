@@ -35,9 +35,10 @@ class OpenAIServer:
 
     Batching: a generate_turn call goes out when `batch_size` requests wait or `flush_after_s`
     after the first (with `idle_flush`: at once when no call is in flight, so a lone client never
-    waits, while requests that come during a call go together in the next). A failed call is retried one request at a time, so one bad request cannot
-    fail the others batched with it. Calls reach the rollout daemon in the order they are sent;
-    responses on one connection come back in request order."""
+    waits, while requests that come during a call go together in the next). A failed call is
+    retried one request at a time, so one bad request cannot fail the others batched with it.
+    Calls reach the rollout daemon in the order they are sent; responses on one connection come
+    back in request order. A session records a call once it succeeded."""
 
     def __init__(self, rollout: Any, *, host: str = "127.0.0.1", port: int = 0, model: str = "hfrt",
                  batch_size: int = 64, flush_after_s: float = 0.02, idle_flush: bool = False,
@@ -117,10 +118,10 @@ class OpenAIServer:
         if turn.model is not None and turn.model != self.model:
             raise BadRequest("model", f"{turn.model!r} does not exist: this server samples {self.model!r}", status=404, code="model_not_found")
         name = request.headers.get("x-session-id") or turn.user
-        session = self._session(name) if name else None
-        context, append = self._continuation(turn, session)
+        context, append = self._continuation(turn, self.sessions.get(name) if name else None)
         result = await self._generate(context, append, turn.options)
-        if session is not None:
+        if name:
+            session = self._session(name)
             session.calls.append(SessionCall(result.prompt_ids, result.token_ids, result.log_probs, result.weight_version))
             session.text = turn.text_prompt + result.text if turn.text_prompt is not None else None
         return result

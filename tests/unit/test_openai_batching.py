@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from hfrt.errors import DaemonGone, RemoteError
 from hfrt.flows.agent import AgentGenerationError, TurnBatcher
-from hfrt.http_json import Request
+from hfrt.http_json import HttpError, Request
 from hfrt.openai_api import BadRequest
 from hfrt.openai_server import OpenAIServer, _http_error
 from tests.unit.test_agent_loop import ScriptedRollout
@@ -89,7 +91,11 @@ def test_generation_errors_become_http_statuses() -> None:
 async def test_sessions_are_recorded_and_the_oldest_dropped_past_max_sessions() -> None:
     import json
 
-    server = OpenAIServer(ScriptedRollout(), batch_size=1, max_sessions=2)
+    server = OpenAIServer(SlowRollout(0.0), batch_size=1, max_sessions=2)
+    failing = json.dumps({"prompt": [999], "max_tokens": 2, "user": "failed"}).encode()
+    with pytest.raises(HttpError, match="IndexError"):
+        await server.handle(Request("POST", "/v1/completions", body=failing))
+    assert "failed" not in server.sessions  # a session records a call once it succeeded
     for name in ("a", "b", "c"):
         body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
         await server.handle(Request("POST", "/v1/completions", headers={"x-session-id": name}, body=body))
