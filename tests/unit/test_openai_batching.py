@@ -105,3 +105,12 @@ async def test_sessions_are_recorded_and_the_oldest_dropped_past_max_sessions() 
     t = server.end_session("c")
     assert t.prompt_ids == [ord("h"), ord("i")] and t.response_ids == [ord(c) for c in "ab!ab"] and t.gen_mask == [1, 1, 0, 1, 1]
     assert list(server.sessions) == ["b"]
+
+
+def test_the_server_side_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, hfrt.openai_server, hfrt.cli\nassert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
