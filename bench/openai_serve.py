@@ -80,7 +80,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hfrt.bench.openai_serve", description=__doc__)
+    p = argparse.ArgumentParser(prog="hfrt bench openai-serve", description=__doc__)
     p.add_argument("--model", default="tiny", help="model preset or folder of the rollout daemon")
     p.add_argument("--clients", type=int, default=16, help="concurrent HTTP clients")
     p.add_argument("--requests", type=int, default=4, help="requests per client per round")

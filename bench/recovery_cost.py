@@ -97,14 +97,14 @@ def measure(flow: str, role: str, kills: int, every: int, heartbeat_s: float) ->
             "median_step_s": round(step_s, 3)}  # the same run's undisturbed pace, for ratios
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hfrt bench recovery", description=__doc__.splitlines()[0])
     p.add_argument("--flow", default="ppo", help="flow to run (ppo, grpo_async, ...)")
     p.add_argument("--role", default="reward", help="role whose daemon is killed")
     p.add_argument("--kills", type=int, default=3, help="how many times to kill it")
     p.add_argument("--every", type=int, default=4, help="steps between kills")
     p.add_argument("--heartbeat", type=float, default=2.0, help="daemon heartbeat interval (s)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     print(json.dumps(measure(args.flow, args.role, args.kills, args.every, args.heartbeat)))
     return 0
 

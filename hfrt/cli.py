@@ -15,7 +15,8 @@ from typing import Any
 BENCHES = {
     "latency": "hfrt.bench.latency", "transfer": "hfrt.bench.transfer", "transition": "hfrt.bench.transition",
     "step": "hfrt.bench.step", "memory": "hfrt.bench.memory",
-    "vs-trl": "hfrt.bench.vs_trl", "reshard": "hfrt.bench.reshard",
+    "vs-trl": "hfrt.bench.vs_trl", "reshard": "hfrt.bench.reshard", "openai-serve": "hfrt.bench.openai_serve",
+    "recovery": "hfrt.bench.recovery_cost",
 }
 
 
@@ -379,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--run-dir", help="where daemon logs go (default: runs/serve-openai-TIMESTAMP)")
     so.add_argument("--log-level", default="warning", help="debug, info, warning or error")
 
-    b = sub.add_parser("bench", help="run a benchmark (extra flags go to the benchmark; see --help there)")
+    # no -h of its own: `hfrt bench step --help` reaches the benchmark's parser
+    b = sub.add_parser("bench", add_help=False, help="run a benchmark (extra flags go to the benchmark; see --help there)")
     b.add_argument("which", choices=sorted(BENCHES), help="which benchmark")
     return p
 
