@@ -23,7 +23,7 @@ from hfrt.endpoints import Dispatch, endpoint
 from .common import sampling_params
 from .generate import SamplingParams
 from .rollout import encode_prompt
-from .rows import all_reduce, merge
+from .rows import all_reduce, check_rows, merge
 
 #: non-tensor columns generate_turn reads (one row per conversation)
 TURN_INPUT = ("context", "append")
@@ -128,17 +128,19 @@ class AgentTurns:
         non-tensor `appended` (ids of each appended text), `turn_ids`, `turn_log_probs`, `turn_text`,
         `weight_version`. `stop`: {"strings": [...]}, one-token strings that end a turn (as stop
         token ids; a table, as SPLIT dispatch would split a list argument)."""
-        rows = merge(batch, extra)
-        missing = [c for c in TURN_INPUT if c not in rows.non_tensor]
-        if missing:
-            raise KeyError(f"generate_turn needs non-tensor columns {missing}; the batch has {list(rows.non_tensor)}")
         if stop is not None and not isinstance(stop, dict):
             raise TypeError(f"generate_turn: stop must be a table {{'strings': [...]}}, not {stop!r:.80}")
         stops = tuple(sampling.pop("stop_token_ids", None) or ()) + stop_ids(self.tokenizer, (stop or {}).get("strings", []))
         params = dataclasses.replace(sampling_params(self.sampling, **sampling), n=1, stop_token_ids=stops)
-        params, meta = self._turn_prepare(params)  # every rank, rows or none: it may be collective
-        if len(rows) == 0:
+        # every rank, rows or none (a generation group gets none when fewer conversations are
+        # live than there are groups), before any row is read: it may be collective
+        params, meta = self._turn_prepare(params)
+        rows = merge(batch, extra)
+        if len(rows) == 0:  # an empty slice of the call's rows carries no columns
             return Batch({}, {c: [] for c in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version")}, meta)
+        missing = [c for c in TURN_INPUT if c not in rows.non_tensor]
+        if missing:
+            raise KeyError(f"generate_turn needs non-tensor columns {missing}; the batch has {list(rows.non_tensor)}")
         contexts, appended = [], []
         for i, (context, append) in enumerate(zip(rows["context"], rows["append"], strict=True)):
             try:
@@ -162,8 +164,10 @@ class AgentTurns:
         """Trajectories (non-tensor `prompt_ids`, `response_ids`, `response_gen_mask` 1 on sampled
         tokens, `response_log_probs`) as a rollout Batch: the roles/rollout.py tensor columns, padded
         to the group's widest (at least the given widths), `response` text of the whole response,
-        and every other column carried."""
+        and every other column carried. Every data-parallel rank must get at least one trajectory
+        (the training endpoints need rows on every rank too); all ranks refuse together otherwise."""
         rows = merge(batch, extra)
+        check_rows(len(rows), "assemble_trajectories")  # all ranks raise together: none waits in all_reduce below
         missing = [c for c in TRAJECTORY_INPUT if c not in rows.non_tensor]
         if missing:
             raise KeyError(f"assemble_trajectories needs non-tensor columns {missing}; the batch has {list(rows.non_tensor)}")

@@ -128,7 +128,7 @@ async def test_turns_on_the_actor_push_once_per_round_and_the_update_shows_in_th
 async def test_turns_on_a_tensor_parallel_actor(tp_g: int) -> None:
     """Trained at tp=2 on 2 ranks, generating at tp_g: at tp_g=2 both ranks are one generation
     group and must draw the same tokens (no seed given: they agree on one); at tp_g=1 each rank is
-    a generation dp group of its own and gets its own rows (SPLIT_GENERATION)."""
+    a generation dp group of its own and gets its own rows (SPLIT_GENERATION), or none."""
     from hfrt.run import free_tcp_address
     from tests.support import local_cluster
 
@@ -144,6 +144,11 @@ async def test_turns_on_a_tensor_parallel_actor(tp_g: int) -> None:
         handle = await assemble(actor, out)
         await check_batch(ctl, actor, handle, out)  # a rank that drew other tokens would break this
         assert [s["phase"] for s in await actor.hybrid_phase()] == ["train", "train"]
+        # one conversation: at tp_g=1 rank 1's generation group gets no rows, and still takes part
+        # in the (collective) transition, so rank 0's does not hang
+        single = await run_agents(actor, two_turns, [{"prompt": "5+5=", "score": 0.0}], AgentConfig(seed=1))
+        check_trajectories(single, version=0)
+        assert [(s["phase"], s["to_generate"]) for s in await actor.hybrid_phase()] == [("generate", 2)] * 2
 
 
 @pytest.mark.slow
