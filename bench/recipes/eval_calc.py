@@ -2,7 +2,8 @@
 
 `python -m hfrt.bench.recipes.eval_calc --data runs/calc/val.jsonl --model smollm2-135m --model runs/smollm2-calc/hf`
 starts a rollout daemon per model (a preset name or an exported Hugging Face folder), runs the agent
-loop at temperature 0 on every row, and reports per model: accuracy (reward mean), the rate of
+loop on every row — greedily by default; `--temperature 1 --samples 4` samples as training does,
+four times a row, from a fixed seed — and reports per model: accuracy (reward mean), the rate of
 samples that called the tool, the mean number of calls, and the rate of samples that ended in an
 error (a limit or a bad expression). `--out FILE` also writes the figures as JSON.
 
@@ -50,11 +51,11 @@ def rollout_roles(model: str, *, dtype: str = "float32", threads: int | None = N
     return {"rollout": {"impl": "rollout", "options": options}}
 
 
-def eval_flow(rows: Sequence[dict[str, Any]], agent_cfg: AgentConfig, into: dict[str, Any]) -> Flow:
-    """A flow that runs the agent once per row on the rollout role and puts the summary in `into`."""
+def eval_flow(rows: Sequence[dict[str, Any]], agent_cfg: AgentConfig, into: dict[str, Any], samples_per_row: int = 1) -> Flow:
+    """A flow that runs the agent `samples_per_row` times per row on the rollout role and puts the summary in `into`."""
     async def run(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
         rollout = (await get_roles(ctl, "rollout"))["rollout"]
-        samples = [{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in rows]
+        samples = [{"prompt": r["prompt"], "ground_truth": r["ground_truth"]} for r in rows for _ in range(samples_per_row)]
         start = time.perf_counter()
         trajectories = await run_agents(rollout, calc_agent, samples, agent_cfg)
         into.update(summarize(trajectories), generate_s=round(time.perf_counter() - start, 2))
@@ -62,12 +63,13 @@ def eval_flow(rows: Sequence[dict[str, Any]], agent_cfg: AgentConfig, into: dict
     return Flow("eval_calc", run, roles={})
 
 
-async def evaluate(model: str, rows: Sequence[dict[str, Any]], agent_cfg: AgentConfig, run_dir: Path, **role_kw: Any) -> dict[str, Any]:
-    """The summary of greedy agent runs of `model` on `rows` (daemon logs under run_dir/logs)."""
+async def evaluate(model: str, rows: Sequence[dict[str, Any]], agent_cfg: AgentConfig, run_dir: Path, *,
+                   samples_per_row: int = 1, **role_kw: Any) -> dict[str, Any]:
+    """The summary of agent runs of `model` on `rows` (daemon logs under run_dir/logs)."""
     from hfrt.run import run_flow
 
     figures: dict[str, Any] = {"model": model}
-    await run_flow(eval_flow(rows, agent_cfg, figures), run_dir=run_dir, config={"trace": False}, roles=rollout_roles(model, **role_kw))
+    await run_flow(eval_flow(rows, agent_cfg, figures, samples_per_row), run_dir=run_dir, config={"trace": False}, roles=rollout_roles(model, **role_kw))
     return figures
 
 
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", action="append", required=True,
                    help="a preset name or an exported HF folder (RUN_DIR/hf); repeat to compare models")
     p.add_argument("--limit", type=int, default=0, help="evaluate only the first N rows (0: all)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default); 1: as the recipe trains")
+    p.add_argument("--samples", type=int, default=1, help="conversations per row (use more than 1 only when sampling)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (the same for every model)")
     p.add_argument("--max-new-tokens", type=int, default=12, help="per turn (as the recipe)")
     p.add_argument("--max-total-tokens", type=int, default=160, help="per conversation (as the recipe)")
     p.add_argument("--threads", type=int, default=0, help="torch threads of the rollout daemon (0: its default)")
@@ -92,17 +97,21 @@ def main(argv: list[str] | None = None) -> int:
     missing = [m for m in args.model if "/" in m and not (Path(m) / "config.json").is_file()]
     if missing:
         p.error(f"--model {missing[0]}: no config.json there (export a run with export_hf=true: RUN_DIR/hf)")
-    agent_cfg = AgentConfig(max_new_tokens=args.max_new_tokens, temperature=0.0, max_total_tokens=args.max_total_tokens,
-                            max_turns=6, sample_timeout_s=300.0, seed=0)
+    if args.samples < 1 or args.temperature < 0:
+        p.error(f"--samples {args.samples} --temperature {args.temperature}: need at least 1 sample and a temperature >= 0")
+    agent_cfg = AgentConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, max_total_tokens=args.max_total_tokens,
+                            max_turns=6, sample_timeout_s=600.0, seed=args.seed)
     results = []
     for index, model in enumerate(args.model):
-        figures = asyncio.run(evaluate(model, rows, agent_cfg, Path(args.run_dir) / f"model{index}", threads=args.threads or None))
+        figures = asyncio.run(evaluate(model, rows, agent_cfg, Path(args.run_dir) / f"model{index}",
+                                       samples_per_row=args.samples, threads=args.threads or None))
         results.append(figures)
         print(f"{model}: accuracy {figures['accuracy']:.3f}  tool calls {figures['tool_call_rate']:.3f} of samples "
               f"({figures['tool_calls_mean']:.2f} each)  errors {figures['error_rate']:.3f}  "
-              f"on {figures['samples']} rows in {figures['generate_s']:.1f} s", flush=True)
+              f"on {figures['samples']} samples in {figures['generate_s']:.1f} s", flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps({"data": args.data, "greedy": True, "results": results}, indent=2) + "\n")
+        Path(args.out).write_text(json.dumps({"data": args.data, "rows": len(rows), "temperature": args.temperature,
+                                              "samples_per_row": args.samples, "seed": args.seed, "results": results}, indent=2) + "\n")
     return 0
 
 

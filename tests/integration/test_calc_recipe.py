@@ -1,5 +1,5 @@
-"""The calculator-tool recipe (bench/recipes): its data maker, its run config, and the greedy evaluation
-entry on the tiny preset (a real rollout daemon; no SmolLM2 training here)."""
+"""The calculator-tool recipe (bench/recipes): its data maker, its run config, and the evaluation entry
+(greedy and sampled) on the tiny preset (a real rollout daemon; no SmolLM2 training here)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_recipe_config_parses_as_an_agent_calc_run(tmp_path: Path) -> None:
     runconfig.check_role_options(rc.roles)  # every role accepts its options (raises ConfigError otherwise)
 
 
-def test_eval_entry_runs_the_agent_greedily_on_a_real_rollout_daemon(tmp_path: Path) -> None:
+def test_eval_entry_runs_the_agent_greedily_and_sampled_on_a_real_rollout_daemon(tmp_path: Path) -> None:
     make_calc_data.write(tmp_path / "data", train=1, val=6)
     out = tmp_path / "eval.json"
     code = eval_calc.main(["--data", str(tmp_path / "data" / "val.jsonl"), "--model", "tiny", "--model", "tiny",
@@ -75,6 +75,19 @@ def test_eval_entry_runs_the_agent_greedily_on_a_real_rollout_daemon(tmp_path: P
         assert 0.0 <= first[key] <= 1.0
     assert {k: v for k, v in first.items() if k != "generate_s"} == {k: v for k, v in second.items() if k != "generate_s"}  # greedy
     assert (tmp_path / "runs" / "model1" / "logs" / "rollout-0.log").is_file()
+    sampled = tmp_path / "sampled.json"
+    assert eval_calc.main(["--data", str(tmp_path / "data" / "val.jsonl"), "--model", "tiny", "--temperature", "1",
+                           "--samples", "3", "--run-dir", str(tmp_path / "runs2"), "--out", str(sampled), "--threads", "1"]) == 0
+    report = json.loads(sampled.read_text())
+    assert (report["temperature"], report["samples_per_row"], report["rows"]) == (1.0, 3, 6)
+    assert report["results"][0]["samples"] == 18
+
+
+def test_eval_entry_refuses_no_samples(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_calc_data.write(tmp_path, train=1, val=2)
+    with pytest.raises(SystemExit) as stop:
+        eval_calc.main(["--data", str(tmp_path / "val.jsonl"), "--model", "tiny", "--samples", "0"])
+    assert stop.value.code == 2 and "need at least 1 sample" in capsys.readouterr().err
 
 
 def test_eval_entry_names_a_model_folder_that_is_no_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
