@@ -119,7 +119,9 @@ async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
 
 async def agent_grpo(ctl: Any, config: dict[str, Any], agent: AgentFn, *, config_cls: type[AgentCalcConfig] = AgentCalcConfig) -> dict[str, Any]:
     """GRPO over `agent`'s trajectories, with this module's ROLES: what a user's tool flow calls
-    (`async def flow(ctl, config): return await agent_grpo(ctl, config, my_agent)`)."""
+    (`async def flow(ctl, config): return await agent_grpo(ctl, config, my_agent)`). The turns and
+    the assembly run on the rollout role, or on the actor itself with config agent_on = "actor"
+    (metrics agent/weight_pushes, agent/weight_version)."""
     cfg = config_cls.read(config)
     if cfg.agent_on == "actor":
         roles = await get_roles(ctl, "actor", "reference", "reward")
