@@ -44,7 +44,7 @@ def _controller(args: argparse.Namespace) -> int:
         run_dir, config, roles = _run_config(args, flow)
         attach = Attach.read(args.attach) if args.attach else None
         if attach is not None:
-            _check_attach_roles(flow, attach, args.attach)
+            _check_attach_roles(flow, config, attach, args.attach)
     except ValueError as exc:  # ConfigError included: all before any daemon starts
         print(f"hfrt controller: {exc}", file=sys.stderr)
         return 2
@@ -126,10 +126,10 @@ def _write_config(run_dir: Path, config: dict[str, Any], roles: dict[str, dict[s
     (run_dir / "config.json").write_text(saved.to_json())
 
 
-def _check_attach_roles(flow: Any, attach: Any, path: str) -> None:
+def _check_attach_roles(flow: Any, config: dict[str, Any], attach: Any, path: str) -> None:
     """Refuse at once a flow that needs a role the attached daemons do not have (waiting for
-    it to say hello would only time out)."""
-    missing = sorted(set(flow.roles) - set(attach.roles))
+    it to say hello would only time out); the roles are those the flow needs with `config`."""
+    missing = sorted(set(flow.roles_for(config)) - set(attach.roles))
     if missing:
         raise ValueError(
             f"--attach {path}: flow {flow.name!r} needs role(s) {missing}, which these daemons do not have "
