@@ -9,7 +9,11 @@ role, token-in/token-out) → trajectories assembled into a rollout batch on the
 run on the actor's own generation engine instead (colocated, verl's AgentLoop on the hybrid
 engine): no rollout daemon is launched, no weights are sent anywhere, the actor stays in its
 generation phase across a step's turns (one weight push into its generation engine per step) and
-goes back to training for the update. It knows endpoints, not engines.
+goes back to training for the update. With `max_staleness` ≥ 1 (agent_on = "rollout" only) the
+agents of the next steps run ahead on the rollout role while the actor trains (AReaL / slime style
+agentic async RL): async_rollout.RolloutPipeline, whose rollout is "run the agents and assemble";
+each sample's `weight_version` is its oldest turn's, so staleness, tis_cap and decoupled PPO
+work as in grpo_async. It knows endpoints, not engines.
 """
 
 from __future__ import annotations
@@ -17,14 +21,19 @@ from __future__ import annotations
 import ast
 import operator
 import re
+import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from .agent import AgentConfig, AgentFn, Conversation, agent_metrics, assemble, run_agents
-from .async_rollout import WeightSync
+from hfrt.protocols import BatchHandle
+
+from .agent import AgentConfig, AgentFn, Conversation, Trajectory, agent_metrics, assemble, run_agents
+from .async_rollout import STALE_POLICIES, RolloutPipeline, StalenessPolicy, WeightSync
 from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, reduce_rank_metrics, step_metrics
 from .grpo import GRPOFlowConfig, actor_loss_options
 from .grpo import ROLES as GRPO_ROLES
+from .grpo_async import train_on
 from .tasks import leading_number
 from .trainer import Trainer, sampling_seed
 
@@ -76,7 +85,10 @@ class AgentCalcConfig(GRPOFlowConfig):
     """grpo's settings (max_new_tokens per turn) plus max_total_tokens per conversation (prompt
     included), max_turns and sample_timeout_s (a sample running longer ends with an error), and
     agent_on: "rollout" (default; the turns on the rollout role, weights synced to it each step)
-    or "actor" (the turns on the actor's generation engine; the run has no rollout role)."""
+    or "actor" (the turns on the actor's generation engine; the run has no rollout role).
+    max_staleness (agent_on = "rollout"): policy versions a sample may lag; 0 (default) is the
+    synchronous step, ≥ 1 runs the agents of later steps while the actor trains, with grpo_async's
+    stale_policy, rollout_ahead, stale_min_keep and sync_bucket_mb (see GRPOAsyncConfig)."""
 
     steps: int = 300
     n: int = 8
@@ -86,11 +98,28 @@ class AgentCalcConfig(GRPOFlowConfig):
     max_turns: int = 6
     sample_timeout_s: float = 60.0
     agent_on: str = "rollout"
+    max_staleness: int = 0
+    stale_policy: str = "wait"
+    rollout_ahead: int = -1
+    stale_min_keep: float = 0.5
+    sync_bucket_mb: float = 64.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.agent_on not in AGENT_ON:
             raise ValueError(f"config agent_on={self.agent_on!r}: use one of {', '.join(AGENT_ON)}")
+        if self.agent_on == "actor" and self.max_staleness > 0:
+            raise ValueError(
+                f"config max_staleness={self.max_staleness} with agent_on=actor: the colocated actor cannot "
+                "run agents while it trains; use agent_on=rollout for asynchronous agent rollouts, or max_staleness=0")
+        if self.stale_policy not in STALE_POLICIES:
+            raise ValueError(f"config stale_policy={self.stale_policy!r}: use wait or drop")
+        if not self.sync_bucket_mb > 0:
+            raise ValueError(f"config sync_bucket_mb={self.sync_bucket_mb!r}: must be > 0")
+        try:
+            self.staleness()
+        except ValueError as err:
+            raise ValueError(f"config: {err}") from None
         if self.val_every:
             raise ValueError(f"config val_every={self.val_every}: agent_calc has no validation pass (its reward comes from the agent loop); use 0")
         if self.max_total_tokens < 2 or self.max_turns < 1:
@@ -100,6 +129,9 @@ class AgentCalcConfig(GRPOFlowConfig):
         return AgentConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                            max_total_tokens=self.max_total_tokens, max_turns=self.max_turns,
                            sample_timeout_s=self.sample_timeout_s, seed=sampling_seed(self, step))
+
+    def staleness(self) -> StalenessPolicy:
+        return StalenessPolicy(self.max_staleness, self.stale_policy, self.rollout_ahead, self.stale_min_keep)
 
 
 Config = AgentCalcConfig
@@ -129,6 +161,16 @@ async def agent_grpo(ctl: Any, config: dict[str, Any], agent: AgentFn, *, config
         return await Trainer(ctl, cfg, roles).run(
             lambda step, prompts: agent_step(cfg, step, prompts, roles["actor"], agent, None, pushes, **roles))
     roles = await get_roles(ctl, "actor", "rollout", "reference", "reward")
+    if cfg.max_staleness > 0:
+        trainer = Trainer(ctl, cfg, roles)
+        steps = AsyncAgentSteps(cfg, roles, trainer, agent)
+        try:
+            summary = await trainer.run(steps)
+        except BaseException:
+            await steps.close(abort=True)  # the first error is the one reported
+            raise
+        await steps.close()
+        return summary
     sync = WeightSync(roles["actor"], roles["rollout"])
     train = {k: v for k, v in roles.items() if k != "rollout"}
     return await Trainer(ctl, cfg, roles).run(
@@ -159,10 +201,8 @@ async def agent_step(cfg: AgentCalcConfig, step: int, prompts: Any, generator: A
     if sync is not None:
         await sync.publish(step)
         info = await t.one("sync", sync.drain())
-    names = [name for name in prompts.shards[0].non_tensor if name != "uid"]
-    rows = [dict(zip(names, values, strict=True)) for values in zip(*(non_tensor(prompts, c) for c in names), strict=True)]
-    samples = [row | {"uid": f"{step}-{i}"} for i, row in enumerate(rows) for _ in range(cfg.n)]
-    trajectories = await t.one("generate", run_agents(generator, agent, samples, cfg.agent(step)))
+    names = prompt_columns(prompts)
+    trajectories = await t.one("generate", run_agents(generator, agent, agent_samples(cfg, step, prompts), cfg.agent(step)))
     batch = await t.one("assemble", assemble(generator, trajectories, carry=(*names, "uid", "tool_calls")))
     if pushes is not None:
         info |= await pushes.since_last()
@@ -171,6 +211,84 @@ async def agent_step(cfg: AgentCalcConfig, step: int, prompts: Any, generator: A
     adv = await t.one("advantages", actor.compute_advantages(
         batch, scores, *old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
     ranks = await t.one("update", actor.update(batch, *old, ref, adv, **actor_loss_options(cfg), **kw))
+    return step_metrics(t, scores, batch, adv.meta["metrics"], reduce_rank_metrics(ranks)) | trajectory_metrics(trajectories) | info
+
+
+def prompt_columns(prompts: BatchHandle) -> list[str]:
+    """The prompts' columns a sample carries (its `uid` is made per sample)."""
+    return [name for name in prompts.shards[0].non_tensor if name != "uid"]
+
+
+def agent_samples(cfg: AgentCalcConfig, step: int, prompts: BatchHandle, tag: str = "") -> list[dict[str, Any]]:
+    """Each prompt row as a sample dict, `cfg.n` times in a row, with a `uid` per prompt
+    (`{step}-{tag}{row}`: a tag keeps the uids of a step's later rollouts apart)."""
+    names = prompt_columns(prompts)
+    rows = [dict(zip(names, values, strict=True)) for values in zip(*(non_tensor(prompts, c) for c in names), strict=True)]
+    return [row | {"uid": f"{step}-{tag}{i}"} for i, row in enumerate(rows) for _ in range(cfg.n)]
+
+
+def trajectory_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """agent/* of a step's trajectories, agent/tool_calls_mean from the samples' `tool_calls`."""
     calls = [float(tr.sample.get("tool_calls") or 0) for tr in trajectories]
-    extra = agent_metrics(trajectories) | {"agent/tool_calls_mean": sum(calls) / max(len(calls), 1)} | info
-    return step_metrics(t, scores, batch, adv.meta["metrics"], reduce_rank_metrics(ranks)) | extra
+    return agent_metrics(trajectories) | {"agent/tool_calls_mean": sum(calls) / max(len(calls), 1)}
+
+
+class AsyncAgentSteps:
+    """agent_grpo's step function with max_staleness ≥ 1 (call it with (step, prompts), as Trainer
+    does). It owns a RolloutPipeline whose rollout for a step is "run the agents on its prompts on
+    the rollout role and assemble the trajectories there": the agents of step s + 1 (up to
+    s + depth) run while the actor trains step s, their turns sampled with whatever version the
+    rollout daemon holds when each turn's call arrives (a load sent meanwhile is applied between
+    turns); a sample's `weight_version` is its oldest turn's. Then grpo_async's stages after
+    generation (train_on): reference ∥ reward, old log-probs, advantages, update (tis_cap and
+    decoupled PPO with the turns' own log-probs). Prompts keep data order, as in AsyncGRPO."""
+
+    def __init__(self, cfg: AgentCalcConfig, roles: dict[str, Any], trainer: Trainer, agent: AgentFn) -> None:
+        self.cfg, self.roles, self.trainer, self.agent = cfg, roles, trainer, agent
+        self._given: deque[BatchHandle] = deque()
+        sync = WeightSync(roles["actor"], roles["rollout"], bucket_mb=cfg.sync_bucket_mb)
+        self.pipeline = RolloutPipeline(sync, cfg.staleness(), self._generate, self._next_prompts, steps=cfg.steps)
+        self._started = False
+        self._trajectories: dict[int, list[Trajectory]] = {}  # step → the trajectories of its rollouts
+        recovery = getattr(trainer.ctl, "recovery", None)
+        if recovery is not None:
+            recovery.on_restart("rollout", self._rollout_restarted)
+
+    def _next_prompts(self) -> BatchHandle:
+        return self._given.popleft() if self._given else self.trainer.more_prompts(self.cfg.prompts_per_step)
+
+    async def _generate(self, step: int, prompts: BatchHandle) -> BatchHandle:
+        """The pipeline's rollout: the agents on `prompts`, assembled on the rollout role."""
+        done = self._trajectories.setdefault(step, [])
+        tag = f"r{len(done)}-" if done else ""  # a top-up's prompts: uids apart from the kept groups'
+        start = time.perf_counter()
+        rollout = self.roles["rollout"]
+        trajectories = await run_agents(rollout, self.agent, agent_samples(self.cfg, step, prompts, tag), self.cfg.agent(step))
+        batch = await assemble(rollout, trajectories, carry=(*prompt_columns(prompts), "uid", "tool_calls"))
+        done.extend(trajectories)
+        # what the pipeline reads as the rollout side's busy time and tokens/s
+        batch.meta["timing/generate_s"] = time.perf_counter() - start
+        return batch
+
+    async def _rollout_restarted(self, replaced: list[str]) -> None:
+        """Recovery's hook: a relaunched rollout daemon gets the current weights first."""
+        await self.pipeline.resync()
+
+    async def __call__(self, step: int, prompts: BatchHandle) -> dict[str, Any]:
+        self._given.append(prompts)
+        if not self._started:
+            self._started = True
+            await self.pipeline.start(step)
+        t = StageTimer()
+        batch, info = await t.one("generate", self.pipeline.take(step))
+        trajectories = self._trajectories.pop(step, [])
+        if info.get("async/dropped_groups"):  # agent/* of the samples trained on only
+            kept = set(non_tensor(batch, "uid"))
+            trajectories = [tr for tr in trajectories if tr.sample.get("uid") in kept]
+        roles = {k: self.roles[k] for k in ("actor", "reference", "reward")}
+        record = await train_on(self.cfg, t, batch, **roles)
+        info |= await t.one("sync", self.pipeline.trained(step + 1))  # publishing goes on in a task
+        return record | trajectory_metrics(trajectories) | info | {"timing/step_s": t.step_s()}
+
+    async def close(self, *, abort: bool = False) -> None:
+        await self.pipeline.close(abort=abort)
