@@ -27,12 +27,16 @@ async def flow(ctl, config):
 '''
 
 
-def controller(run_dir: Path, *sets: str, flow: str = "agent_calc", timeout: float = 170) -> subprocess.CompletedProcess[str]:
+def command(run_dir: Path, *sets: str, flow: str = "agent_calc") -> list[str]:
     args = [sys.executable, "-m", "hfrt", "controller", "--flow", flow, "--run-dir", str(run_dir),
             "--set", "progress=off", "--set", "export_hf=false"]
     for item in sets:
         args += ["--set", item]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    return args
+
+
+def controller(run_dir: Path, *sets: str, flow: str = "agent_calc", timeout: float = 170) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command(run_dir, *sets, flow=flow), capture_output=True, text=True, timeout=timeout)
 
 
 def records(run_dir: Path) -> list[dict[str, Any]]:
