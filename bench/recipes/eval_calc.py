@@ -1,4 +1,4 @@
-"""Greedy evaluation of the calculator-tool agent (the `agent_calc` flow's `calc_agent`) on held-out prompts.
+"""Evaluation (greedy or sampled) of the calculator-tool agent (the `agent_calc` flow's `calc_agent`) on held-out prompts.
 
 `python -m hfrt.bench.recipes.eval_calc --data runs/calc/val.jsonl --model smollm2-135m --model runs/smollm2-calc/hf`
 starts a rollout daemon per model (a preset name or an exported Hugging Face folder), runs the agent
@@ -24,7 +24,7 @@ from hfrt.flows import Flow
 from hfrt.flows.agent import AgentConfig, Trajectory, run_agents
 from hfrt.flows.agent_calc import calc_agent
 from hfrt.flows.common import get_roles
-from hfrt.flows.data import read_rows
+from hfrt.flows.data import DatasetError, read_rows
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", default="runs/eval-calc", help="where daemon logs go (one subfolder per model)")
     p.add_argument("--out", default="", help="also write the figures to this JSON file")
     args = p.parse_args(argv)
-    rows = read_rows(args.data)
+    try:
+        rows = read_rows(args.data)
+    except DatasetError as exc:
+        p.error(f"--data: {exc}")
     if args.limit:
         rows = rows[: args.limit]
     if not rows:
