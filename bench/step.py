@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hfrt.bench.common import add_output_flags, emit, machine
-from hfrt.flows import Flow, grpo, grpo_async, ppo
+from hfrt.flows import Flow, agent_calc, grpo, grpo_async, ppo
 from hfrt.flows.common import CALL_TIMEOUT_S, FlowConfig, get_roles, prompts_handle
 from hfrt.flows.trainer import Trainer
 from hfrt.log import configure as configure_logging
@@ -41,9 +41,21 @@ FLOWS: dict[str, tuple[dict[str, dict[str, Any]], type[FlowConfig], Callable[...
     "ppo": (ppo.ROLES, ppo.Config, ppo.ppo_step),
     "grpo": (grpo.ROLES, grpo.Config, grpo.grpo_step),
     "grpo_async": (grpo_async.ROLES, grpo_async.Config, grpo_async.train_on),
+    # the calculator agent flow, synchronous and with --max-staleness (its rollout pipeline)
+    "agent_calc": (agent_calc.ROLES, agent_calc.Config, agent_calc.agent_step),
+    "agent_calc_async": (agent_calc.ROLES, agent_calc.Config, agent_calc.agent_step),
 }
+
+
+def agent_calc_steps(cfg: agent_calc.AgentCalcConfig, roles: dict[str, Any], trainer: Trainer) -> Any:
+    return agent_calc.step_function(cfg, roles, trainer, agent_calc.calc_agent)
+
+
 #: flows whose step keeps state across steps (a rollout pipeline): factory(cfg, roles, trainer) → step, with close()
-STEP_OBJECTS: dict[str, Callable[..., Any]] = {"grpo_async": grpo_async.AsyncGRPO}
+STEP_OBJECTS: dict[str, Callable[..., Any]] = {
+    "grpo_async": grpo_async.AsyncGRPO, "agent_calc": agent_calc_steps, "agent_calc_async": agent_calc_steps}
+#: asynchronous flow → the synchronous one it is compared with (step time ratio); it runs with --max-staleness
+ASYNC_OF = {"grpo_async": "grpo", "agent_calc_async": "agent_calc"}
 #: stage-2 call name (as StageTimer records it) → (role, endpoint); a flow uses those whose role it has
 STAGE2 = {"values": ("critic", "compute_values"), "ref_log_prob": ("reference", "compute_log_prob"), "reward": ("reward", "score")}
 #: roles --split places on the generation CPU by default
@@ -216,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                         "e.g. rollout,reference,reward to take inference off the training CPU")
     p.add_argument("--heartbeat-s", type=float, default=2.0,
                    help="daemon heartbeat interval (a daemon silent for a few intervals is declared gone): raise it on an overloaded machine")
-    p.add_argument("--max-staleness", type=int, default=1, help="grpo_async's max_staleness (0: synchronous)")
+    p.add_argument("--max-staleness", type=int, default=1, help="max_staleness of grpo_async and agent_calc_async (0: synchronous)")
     p.add_argument("--split", action="store_true",
                    help="split pools on this machine: rollout daemons on the last CPU, every other daemon on the rest")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -231,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gen_roles = frozenset({"rollout", *(r.strip() for r in args.gen_roles.split(",") if r.strip())})
     common = dict(setting(item, p) for item in args.set)
-    settings = {name: common | ({"max_staleness": args.max_staleness} if name == "grpo_async" else {}) for name in names}
+    settings = {name: common | ({"max_staleness": args.max_staleness} if name in ASYNC_OF else {}) for name in names}
     raw: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     rounds: list[dict[str, Any]] = []
     for _ in range(args.rounds):  # the flows alternate, so a change in the machine's load hits each alike
@@ -249,17 +261,20 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps, "warmup": args.warmup, "preset": "tiny", "task": "addition",
         "flows": flows, **machine(), **({"split_gen_roles": sorted(gen_roles)} if args.split else {}),
     }
-    if "grpo" in flows and "grpo_async" in flows:  # the async flow's step time against the synchronous one's
-        result["grpo_async_over_grpo_step_s"] = round(flows["grpo_async"]["step_s"] / flows["grpo"]["step_s"], 4)
+    for fast, slow in ASYNC_OF.items():  # an async flow's step time against the synchronous one's
+        if fast not in flows or slow not in flows:
+            continue
+        result[f"{fast}_over_{slow}_step_s"] = round(flows[fast]["step_s"] / flows[slow]["step_s"], 4)
         for r in rounds:
-            r["grpo_async_over_grpo"] = round(r["grpo_async_step_s"] / r["grpo_step_s"], 4)
-        result["grpo_async_over_grpo_round_median"] = round(statistics.median(r["grpo_async_over_grpo"] for r in rounds), 4)
+            r[f"{fast}_over_{slow}"] = round(r[f"{fast}_step_s"] / r[f"{slow}_step_s"], 4)
+        result[f"{fast}_over_{slow}_round_median"] = round(statistics.median(r[f"{fast}_over_{slow}"] for r in rounds), 4)
     if args.rounds > 1:
         result["rounds"] = rounds
     for line in table(flows):
         print(line)
-    if "grpo_async_over_grpo_step_s" in result:
-        print(f"grpo_async step / grpo step: {result['grpo_async_over_grpo_step_s']}")
+    for fast, slow in ASYNC_OF.items():
+        if f"{fast}_over_{slow}_step_s" in result:
+            print(f"{fast} step / {slow} step: {result[f'{fast}_over_{slow}_step_s']}")
     emit(result, args)
     return 0
 

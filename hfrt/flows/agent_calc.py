@@ -153,28 +153,46 @@ async def agent_grpo(ctl: Any, config: dict[str, Any], agent: AgentFn, *, config
     """GRPO over `agent`'s trajectories, with this module's ROLES: what a user's tool flow calls
     (`async def flow(ctl, config): return await agent_grpo(ctl, config, my_agent)`). The turns and
     the assembly run on the rollout role, or on the actor itself with config agent_on = "actor"
-    (metrics agent/weight_pushes, agent/weight_version)."""
+    (metrics agent/weight_pushes, agent/weight_version). With config max_staleness ≥ 1 the agents
+    of later steps run on the rollout role while the actor trains (metrics async/*, sync/*)."""
     cfg = config_cls.read(config)
-    if cfg.agent_on == "actor":
-        roles = await get_roles(ctl, "actor", "reference", "reward")
-        pushes = PushCounter(roles["actor"])
-        return await Trainer(ctl, cfg, roles).run(
-            lambda step, prompts: agent_step(cfg, step, prompts, roles["actor"], agent, None, pushes, **roles))
-    roles = await get_roles(ctl, "actor", "rollout", "reference", "reward")
+    needed = ("actor", "reference", "reward") if cfg.agent_on == "actor" else ("actor", "rollout", "reference", "reward")
+    roles = await get_roles(ctl, *needed)
+    trainer = Trainer(ctl, cfg, roles)
+    steps = step_function(cfg, roles, trainer, agent)
+    try:
+        summary = await trainer.run(steps)
+    except BaseException:
+        await steps.close(abort=True)  # the first error is the one reported
+        raise
+    await steps.close()
+    return summary
+
+
+def step_function(cfg: AgentCalcConfig, roles: dict[str, Any], trainer: Trainer, agent: AgentFn) -> AgentSteps | AsyncAgentSteps:
+    """agent_grpo's step function for these settings (call it with (step, prompts), as Trainer
+    does; then `close()`): synchronous with max_staleness = 0, the rollout pipeline beyond."""
     if cfg.max_staleness > 0:
-        trainer = Trainer(ctl, cfg, roles)
-        steps = AsyncAgentSteps(cfg, roles, trainer, agent)
-        try:
-            summary = await trainer.run(steps)
-        except BaseException:
-            await steps.close(abort=True)  # the first error is the one reported
-            raise
-        await steps.close()
-        return summary
-    sync = WeightSync(roles["actor"], roles["rollout"])
-    train = {k: v for k, v in roles.items() if k != "rollout"}
-    return await Trainer(ctl, cfg, roles).run(
-        lambda step, prompts: agent_step(cfg, step, prompts, roles["rollout"], agent, sync, None, **train))
+        return AsyncAgentSteps(cfg, roles, trainer, agent)
+    return AgentSteps(cfg, roles, agent)
+
+
+class AgentSteps:
+    """The synchronous step (max_staleness = 0): agent_step with the turns on the rollout role
+    (weights pushed to it first) or, with agent_on = "actor", on the actor itself."""
+
+    def __init__(self, cfg: AgentCalcConfig, roles: dict[str, Any], agent: AgentFn) -> None:
+        self.cfg, self.agent = cfg, agent
+        self.train = {k: roles[k] for k in ("actor", "reference", "reward")}
+        self.generator = roles["actor"] if cfg.agent_on == "actor" else roles["rollout"]
+        self.sync = None if cfg.agent_on == "actor" else WeightSync(roles["actor"], roles["rollout"])
+        self.pushes = PushCounter(roles["actor"]) if cfg.agent_on == "actor" else None
+
+    async def __call__(self, step: int, prompts: BatchHandle) -> dict[str, Any]:
+        return await agent_step(self.cfg, step, prompts, self.generator, self.agent, self.sync, self.pushes, **self.train)
+
+    async def close(self, *, abort: bool = False) -> None:
+        """Nothing runs between steps."""
 
 
 class PushCounter:
@@ -287,7 +305,9 @@ class AsyncAgentSteps:
             trajectories = [tr for tr in trajectories if tr.sample.get("uid") in kept]
         roles = {k: self.roles[k] for k in ("actor", "reference", "reward")}
         record = await train_on(self.cfg, t, batch, **roles)
+        sync_start = time.perf_counter()
         info |= await t.one("sync", self.pipeline.trained(step + 1))  # publishing goes on in a task
+        info["timing/sync_s"] = time.perf_counter() - sync_start
         return record | trajectory_metrics(trajectories) | info | {"timing/step_s": t.step_s()}
 
     async def close(self, *, abort: bool = False) -> None:
