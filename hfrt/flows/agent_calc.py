@@ -251,6 +251,13 @@ def trajectory_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     return agent_metrics(trajectories) | {"agent/tool_calls_mean": sum(calls) / max(len(calls), 1)}
 
 
+def spanning_share(trajectories: list[Trajectory]) -> float:
+    """The share of trajectories whose turns were sampled with more than one weight version (a
+    load reached the rollout role between two of its turns; its `weight_version` is the oldest)."""
+    spanning = sum(1 for tr in trajectories if len(set(tr.weight_versions)) > 1)
+    return spanning / max(len(trajectories), 1)
+
+
 class AsyncAgentSteps:
     """agent_grpo's step function with max_staleness ≥ 1 (call it with (step, prompts), as Trainer
     does). It owns a RolloutPipeline whose rollout for a step is "run the agents on its prompts on
@@ -308,6 +315,7 @@ class AsyncAgentSteps:
         sync_start = time.perf_counter()
         info |= await t.one("sync", self.pipeline.trained(step + 1))  # publishing goes on in a task
         info["timing/sync_s"] = time.perf_counter() - sync_start
+        info["async/rows_spanning_versions"] = spanning_share(trajectories)
         return record | trajectory_metrics(trajectories) | info | {"timing/step_s": t.step_s()}
 
     async def close(self, *, abort: bool = False) -> None:

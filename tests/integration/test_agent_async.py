@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from hfrt.flows.agent_calc import AgentCalcConfig
+from hfrt.flows.agent import Trajectory, trajectory_columns
+from hfrt.flows.agent_calc import AgentCalcConfig, spanning_share
 
 SMALL = ("prompts_per_step=2", "n=4")
 #: keys that differ between two runs of the same samples by how they were scheduled, not by what was computed
@@ -89,6 +90,7 @@ def test_max_staleness_1_runs_the_agents_ahead_of_the_update(tmp_path: Path) -> 
         assert r["async/staleness_max"] <= 1 and r["controller_bulk_bytes"] == 0
         assert r["agent/error_rate"] == 0.0 and r["agent/turns_mean"] >= 1.0
         assert "actor/tis_weight_mean" in r and "actor/behav_kl" in r  # corrected with the turns' own log-probs
+        assert 0.0 <= r["async/rows_spanning_versions"] <= 1.0 and r["async/dropped_groups"] == 0.0
     assert rows[0]["async/staleness_max"] == 0  # nothing older than version 0 exists
     assert any(r["async/staleness_hist/1"] > 0 for r in rows[1:]), [r["async/staleness_hist/1"] for r in rows]
     assert rows[1]["async/weight_version_min"] == 0.0  # step 1's agents ran while step 0 trained
@@ -118,3 +120,13 @@ def test_agent_on_actor_cannot_run_ahead(tmp_path: Path) -> None:
         assert out.returncode != 0
         assert "max_staleness=1 with agent_on=actor" in out.stderr, out.stderr[-3000:]
         assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_sample_is_as_old_as_its_oldest_turn() -> None:
+    """Turns sampled across a weight load: the sample's weight_version (what the staleness check
+    and the off-policy corrections read) is its oldest turn's; the share spanning versions is reported."""
+    one = Trajectory({"uid": "1-0"}, prompt_ids=[5], response_ids=[6, 7, 8], gen_mask=[1, 0, 1], log_probs=[-1.0, 0.0, -2.0],
+                     turns=2, weight_versions=[3, 4])
+    two = Trajectory({"uid": "1-0"}, prompt_ids=[5], response_ids=[6], gen_mask=[1], log_probs=[-1.0], turns=1, weight_versions=[4])
+    assert trajectory_columns([one, two])["weight_version"] == [3, 4]
+    assert spanning_share([one, two]) == 0.5 and spanning_share([]) == 0.0
