@@ -22,18 +22,17 @@ import ast
 import operator
 import re
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from hfrt.protocols import BatchHandle
 
 from .agent import AgentConfig, AgentFn, Conversation, Trajectory, agent_metrics, assemble, run_agents
-from .async_rollout import STALE_POLICIES, RolloutPipeline, StalenessPolicy, WeightSync
+from .async_rollout import STALE_POLICIES, StalenessPolicy, WeightSync
 from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, reduce_rank_metrics, step_metrics
 from .grpo import GRPOFlowConfig, actor_loss_options
 from .grpo import ROLES as GRPO_ROLES
-from .grpo_async import train_on
+from .grpo_async import PipelinedSteps, train_on
 from .tasks import leading_number
 from .trainer import Trainer, sampling_seed
 
@@ -258,7 +257,7 @@ def spanning_share(trajectories: list[Trajectory]) -> float:
     return spanning / max(len(trajectories), 1)
 
 
-class AsyncAgentSteps:
+class AsyncAgentSteps(PipelinedSteps):
     """agent_grpo's step function with max_staleness ≥ 1 (call it with (step, prompts), as Trainer
     does). It owns a RolloutPipeline whose rollout for a step is "run the agents on its prompts on
     the rollout role and assemble the trajectories there": the agents of step s + 1 (up to
@@ -269,18 +268,9 @@ class AsyncAgentSteps:
     decoupled PPO with the turns' own log-probs). Prompts keep data order, as in AsyncGRPO."""
 
     def __init__(self, cfg: AgentCalcConfig, roles: dict[str, Any], trainer: Trainer, agent: AgentFn) -> None:
-        self.cfg, self.roles, self.trainer, self.agent = cfg, roles, trainer, agent
-        self._given: deque[BatchHandle] = deque()
-        sync = WeightSync(roles["actor"], roles["rollout"], bucket_mb=cfg.sync_bucket_mb)
-        self.pipeline = RolloutPipeline(sync, cfg.staleness(), self._generate, self._next_prompts, steps=cfg.steps)
-        self._started = False
+        self.cfg, self.agent = cfg, agent
         self._trajectories: dict[int, list[Trajectory]] = {}  # step → the trajectories of its rollouts
-        recovery = getattr(trainer.ctl, "recovery", None)
-        if recovery is not None:
-            recovery.on_restart("rollout", self._rollout_restarted)
-
-    def _next_prompts(self) -> BatchHandle:
-        return self._given.popleft() if self._given else self.trainer.more_prompts(self.cfg.prompts_per_step)
+        super().__init__(cfg, roles, trainer)
 
     async def _generate(self, step: int, prompts: BatchHandle) -> BatchHandle:
         """The pipeline's rollout: the agents on `prompts`, assembled on the rollout role."""
@@ -295,28 +285,15 @@ class AsyncAgentSteps:
         batch.meta["timing/generate_s"] = time.perf_counter() - start
         return batch
 
-    async def _rollout_restarted(self, replaced: list[str]) -> None:
-        """Recovery's hook: a relaunched rollout daemon gets the current weights first."""
-        await self.pipeline.resync()
-
     async def __call__(self, step: int, prompts: BatchHandle) -> dict[str, Any]:
-        self._given.append(prompts)
-        if not self._started:
-            self._started = True
-            await self.pipeline.start(step)
         t = StageTimer()
-        batch, info = await t.one("generate", self.pipeline.take(step))
+        batch, info = await self._take(t, step, prompts)
         trajectories = self._trajectories.pop(step, [])
         if info.get("async/dropped_groups"):  # agent/* of the samples trained on only
             kept = set(non_tensor(batch, "uid"))
             trajectories = [tr for tr in trajectories if tr.sample.get("uid") in kept]
         roles = {k: self.roles[k] for k in ("actor", "reference", "reward")}
         record = await train_on(self.cfg, t, batch, **roles)
-        sync_start = time.perf_counter()
-        info |= await t.one("sync", self.pipeline.trained(step + 1))  # publishing goes on in a task
-        info["timing/sync_s"] = time.perf_counter() - sync_start
+        info |= await self._publish(t, step)
         info["async/rows_spanning_versions"] = spanning_share(trajectories)
         return record | trajectory_metrics(trajectories) | info | {"timing/step_s": t.step_s()}
-
-    async def close(self, *, abort: bool = False) -> None:
-        await self.pipeline.close(abort=abort)

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from hfrt.protocols import BatchHandle
 
@@ -98,26 +98,77 @@ async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-class AsyncGRPO:
-    """The step function of `grpo_async` (call it with (step, prompts), as Trainer does); it owns
-    the rollout pipeline, started on the first step (after a resume: at the resumed version).
+class PipelineConfig(Protocol):
+    """What PipelinedSteps reads of a flow's settings (GRPOAsyncConfig, AgentCalcConfig)."""
 
-    Prompts keep data order: the pipeline takes the prompts the Trainer gives each step, and draws
-    the next ones from the Trainer's source when it starts a rollout before they were given."""
+    @property
+    def steps(self) -> int: ...
+    @property
+    def prompts_per_step(self) -> int: ...
+    @property
+    def sync_bucket_mb(self) -> float: ...
 
-    def __init__(self, cfg: GRPOAsyncConfig, roles: dict[str, Any], trainer: Trainer) -> None:
-        self.cfg, self.roles, self.trainer = cfg, roles, trainer
+    def staleness(self) -> StalenessPolicy: ...
+
+
+class PipelinedSteps:
+    """What every step function over a RolloutPipeline shares (call it with (step, prompts), as
+    Trainer does; then `close()`): the pipeline, started on the first step (after a resume: at the
+    resumed version); prompts in data order (the pipeline takes the prompts the Trainer gives each
+    step, and draws the next ones from the Trainer's source when it starts a rollout before they
+    were given); a relaunched rollout daemon resynced before its calls are retried. A subclass
+    gives `_generate(step, prompts)` (one rollout) and `__call__`, built on `_take` and `_publish`."""
+
+    def __init__(self, cfg: PipelineConfig, roles: dict[str, Any], trainer: Trainer) -> None:
+        self.roles, self.trainer = roles, trainer
         self._given: deque[BatchHandle] = deque()
         sync = WeightSync(roles["actor"], roles["rollout"], bucket_mb=cfg.sync_bucket_mb)
         self.pipeline = RolloutPipeline(sync, cfg.staleness(), self._generate, self._next_prompts, steps=cfg.steps)
+        self._prompts_per_step = cfg.prompts_per_step
         self._started = False
-        self._stage2: dict[int, list[tuple[BatchHandle, Any, Any]]] = {}  # step → (rollout, ref, scores) started early
         recovery = getattr(trainer.ctl, "recovery", None)
         if recovery is not None:
             recovery.on_restart("rollout", self._rollout_restarted)
 
+    async def _generate(self, step: int, prompts: BatchHandle) -> BatchHandle:
+        raise NotImplementedError
+
     def _next_prompts(self) -> BatchHandle:
-        return self._given.popleft() if self._given else self.trainer.more_prompts(self.cfg.prompts_per_step)
+        return self._given.popleft() if self._given else self.trainer.more_prompts(self._prompts_per_step)
+
+    async def _rollout_restarted(self, replaced: list[str]) -> None:
+        """Recovery's hook (hfrt.recovery.Recovery.on_restart): a relaunched rollout daemon gets
+        the actor's current weights before its failed calls are retried."""
+        await self.pipeline.resync()
+
+    async def _take(self, t: StageTimer, step: int, prompts: BatchHandle) -> tuple[BatchHandle, dict[str, Any]]:
+        """The rollout this step trains on (stage `generate`: waiting for it) and its async/* metrics."""
+        self._given.append(prompts)
+        if not self._started:
+            self._started = True
+            await self.pipeline.start(step)
+        return await t.one("generate", self.pipeline.take(step))
+
+    async def _publish(self, t: StageTimer, step: int) -> dict[str, Any]:
+        """Publish version step + 1 and start the next rollouts (stage `sync`; the publish itself
+        goes on in a task); sync/* of the loads finished so far."""
+        start = time.perf_counter()
+        info = await t.one("sync", self.pipeline.trained(step + 1))
+        info["timing/sync_s"] = time.perf_counter() - start
+        return info
+
+    async def close(self, *, abort: bool = False) -> None:
+        await self.pipeline.close(abort=abort)
+
+
+class AsyncGRPO(PipelinedSteps):
+    """The step function of `grpo_async`: PipelinedSteps whose rollout is the rollout role's
+    `generate` (or partial_rollout), with reference and reward started early on request."""
+
+    def __init__(self, cfg: GRPOAsyncConfig, roles: dict[str, Any], trainer: Trainer) -> None:
+        self.cfg = cfg
+        self._stage2: dict[int, list[tuple[BatchHandle, Any, Any]]] = {}  # step → (rollout, ref, scores) started early
+        super().__init__(cfg, roles, trainer)
 
     def _generate(self, step: int, prompts: BatchHandle) -> Any:
         cfg = self.cfg
@@ -144,29 +195,15 @@ class AsyncGRPO:
         self._stage2.setdefault(step, []).append((rollout, ref, scores))
         return rollout
 
-    async def _rollout_restarted(self, replaced: list[str]) -> None:
-        """Recovery's hook (hfrt.recovery.Recovery.on_restart): a relaunched rollout daemon gets
-        the actor's current weights before its failed calls are retried."""
-        await self.pipeline.resync()
-
     async def __call__(self, step: int, prompts: BatchHandle) -> dict[str, Any]:
-        self._given.append(prompts)
-        if not self._started:
-            self._started = True
-            await self.pipeline.start(step)
         t = StageTimer()
-        rollout, info = await t.one("generate", self.pipeline.take(step))
+        rollout, info = await self._take(t, step, prompts)
         early = next(((ref, scores) for batch, ref, scores in self._stage2.pop(step, []) if batch is rollout), None)
         record = await train_on(self.cfg, t, rollout, early=early, **{k: self.roles[k] for k in ("actor", "reference", "reward")})
-        sync_start = time.perf_counter()
-        info |= await t.one("sync", self.pipeline.trained(step + 1))  # publishing goes on in a task
-        info["timing/sync_s"] = time.perf_counter() - sync_start
+        info |= await self._publish(t, step)
         trained_s = max(t.step_s() - info["async/train_wait_s"], 1e-9)
         info["perf/train_tokens_per_s"] = float(record.get("response_tokens", 0.0)) / trained_s
         return record | info | {"timing/step_s": t.step_s()}
-
-    async def close(self, *, abort: bool = False) -> None:
-        await self.pipeline.close(abort=abort)
 
 
 async def train_on(
