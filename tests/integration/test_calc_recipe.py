@@ -49,7 +49,10 @@ def test_data_maker_refuses_more_rows_than_operand_pairs(tmp_path: Path, capsys:
     assert stop.value.code == 2 and "leave only 4 unused pairs" in capsys.readouterr().err
 
 
-def test_recipe_config_parses_as_an_agent_calc_run(tmp_path: Path) -> None:
+def test_recipe_config_parses_as_an_agent_calc_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # as the README runs it: from a folder where the recipe's first command wrote runs/calc
+    monkeypatch.chdir(tmp_path)
+    make_calc_data.write(Path("runs/calc"), train=4, val=2)
     flow = load_flow("agent_calc")
     rc = runconfig.build(flow.roles, file=RECIPE)
     cfg = flow.config_cls.read({**rc.flow, "run_dir": str(tmp_path)})
