@@ -28,11 +28,11 @@ from typing import Any
 from hfrt.protocols import BatchHandle
 
 from .agent import AgentConfig, AgentFn, Conversation, Trajectory, agent_metrics, assemble, run_agents
-from .async_rollout import STALE_POLICIES, StalenessPolicy, WeightSync
+from .async_rollout import StalenessPolicy, WeightSync
 from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, reduce_rank_metrics, step_metrics
 from .grpo import GRPOFlowConfig, actor_loss_options
 from .grpo import ROLES as GRPO_ROLES
-from .grpo_async import PipelinedSteps, train_on
+from .grpo_async import PipelinedSteps, check_pipeline_settings, train_on
 from .tasks import leading_number
 from .trainer import Trainer, sampling_seed
 
@@ -111,14 +111,7 @@ class AgentCalcConfig(GRPOFlowConfig):
             raise ValueError(
                 f"config max_staleness={self.max_staleness} with agent_on=actor: the colocated actor cannot "
                 "run agents while it trains; use agent_on=rollout for asynchronous agent rollouts, or max_staleness=0")
-        if self.stale_policy not in STALE_POLICIES:
-            raise ValueError(f"config stale_policy={self.stale_policy!r}: use wait or drop")
-        if not self.sync_bucket_mb > 0:
-            raise ValueError(f"config sync_bucket_mb={self.sync_bucket_mb!r}: must be > 0")
-        try:
-            self.staleness()
-        except ValueError as err:
-            raise ValueError(f"config: {err}") from None
+        check_pipeline_settings(self)
         if self.val_every:
             raise ValueError(f"config val_every={self.val_every}: agent_calc has no validation pass (its reward comes from the agent loop); use 0")
         if self.max_total_tokens < 2 or self.max_turns < 1:

@@ -66,16 +66,9 @@ class GRPOAsyncConfig(GRPOFlowConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.stale_policy not in STALE_POLICIES:
-            raise ValueError(f"config stale_policy={self.stale_policy!r}: use wait or drop")
+        check_pipeline_settings(self)
         if self.partial_rollout_tokens < 0:
             raise ValueError(f"config partial_rollout_tokens={self.partial_rollout_tokens!r}: must be >= 0 (0: off)")
-        if not self.sync_bucket_mb > 0:
-            raise ValueError(f"config sync_bucket_mb={self.sync_bucket_mb!r}: must be > 0")
-        try:
-            self.staleness()
-        except ValueError as err:
-            raise ValueError(f"config: {err}") from None
 
     def staleness(self) -> StalenessPolicy:
         return StalenessPolicy(self.max_staleness, self.stale_policy, self.rollout_ahead, self.stale_min_keep)
@@ -107,8 +100,23 @@ class PipelineConfig(Protocol):
     def prompts_per_step(self) -> int: ...
     @property
     def sync_bucket_mb(self) -> float: ...
+    @property
+    def stale_policy(self) -> str: ...
 
     def staleness(self) -> StalenessPolicy: ...
+
+
+def check_pipeline_settings(cfg: PipelineConfig) -> None:
+    """Refuse a flow's pipeline settings (stale_policy, sync_bucket_mb, the staleness bound) that
+    cannot work, naming the setting."""
+    if cfg.stale_policy not in STALE_POLICIES:
+        raise ValueError(f"config stale_policy={cfg.stale_policy!r}: use wait or drop")
+    if not cfg.sync_bucket_mb > 0:
+        raise ValueError(f"config sync_bucket_mb={cfg.sync_bucket_mb!r}: must be > 0")
+    try:
+        cfg.staleness()
+    except ValueError as err:
+        raise ValueError(f"config: {err}") from None
 
 
 class PipelinedSteps:
