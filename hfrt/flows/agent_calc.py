@@ -29,8 +29,8 @@ from hfrt.protocols import BatchHandle
 
 from .agent import AgentConfig, AgentFn, Conversation, Trajectory, agent_metrics, assemble, run_agents
 from .async_rollout import StalenessPolicy, WeightSync
-from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, reduce_rank_metrics, step_metrics
-from .grpo import GRPOFlowConfig, actor_loss_options
+from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor
+from .grpo import GRPOFlowConfig
 from .grpo import ROLES as GRPO_ROLES
 from .grpo_async import PipelinedSteps, check_pipeline_settings, train_on
 from .tasks import leading_number
@@ -206,7 +206,7 @@ async def agent_step(cfg: AgentCalcConfig, step: int, prompts: Any, generator: A
     and a `uid` per prompt); its metrics, agent/* included (agent/tool_calls_mean from the
     samples' `tool_calls` where the agent sets it). `generator`: the role the turns and the
     assembly run on (the rollout role, weights pushed by `sync` first; or the actor itself)."""
-    t, kw = StageTimer(), {"timeout_s": CALL_TIMEOUT_S}
+    t = StageTimer()
     info: dict[str, Any] = {}
     if sync is not None:
         await sync.publish(step)
@@ -216,12 +216,8 @@ async def agent_step(cfg: AgentCalcConfig, step: int, prompts: Any, generator: A
     batch = await t.one("assemble", assemble(generator, trajectories, carry=(*names, "uid", "tool_calls")))
     if pushes is not None:
         info |= await pushes.since_last()
-    ref, scores = await t.together("stage2", ref_log_prob=reference.compute_log_prob(batch, **kw), reward=reward.score(batch, **kw))
-    old = [] if cfg.on_policy(len(batch)) else [await t.one("old_log_prob", actor.compute_log_prob(batch, **kw))]
-    adv = await t.one("advantages", actor.compute_advantages(
-        batch, scores, *old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
-    ranks = await t.one("update", actor.update(batch, *old, ref, adv, **actor_loss_options(cfg), **kw))
-    return step_metrics(t, scores, batch, adv.meta["metrics"], reduce_rank_metrics(ranks)) | trajectory_metrics(trajectories) | info
+    record = await train_on(cfg, t, batch, actor=actor, reference=reference, reward=reward)
+    return record | trajectory_metrics(trajectories) | info
 
 
 def prompt_columns(prompts: BatchHandle) -> list[str]:
