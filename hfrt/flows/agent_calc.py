@@ -32,7 +32,7 @@ from .async_rollout import StalenessPolicy, WeightSync
 from .common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor
 from .grpo import GRPOFlowConfig
 from .grpo import ROLES as GRPO_ROLES
-from .grpo_async import PipelinedSteps, check_pipeline_settings, train_on
+from .grpo_async import PipelinedSteps, check_pipeline_settings, run_and_close, train_on
 from .tasks import leading_number
 from .trainer import Trainer, sampling_seed
 
@@ -151,14 +151,7 @@ async def agent_grpo(ctl: Any, config: dict[str, Any], agent: AgentFn, *, config
     needed = ("actor", "reference", "reward") if cfg.agent_on == "actor" else ("actor", "rollout", "reference", "reward")
     roles = await get_roles(ctl, *needed)
     trainer = Trainer(ctl, cfg, roles)
-    steps = step_function(cfg, roles, trainer, agent)
-    try:
-        summary = await trainer.run(steps)
-    except BaseException:
-        await steps.close(abort=True)  # the first error is the one reported
-        raise
-    await steps.close()
-    return summary
+    return await run_and_close(trainer, step_function(cfg, roles, trainer, agent))
 
 
 def step_function(cfg: AgentCalcConfig, roles: dict[str, Any], trainer: Trainer, agent: AgentFn) -> AgentSteps | AsyncAgentSteps:

@@ -81,13 +81,18 @@ async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
     cfg = GRPOAsyncConfig.read(config)
     roles = await get_roles(ctl, "actor", "rollout", "reference", "reward")
     trainer = Trainer(ctl, cfg, roles)
-    step = AsyncGRPO(cfg, roles, trainer)
+    return await run_and_close(trainer, AsyncGRPO(cfg, roles, trainer))
+
+
+async def run_and_close(trainer: Trainer, steps: Any) -> dict[str, Any]:
+    """`trainer.run(steps)`, then `steps.close()` — `close(abort=True)` if the run raised (the
+    first error is the one reported): for step functions that keep work going between steps."""
     try:
-        summary = await trainer.run(step)
+        summary = await trainer.run(steps)
     except BaseException:
-        await step.close(abort=True)  # the first error is the one reported
+        await steps.close(abort=True)
         raise
-    await step.close()
+    await steps.close()
     return summary
 
 
