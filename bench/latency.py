@@ -22,12 +22,12 @@ from typing import Any
 import zmq
 
 from hfrt.bench.common import add_output_flags, emit, machine
-from hfrt.controller import Controller
-from hfrt.deploy.base import expand
-from hfrt.deploy.local import LocalLauncher
+from hfrt.control.controller import Controller
+from hfrt.deploy.launchers.base import expand
+from hfrt.deploy.launchers.local import LocalLauncher
 from hfrt.log import configure as configure_logging
-from hfrt.loop import loop_factory, run
 from hfrt.protocols import Call, Wire, new_key
+from hfrt.wire.loop import loop_factory, run
 
 #: Sync REQ/REP echo: the physical reference.
 RAW_SERVER = """

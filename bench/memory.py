@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from hfrt.bench.common import add_output_flags, emit, machine
-from hfrt.flows import Flow, ppo
+from hfrt.flows import Flow
 from hfrt.flows.common import get_roles
+from hfrt.flows.recipes import ppo
 from hfrt.flows.trainer import Trainer
 from hfrt.log import configure as configure_logging
-from hfrt.loop import run
-from hfrt.run import run_flow
+from hfrt.session import run_flow
+from hfrt.wire.loop import run
 
 #: the step whose RSS is the baseline: start-up and the first steps' caches are done by then
 BASELINE_STEP = 100

@@ -15,15 +15,14 @@ import statistics
 import time
 from typing import Any
 
-from hfrt.controller import Controller
-from hfrt.deploy.base import DaemonSpec
-from hfrt.deploy.local import LocalLauncher
+from hfrt.bench.common import add_output_flags, emit, machine
+from hfrt.control.controller import Controller
+from hfrt.deploy.launchers.base import DaemonSpec
+from hfrt.deploy.launchers.local import LocalLauncher
+from hfrt.flows.agent.openai.server import OpenAIServer
 from hfrt.log import configure as configure_logging
-from hfrt.loop import run
-from hfrt.openai_server import OpenAIServer
 from hfrt.protocols import new_key
-
-from .common import add_output_flags, emit, machine
+from hfrt.wire.loop import run
 
 
 async def client(port: int, requests: int, max_tokens: int, index: int) -> list[float]:

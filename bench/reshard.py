@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .common import add_output_flags, emit, machine
+from hfrt.bench.common import add_output_flags, emit, machine
 
 PAIRS = ["t2p1d2:t1p1d4", "t2p1d2:t2p1d2", "t4p1d1:t2p1d2", "t1p1d4:t2p1d2", "t1p2d2:t1p1d4", "t2p2d1:t2p1d2"]
 WORLD = 4
@@ -57,7 +57,7 @@ def build_model(preset: str) -> Any:
 
 
 def _pieces(full: dict[str, Any], layout: Any, coords: Any, tp: int, pp: int, shape: Any) -> dict[str, Any]:
-    from hfrt.roles.parallel.shard import holds, tp_piece
+    from hfrt.roles.training.parallel.shard import holds, tp_piece
 
     return {
         n: tp_piece(n, tuple(t.shape), tp, coords.tp, shape).take(t).clone()
@@ -71,9 +71,9 @@ def run_case(rank: int, full: dict[str, Any], shape: Any, pair: str, repeats: in
     import torch
     import torch.distributed as dist
 
-    from hfrt.roles.hybrid import rss_mb
-    from hfrt.roles.parallel import layout as L
-    from hfrt.roles.parallel.reshard import Resharder, dp_gather, naive_to_generation
+    from hfrt.roles.generation.hybrid import rss_mb
+    from hfrt.roles.training.parallel import layout as L
+    from hfrt.roles.training.parallel.reshard import Resharder, dp_gather, naive_to_generation
 
     train_s, gen_s = pair.split(":")
     train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
@@ -120,7 +120,7 @@ def _clone_then_copy(hybrid: Any) -> float:
     """The transition before streaming/adoption (the reference): the whole dp-gathered training
     shard cloned, exchanged, the generation model woken (allocated) and the pieces copied in.
     Returns its peak RSS, MiB."""
-    from hfrt.roles.hybrid import PeakRSS
+    from hfrt.roles.generation.hybrid import PeakRSS
 
     with PeakRSS() as peak:
         hybrid.gen.wake()
@@ -149,13 +149,13 @@ def run_actor_case(rank: int, model_fn: Any, pair: str, repeats: int) -> dict[st
     import torch
     import torch.distributed as dist
 
-    from hfrt.roles.engines import EngineConfig, build_train_engine
-    from hfrt.roles.generate import HFGenerationEngine
-    from hfrt.roles.hybrid import ReshardHybrid, rss_mb
-    from hfrt.roles.parallel import layout as L
-    from hfrt.roles.parallel import tp_model
-    from hfrt.roles.parallel.reshard import Resharder
-    from hfrt.roles.parallel.shard import ModelShape
+    from hfrt.roles.generation.hf import HFGenerationEngine
+    from hfrt.roles.generation.hybrid import ReshardHybrid, rss_mb
+    from hfrt.roles.training.engines import EngineConfig, build_train_engine
+    from hfrt.roles.training.parallel import layout as L
+    from hfrt.roles.training.parallel import tp_model
+    from hfrt.roles.training.parallel.reshard import Resharder
+    from hfrt.roles.training.parallel.shard import ModelShape
 
     train_s, gen_s = pair.split(":")
     train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
@@ -233,8 +233,8 @@ def rank_main(
     torch.set_num_threads(1)
     result: dict[str, Any]
     try:
-        from hfrt.roles.engines import init_distributed
-        from hfrt.roles.parallel.shard import ModelShape
+        from hfrt.roles.training.engines import init_distributed
+        from hfrt.roles.training.parallel.shard import ModelShape
 
         init_distributed(rank, WORLD, "127.0.0.1", port)
         if actor:
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
-    from hfrt.roles.parallel.layout import Layout, check_pair
+    from hfrt.roles.training.parallel.layout import Layout, check_pair
 
     for pair in args.pairs:
         try:

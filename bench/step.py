@@ -3,7 +3,7 @@ their default local daemons, and how much of stage 2 (critic values ∥ referenc
 reward) overlaps.
 
 Run: `hfrt bench step [--steps N] [--warmup K] [--flows ppo,grpo] [--rounds R] [--json] [--out FILE]`.
-Each flow gets fresh daemons (hfrt.run.run_flow), K warm-up steps, then N measured steps through the
+Each flow gets fresh daemons (hfrt.session.run_flow), K warm-up steps, then N measured steps through the
 flow's own step function; reported values are medians over the measured steps. In a step,
 StageTimer times each stage-2 call from the stage's start to its reply, so `stage2_max_s` ≈
 `stage2_wall_s` when the calls overlap and `stage2_sum_s` is what one-after-another would take
@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from hfrt.bench.common import add_output_flags, emit, machine
-from hfrt.flows import Flow, agent_calc, grpo, grpo_async, ppo
+from hfrt.flows import Flow
 from hfrt.flows.common import CALL_TIMEOUT_S, FlowConfig, get_roles, prompts_handle
+from hfrt.flows.recipes import agent_calc, grpo, grpo_async, ppo
 from hfrt.flows.trainer import Trainer
 from hfrt.log import configure as configure_logging
-from hfrt.loop import run
-from hfrt.run import run_flow
+from hfrt.session import run_flow
+from hfrt.wire.loop import run
 
 #: flow name → (default roles, config class, step function)
 FLOWS: dict[str, tuple[dict[str, dict[str, Any]], type[FlowConfig], Callable[..., Awaitable[dict[str, Any]]]]] = {

@@ -17,12 +17,12 @@ import time
 from typing import Any
 
 from hfrt.bench.common import add_output_flags, emit, machine
-from hfrt.controller import Controller
-from hfrt.deploy.base import expand
-from hfrt.deploy.local import LocalLauncher
+from hfrt.control.controller import Controller
+from hfrt.deploy.launchers.base import expand
+from hfrt.deploy.launchers.local import LocalLauncher
 from hfrt.log import configure as configure_logging
-from hfrt.loop import run
 from hfrt.protocols import new_key
+from hfrt.wire.loop import run
 
 SIZES = {"1MB": 2**20, "64MB": 64 * 2**20, "512MB": 512 * 2**20}
 #: backend name in results → the transfer backend the receiver is told to use, per tensor device

@@ -19,15 +19,14 @@ import subprocess
 import sys
 from typing import Any
 
-from hfrt.controller import Controller
-from hfrt.deploy.base import DaemonSpec
-from hfrt.deploy.local import LocalLauncher
+from hfrt.bench.common import add_output_flags, emit, machine
+from hfrt.control.controller import Controller
+from hfrt.deploy.launchers.base import DaemonSpec
+from hfrt.deploy.launchers.local import LocalLauncher
 from hfrt.log import configure as configure_logging
-from hfrt.loop import run
 from hfrt.protocols import BatchHandle, new_key
 from hfrt.protocols.handles import Shard
-
-from .common import add_output_flags, emit, machine
+from hfrt.wire.loop import run
 
 PRESETS = ("tiny", "smollm2-135m")
 PROMPT = "Write one short sentence about the sea."

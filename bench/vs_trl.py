@@ -192,7 +192,7 @@ class TRLProcess:
 
 def hfrt_roles(shape: Shape, engine: str) -> dict[str, dict[str, Any]]:
     """The GRPO flow's default daemons on shape.model: all rows in one micro-batch, every core."""
-    from hfrt.flows import grpo
+    from hfrt.flows.recipes import grpo
 
     roles = {name: {**spec, "options": dict(spec.get("options", {}))} for name, spec in grpo.ROLES.items()}
     micro = shape.prompts * shape.n
@@ -207,7 +207,7 @@ def hfrt_roles(shape: Shape, engine: str) -> dict[str, dict[str, Any]]:
 
 
 def hfrt_config(shape: Shape, steps: int) -> Any:
-    from hfrt.flows import grpo
+    from hfrt.flows.recipes import grpo
 
     return grpo.GRPOConfig.read({
         "run_dir": "", "progress": "off", "tensorboard": False, "trace": False, "steps": steps,
@@ -222,8 +222,8 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start
     side's start-up time (from `start` until its daemons / trainer are ready)."""
     import asyncio
 
-    from hfrt.flows import grpo
     from hfrt.flows.common import get_roles, prompts_handle
+    from hfrt.flows.recipes import grpo
 
     cfg = hfrt_config(shape, steps)
     roles = await get_roles(ctl, "actor", "reference", "reward")
@@ -245,8 +245,8 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start
 def measure(shape: Shape, steps: int, warmup: int, engine: str) -> dict[str, Any]:
     """Start hfrt's daemons and the TRL process, run warmup + steps interleaved steps, summarize."""
     from hfrt.flows import Flow
-    from hfrt.loop import run
-    from hfrt.run import run_flow
+    from hfrt.session import run_flow
+    from hfrt.wire.loop import run
 
     total = warmup + steps
     trl = TRLProcess(shape, total)

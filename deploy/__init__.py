@@ -5,10 +5,10 @@ nothing of algorithms.
 
 from __future__ import annotations
 
-from .base import DaemonSpec, Launcher, LaunchError, OnExit
-from .local import LocalLauncher
-from .placement import Placed, place
-from .spec import ClusterSpec, SpecError, load_spec, parse_spec
+from hfrt.deploy.launchers.base import DaemonSpec, Launcher, LaunchError, OnExit
+from hfrt.deploy.launchers.local import LocalLauncher
+from hfrt.deploy.placement import Placed, place
+from hfrt.deploy.spec import ClusterSpec, SpecError, load_spec, parse_spec
 
 __all__ = [
     "ClusterSpec",

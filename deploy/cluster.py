@@ -14,14 +14,13 @@ import socket
 import time
 from pathlib import Path
 
-from hfrt.controller import Controller
-from hfrt.errors import DaemonGone, ProtocolMismatch
+from hfrt.control.controller import Controller
+from hfrt.deploy.launchers.base import Launcher, LaunchError, OnExit
+from hfrt.deploy.launchers.local import LocalLauncher
+from hfrt.deploy.placement import Placed, place
+from hfrt.deploy.spec import LOCAL_HOSTS, ClusterSpec
 from hfrt.log import get_logger
-
-from .base import Launcher, LaunchError, OnExit
-from .local import LocalLauncher
-from .placement import Placed, place
-from .spec import LOCAL_HOSTS, ClusterSpec
+from hfrt.wire.errors import DaemonGone, ProtocolMismatch
 
 
 def launcher_for(
@@ -31,11 +30,11 @@ def launcher_for(
     """The launcher the spec asks for, set up for this placement."""
     orphan = cluster.daemons.orphan_timeout_s if orphan_timeout_s is None else orphan_timeout_s
     if cluster.launcher == "ssh":
-        from .ssh import SshLauncher
+        from hfrt.deploy.launchers.ssh import SshLauncher
 
         return SshLauncher(cluster, placed, log_dir=run_dir / "logs", launch_id=launch_id, orphan_timeout_s=orphan)
     if cluster.launcher == "slurm":
-        from .slurm import SlurmLauncher
+        from hfrt.deploy.launchers.slurm import SlurmLauncher
 
         return SlurmLauncher(cluster, placed, run_dir=run_dir, launch_id=launch_id, key_file=key_file, orphan_timeout_s=orphan)
     d = cluster.daemons
@@ -87,7 +86,7 @@ class ClusterSession:
 
     On exit the daemons are told to shut down and the launcher stops them, unless `detach` was
     called. `bind` and `address` are what the controller bound and what daemons dial. `on_exit`
-    hears of a daemon's process ending (default: the controller's mark_gone; hfrt.recovery sets
+    hears of a daemon's process ending (default: the controller's mark_gone; hfrt.control.recovery sets
     its own before entering).
     """
 

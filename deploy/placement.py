@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import DaemonSpec
-from .spec import ClusterSpec, Node, RolePlacement
+from hfrt.deploy.launchers.base import DaemonSpec
+from hfrt.deploy.spec import ClusterSpec, Node, RolePlacement
 
 #: Environment set by placement; never secret, so launchers may put it on a command line.
 RENDEZVOUS_VARS = (

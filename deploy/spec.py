@@ -45,9 +45,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hfrt.deploy.reader import Reader, SpecError
 from hfrt.protocols import check_heartbeat_s
-
-from .reader import Reader, SpecError
 
 LAUNCHERS = ("local", "ssh", "slurm")
 DEVICE_TYPES = ("cpu", "cuda")
@@ -96,7 +95,7 @@ class RolePlacement:
     options: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     #: (node, device) slots a daemon of this role moves to, in order, when its own slot fails to
-    #: start it on a relaunch (hfrt.recovery, ssh launcher); `spares = ["node-c", "node-d:1"]`.
+    #: start it on a relaunch (hfrt.control.recovery, ssh launcher); `spares = ["node-c", "node-d:1"]`.
     spares: tuple[tuple[str, int], ...] = ()
 
 

@@ -4,12 +4,12 @@ role daemons with msgpack commands over ZeroMQ. This is the public face; the res
 
 from __future__ import annotations
 
-from .controller import Controller
-from .daemon import Daemon, DaemonContext
-from .endpoints import Dispatch, endpoint
-from .errors import CallTimeout, DaemonGone, HfrtError, ProtocolMismatch, RemoteError, UnknownEndpoint
-from .protocols import BatchHandle, TensorHandle
-from .recovery import RecoveryFailed
+from hfrt.control.controller import Controller
+from hfrt.control.recovery import RecoveryFailed
+from hfrt.daemon.base import Daemon, DaemonContext
+from hfrt.protocols import BatchHandle, TensorHandle
+from hfrt.wire.endpoints import Dispatch, endpoint
+from hfrt.wire.errors import CallTimeout, DaemonGone, HfrtError, ProtocolMismatch, RemoteError, UnknownEndpoint
 
 __all__ = [
     "BatchHandle",

@@ -36,7 +36,7 @@ def _parse_roles(items: list[str]) -> dict[str, dict[str, Any]] | None:
 def _controller(args: argparse.Namespace) -> int:
     from hfrt import log
     from hfrt.flows import load_flow
-    from hfrt.run import Attach, RunDirBusy, RunDirLock
+    from hfrt.session import Attach, RunDirBusy, RunDirLock
 
     log.configure(args.log_level, args.log_format)
     try:
@@ -72,8 +72,8 @@ def _controller_local(
     args: argparse.Namespace, flow: Any, run_dir: Path, config: dict[str, Any], roles: dict[str, dict[str, Any]],
     attach: Any,
 ) -> int:
-    from hfrt.loop import run
-    from hfrt.run import run_flow
+    from hfrt.session import run_flow
+    from hfrt.wire.loop import run
 
     summary = run(
         run_flow(
@@ -92,8 +92,8 @@ def _controller_local(
 def _run_config(args: argparse.Namespace, flow: Any) -> tuple[Path, dict[str, Any], dict[str, dict[str, Any]]]:
     """The run folder, the flow's settings and its roles: a resumed run's saved config.json, then
     --config, then --set; checked by the flow's Config (nothing is written yet)."""
-    from hfrt import runconfig
-    from hfrt.run import Attach
+    from hfrt import config as runconfig
+    from hfrt.session import Attach
 
     base = None
     if args.resume:
@@ -120,7 +120,7 @@ def _run_config(args: argparse.Namespace, flow: Any) -> tuple[Path, dict[str, An
 
 def _write_config(run_dir: Path, config: dict[str, Any], roles: dict[str, dict[str, Any]]) -> None:
     """RUN_DIR/config.json: the settings and roles this run uses, what `--resume` starts from."""
-    from hfrt import runconfig
+    from hfrt import config as runconfig
 
     saved = runconfig.RunConfig({k: v for k, v in config.items() if k != "resume"}, roles)
     (run_dir / "config.json").write_text(saved.to_json())
@@ -159,8 +159,8 @@ def _check_resume(flow: Any, run_dir: Path, config: dict[str, Any], roles: set[s
 
 def _controller_on_cluster(args: argparse.Namespace, flow: Any, run_dir: Path, config: dict[str, Any]) -> int:
     from hfrt.deploy import LaunchError, SpecError, load_spec
-    from hfrt.loop import run
-    from hfrt.run import run_on_cluster
+    from hfrt.session import run_on_cluster
+    from hfrt.wire.loop import run
 
     if args.attach or args.role:
         print("hfrt controller: --cluster places the roles itself; drop --attach and --role", file=sys.stderr)
@@ -187,8 +187,8 @@ def _controller_on_cluster(args: argparse.Namespace, flow: Any, run_dir: Path, c
 def _launch(args: argparse.Namespace) -> int:
     from hfrt import log
     from hfrt.deploy import LaunchError, SpecError, load_spec
-    from hfrt.loop import run
-    from hfrt.run import RunDirBusy, RunDirLock, launch_cluster
+    from hfrt.session import RunDirBusy, RunDirLock, launch_cluster
+    from hfrt.wire.loop import run
 
     log.configure(args.log_level, "console")
     _sigterm_as_sigint()
@@ -213,11 +213,11 @@ def _launch(args: argparse.Namespace) -> int:
 
 def _serve_openai(args: argparse.Namespace) -> int:
     from hfrt import log
-    from hfrt.errors import HfrtError
     from hfrt.flows import Flow
-    from hfrt.loop import run
-    from hfrt.openai_server import serve_flow
-    from hfrt.run import run_flow
+    from hfrt.flows.agent.openai.server import serve_flow
+    from hfrt.session import run_flow
+    from hfrt.wire.errors import HfrtError
+    from hfrt.wire.loop import run
 
     log.configure(args.log_level, "console")
     _sigterm_as_sigint()
@@ -250,11 +250,11 @@ def _print_attach(flow: str, attach: str) -> None:
 
 def _daemon(args: argparse.Namespace) -> int:
     from hfrt import log
-    from hfrt.daemon import DaemonContext
-    from hfrt.loop import run
+    from hfrt.daemon.base import DaemonContext
+    from hfrt.daemon.server import DaemonServer, ServeConfig
     from hfrt.protocols import KeyFileError, Limits, load_key
     from hfrt.roles import resolve_impl
-    from hfrt.serve import DaemonServer, ServeConfig
+    from hfrt.wire.loop import run
 
     log.configure(args.log_level, args.log_format)
     try:
@@ -276,8 +276,8 @@ def _daemon(args: argparse.Namespace) -> int:
 
 def _stop(args: argparse.Namespace) -> int:
     from hfrt import log
-    from hfrt.loop import run
-    from hfrt.run import Attach, stop_daemons
+    from hfrt.session import Attach, stop_daemons
+    from hfrt.wire.loop import run
 
     log.configure(args.log_level, "console")
     stopped = run(stop_daemons(Attach.read(args.attach_file), wait_s=args.wait))
@@ -298,7 +298,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from hfrt.deploy.plan_cli import main as plan_main
+    from hfrt.deploy.plan.cli import main as plan_main
 
     return plan_main(args)
 
@@ -311,7 +311,7 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hfrt.heartbeat import heartbeat_flag  # the range both ends of the wire accept
+    from hfrt.daemon.heartbeat import heartbeat_flag  # the range both ends of the wire accept
 
     p = argparse.ArgumentParser(prog="hfrt", description="HybridFlow-style RL runtime on asyncio + ZeroMQ")
     sub = p.add_subparsers(dest="command", required=True)
@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="warning", help="debug, info, warning or error")
 
     pn = sub.add_parser("plan", help="map roles to devices (the paper's Algorithm 1) and write a cluster spec")
-    from hfrt.deploy.plan_cli import add_arguments as plan_arguments
+    from hfrt.deploy.plan.cli import add_arguments as plan_arguments
 
     plan_arguments(pn)
 

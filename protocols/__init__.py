@@ -6,9 +6,9 @@ The written spec is protocols/README.md.
 
 from __future__ import annotations
 
-from .codec import Codec, Limits, OutOfBand, register_record
-from .handles import BatchHandle, Shard, TensorHandle
-from .messages import (
+from hfrt.protocols.codec import Codec, Limits, OutOfBand, register_record
+from hfrt.protocols.handles import BatchHandle, Shard, TensorHandle
+from hfrt.protocols.messages import (
     HEARTBEAT_MAX_S,
     HEARTBEAT_MIN_S,
     PROTOCOL_VERSION,
@@ -24,8 +24,8 @@ from .messages import (
     Welcome,
     check_heartbeat_s,
 )
-from .signing import KeyFileError, Signer, load_key, new_key, write_key_file
-from .wire import (
+from hfrt.protocols.signing import KeyFileError, Signer, load_key, new_key, write_key_file
+from hfrt.protocols.wire import (
     BadSignature,
     FrameTooLarge,
     Undecodable,

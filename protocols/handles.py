@@ -2,7 +2,7 @@
 
 This module defines the records, their wire form and pure row arithmetic on them (slicing and
 concatenating batch handles without touching any bytes). The tensor store and the transfer
-backends that give a handle its behaviour live daemon-side in hfrt.tensors.
+backends that give a handle its behaviour live daemon-side in hfrt.daemon.tensors.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .codec import register_record
+from hfrt.protocols.codec import register_record
 
 #: msgpack ext codes.
 EXT_TENSOR_HANDLE = 1

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .codec import Codec, Limits
-from .messages import KINDS, Message
-from .signing import SIGNATURE_BYTES, Signer
+from hfrt.protocols.codec import Codec, Limits
+from hfrt.protocols.messages import KINDS, Message
+from hfrt.protocols.signing import SIGNATURE_BYTES, Signer
 
 
 class WireError(ValueError):

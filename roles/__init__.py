@@ -9,18 +9,18 @@ import importlib
 import importlib.util
 from pathlib import Path
 
-from hfrt.daemon import Daemon
+from hfrt.daemon.base import Daemon
 
 #: Built-in implementation names → "module:Class".
 BUILTIN: dict[str, str] = {
-    "echo": "hfrt.roles.echo:EchoDaemon",
-    "probe": "hfrt.roles.probe:ProbeDaemon",
+    "echo": "hfrt.roles.diagnostic.echo:EchoDaemon",
+    "probe": "hfrt.roles.diagnostic.probe:ProbeDaemon",
     "actor": "hfrt.roles.actor:ActorDaemon",
     "critic": "hfrt.roles.critic:CriticDaemon",
     "reference": "hfrt.roles.reference:ReferenceDaemon",
     "reward": "hfrt.roles.reward:RewardDaemon",
     "actor_ref": "hfrt.roles.colocated:ActorRefDaemon",
-    "rollout": "hfrt.roles.rollout_role:RolloutDaemon",
+    "rollout": "hfrt.roles.rollout:RolloutDaemon",
 }
 
 

@@ -24,23 +24,15 @@ import dataclasses
 import functools
 import os
 import time
-from collections.abc import Callable
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from hfrt.algos import LossScale, PolicyLossConfig, agg_loss, kl_penalty, policy_loss, zero_masked
-from hfrt.batch import Batch
-from hfrt.daemon import Daemon, DaemonContext
-from hfrt.endpoints import Dispatch, endpoint
-from hfrt.loss_options import ActorLoss as ActorLoss  # declared torch-free, checked before launch
-from hfrt.loss_options import check_update_options
-
-from .advantage import AdvantageEndpoints  # compute_advantages (RANK0), in its own module
-from .agent_turns import AgentTurns  # generate_turn, assemble_trajectories: the agent loop's turns
-from .common import (
+from hfrt.daemon.base import Daemon, DaemonContext
+from hfrt.daemon.batch import Batch
+from hfrt.roles.common import (
     CheckpointEndpoints,
     ModelOptions,
     build_dataclass,
@@ -54,14 +46,20 @@ from .common import (
     role_errors,
     sampling_params,
 )
-from .engines import ForwardOutput, LossFn
-from .generate import GenerationEngine, HFGenerationEngine, SamplingParams
-from .hybrid import HybridEngine, ReshardHybrid
-from .models import ModelConfig, export_model_dir, load_model, load_tokenizer, resolve_model_dir
-from .rollout import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
-from .rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
-from .updates import MakeLoss, accumulate, forward_equal, require_one_step, run_updates
-from .weight_sync import WeightPublisher  # publish_weights (REPLICATE), for rollout daemons
+from hfrt.roles.generation.batches import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
+from hfrt.roles.generation.hf import GenerationEngine, HFGenerationEngine, SamplingParams
+from hfrt.roles.generation.hybrid import HybridEngine, ReshardHybrid
+from hfrt.roles.losses import LossScale, PolicyLossConfig, agg_loss, kl_penalty, policy_loss, zero_masked
+from hfrt.roles.mixins.advantage import AdvantageEndpoints  # compute_advantages (RANK0), in its own module
+from hfrt.roles.mixins.agent_turns import AgentTurns  # generate_turn, assemble_trajectories: the agent loop's turns
+from hfrt.roles.mixins.weight_sync import WeightPublisher  # publish_weights (REPLICATE), for rollout daemons
+from hfrt.roles.models import ModelConfig, export_model_dir, load_model, load_tokenizer, resolve_model_dir
+from hfrt.roles.rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
+from hfrt.roles.training.engines import ForwardOutput, LossFn
+from hfrt.roles.training.updates import MakeLoss, accumulate, forward_equal, require_one_step, run_updates
+from hfrt.wire.endpoints import Dispatch, endpoint
+from hfrt.wire.loss_options import ActorLoss as ActorLoss  # declared torch-free, checked before launch
+from hfrt.wire.loss_options import check_update_options
 
 #: attribute in_training_phase sets on the endpoints it wraps (what tests check every endpoint for)
 PHASE_ATTR = "__hfrt_training_phase__"
@@ -181,10 +179,10 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Agen
     def _resharding_hybrid(self, train: Any, gen: Any) -> ReshardHybrid:
         """Generation at its own layout: a TP model in this rank's generation TP group, filled by
         micro-DP resharding from the training engine's pieces (roles/parallel)."""
-        from .parallel import layout as L
-        from .parallel import tp_model
-        from .parallel.reshard import Resharder
-        from .parallel.shard import ModelShape
+        from hfrt.roles.training.parallel import layout as L
+        from hfrt.roles.training.parallel import tp_model
+        from hfrt.roles.training.parallel.reshard import Resharder
+        from hfrt.roles.training.parallel.shard import ModelShape
 
         config = self.engine.model.config
         groups = L.new_groups(train, gen, self.context.rank)
@@ -205,7 +203,7 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Agen
         layouts = getattr(self, "layouts", None)
         if layouts is None:
             return {}
-        from .parallel.layout import dp_axes
+        from hfrt.roles.training.parallel.layout import dp_axes
 
         return dp_axes(layouts[0], layouts[1], self.context.rank)
 
@@ -218,7 +216,7 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Agen
             copy = load_model(ModelConfig(self.opts.model, self.opts.dtype, seed=self.opts.seed))
             return HFGenerationEngine(copy, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
         if kind == "vllm":
-            from .vllm_engine import VLLMConfig, VLLMGenerationEngine
+            from hfrt.roles.generation.vllm_engine import VLLMConfig, VLLMGenerationEngine
 
             fields = dict(self.context.options.get("vllm") or {})
             fields.setdefault("seed", self.opts.seed)
@@ -344,7 +342,7 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Agen
     def update(self, batch: Batch, *extra: Batch, **loss: Any) -> dict[str, float]:
         """PPO epochs × mini-batches of optimizer steps on `advantages`, `old_log_probs` (and
         `ref_log_prob` with use_kl_loss, `rollout_log_probs` with tis_cap). Options: ActorLoss and
-        UpdateSchedule fields (hfrt.loss_options). Returns metrics averaged over steps, the same on
+        UpdateSchedule fields (hfrt.wire.loss_options). Returns metrics averaged over steps, the same on
         every rank. Without an `old_log_probs` column the update must be one optimizer step
         (on-policy: ppo_epochs 1, one mini-batch) and the old log-probs are the current ones,
         detached — what a compute_log_prob pass would have given, without its forward pass."""
@@ -398,7 +396,7 @@ def read_layouts(context: DaemonContext) -> tuple[Any, Any] | None:
     HFRT_TP_SIZE / HFRT_PP_SIZE, else 1) and options.generation.parallel {tp, pp} (default: the
     training sizes); None when both are 1 × 1 (the data-parallel actor). ValueError names the
     option that does not fit the world size or the other layout."""
-    from .parallel.layout import Layout, check_pair
+    from hfrt.roles.training.parallel.layout import Layout, check_pair
 
     where = f"roles.{context.role}.options"
     par = _table(context.options.get("parallel"), f"{where}.parallel")
@@ -421,7 +419,7 @@ def gen_pp_group(train: Any, gen: Any, rank: int) -> tuple[Any, list[int] | None
         return None, None
     import torch.distributed as dist
 
-    from .parallel.layout import gen_pp_groups
+    from hfrt.roles.training.parallel.layout import gen_pp_groups
 
     mine: tuple[Any, list[int] | None] = (None, None)
     for ranks in gen_pp_groups(train, gen):
@@ -441,7 +439,7 @@ def check_vllm_layout(train: Any, gen: Any, where: str) -> None:
     (model_executor/layers/linear.py weight_loader) into fused per-rank qkv_proj / gate_up_proj and
     a vocabulary padded to a multiple of 64 (VocabParallelEmbedding), which hfrt's micro-DP pieces
     do not match, so the transition moves each block whole (not micro-DP resharding)."""
-    from .parallel.layout import gen_coords
+    from hfrt.roles.training.parallel.layout import gen_coords
 
     if gen.pp > 1:
         raise ValueError(f"{where}: pp={gen.pp} with generator 'vllm' is not built (vLLM runs at a generation tp only); use generator 'hf'")

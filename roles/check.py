@@ -13,9 +13,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from hfrt.daemon import DaemonContext
-
-from . import resolve_impl
+from hfrt.daemon.base import DaemonContext
+from hfrt.roles import resolve_impl
 
 
 def problems(roles: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -12,14 +12,13 @@ options. It knows nothing beyond composing the two.
 
 from __future__ import annotations
 
-from hfrt.batch import Batch
-from hfrt.daemon import DaemonContext
-from hfrt.endpoints import Dispatch, endpoint
-
-from .actor import ActorDaemon
-from .common import ModelOptions, role_errors
-from .reference import FrozenPolicy, reference_options
-from .rows import merge
+from hfrt.daemon.base import DaemonContext
+from hfrt.daemon.batch import Batch
+from hfrt.roles.actor import ActorDaemon
+from hfrt.roles.common import ModelOptions, role_errors
+from hfrt.roles.reference import FrozenPolicy, reference_options
+from hfrt.roles.rows import merge
+from hfrt.wire.endpoints import Dispatch, endpoint
 
 
 class ActorRefDaemon(ActorDaemon):

@@ -23,12 +23,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hfrt.daemon import DaemonContext
-from hfrt.endpoints import Dispatch, endpoint
-
-from .engines import BACKENDS, EngineConfig, OptimConfig, TrainEngine, build_train_engine, init_distributed
-from .generate import SamplingParams
-from .models import ModelConfig, load_model, resolve_model_dir
+from hfrt.daemon.base import DaemonContext
+from hfrt.roles.generation.hf import SamplingParams
+from hfrt.roles.models import ModelConfig, load_model, resolve_model_dir
+from hfrt.roles.training.engines import (
+    BACKENDS,
+    EngineConfig,
+    OptimConfig,
+    TrainEngine,
+    build_train_engine,
+    init_distributed,
+)
+from hfrt.wire.endpoints import Dispatch, endpoint
 
 #: Options every role accepts (the tensor plane reads `transfer`, `stage_in_shm`, `inline_max_bytes`).
 COMMON_OPTIONS = frozenset(

@@ -12,14 +12,9 @@ from typing import Any
 
 import torch
 
-from hfrt.algos import LossScale, masked_mean, value_loss
-from hfrt.batch import Batch
-from hfrt.daemon import Daemon, DaemonContext
-from hfrt.endpoints import Dispatch, endpoint
-from hfrt.loss_options import CriticLoss as CriticLoss  # declared torch-free, checked before launch
-from hfrt.loss_options import check_update_options
-
-from .common import (
+from hfrt.daemon.base import Daemon, DaemonContext
+from hfrt.daemon.batch import Batch
+from hfrt.roles.common import (
     CheckpointEndpoints,
     ModelOptions,
     build_engine,
@@ -30,9 +25,13 @@ from .common import (
     prepare_process,
     role_errors,
 )
-from .engines import ForwardOutput, LossFn
-from .rows import forward_inputs, merge
-from .updates import MakeLoss, forward_equal, run_updates
+from hfrt.roles.losses import LossScale, masked_mean, value_loss
+from hfrt.roles.rows import forward_inputs, merge
+from hfrt.roles.training.engines import ForwardOutput, LossFn
+from hfrt.roles.training.updates import MakeLoss, forward_equal, run_updates
+from hfrt.wire.endpoints import Dispatch, endpoint
+from hfrt.wire.loss_options import CriticLoss as CriticLoss  # declared torch-free, checked before launch
+from hfrt.wire.loss_options import check_update_options
 
 
 def critic_loss(cfg: CriticLoss) -> MakeLoss:
@@ -82,7 +81,7 @@ class CriticDaemon(CheckpointEndpoints, Daemon):
     @endpoint(dispatch=Dispatch.SPLIT)
     def update(self, batch: Batch, *extra: Batch, **loss: Any) -> dict[str, float]:
         """Optimizer steps on `returns` with old `values`; options: CriticLoss and UpdateSchedule
-        fields (hfrt.loss_options). Returns metrics averaged over steps, the same on every rank."""
+        fields (hfrt.wire.loss_options). Returns metrics averaged over steps, the same on every rank."""
         schedule, cfg = check_update_options("critic", loss)
         tensors = forward_inputs(merge(batch, extra), "critic.update", "values", "returns")
         return run_updates(

@@ -12,11 +12,9 @@ from typing import Any
 
 import torch
 
-from hfrt.batch import Batch
-from hfrt.daemon import Daemon, DaemonContext
-from hfrt.endpoints import Dispatch, endpoint
-
-from .common import (
+from hfrt.daemon.base import Daemon, DaemonContext
+from hfrt.daemon.batch import Batch
+from hfrt.roles.common import (
     ModelOptions,
     build_engine,
     check_options,
@@ -25,8 +23,9 @@ from .common import (
     prepare_process,
     role_errors,
 )
-from .rows import forward_inputs, merge
-from .updates import forward_equal
+from hfrt.roles.rows import forward_inputs, merge
+from hfrt.roles.training.updates import forward_equal
+from hfrt.wire.endpoints import Dispatch, endpoint
 
 
 class FrozenPolicy:

@@ -18,16 +18,23 @@ from typing import Any
 
 import torch
 
-from hfrt.batch import Batch
-from hfrt.daemon import Daemon, DaemonContext
-from hfrt.endpoints import Dispatch, endpoint
+from hfrt.daemon.base import Daemon, DaemonContext
+from hfrt.daemon.batch import Batch
 from hfrt.log import get_logger
-
-from .common import ModelOptions, build_engine, check_options, close_group, needs_group, prepare_process, role_errors
-from .engines import TrainEngine
-from .engines.base import split_micro
-from .reward_fns import RewardFunctionError, resolve, score_all, token_level_rewards
-from .rows import all_reduce, equal_rows, merge, take, unpad
+from hfrt.roles.common import (
+    ModelOptions,
+    build_engine,
+    check_options,
+    close_group,
+    needs_group,
+    prepare_process,
+    role_errors,
+)
+from hfrt.roles.reward_fns import RewardFunctionError, resolve, score_all, token_level_rewards
+from hfrt.roles.rows import all_reduce, equal_rows, merge, take, unpad
+from hfrt.roles.training.engines import TrainEngine
+from hfrt.roles.training.engines.base import split_micro
+from hfrt.wire.endpoints import Dispatch, endpoint
 
 #: Non-tensor columns a rule function receives positionally; every other one may go in as info.
 TEXT_COLUMNS = ("response", "ground_truth")

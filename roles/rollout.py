@@ -1,94 +1,165 @@
-"""Between a prompts Batch and a generation engine: prompt tokenisation, and the actor's rollout
-Batch built from an engine's output — fixed widths, decoded responses, the input's other columns
-carried to every sample.
+"""The rollout role daemon: generation only (built-in HF engine or vLLM), on its own devices beside
+the training actor, holding a numbered version of the policy's weights pushed by weight sync.
 
-Fixed widths: every rank of an actor group pads prompts to the group's widest prompt and
-responses to `max_new_tokens`, so the shards of one rollout stack into one batch wherever they
-are pulled. It knows nothing of engine internals, training or the wire.
+Options: `model`, `dtype`, `seed`, `threads`, `dist_master` (as every role), `generator` ("hf" |
+"vllm"), `sampling` (SamplingParams defaults), `vllm` (VLLMConfig fields but model_dir). Until the
+first sync it holds the `model` option's weights as version -1. Every sample it returns carries
+the version it was generated with (non-tensor column `weight_version`, meta `weight_version`).
+It knows generation and weight sync; nothing of training, losses or the algorithm.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Mapping, Sequence
+import dataclasses
+import time
 from typing import Any
 
 import torch
 
-from hfrt.batch import Batch
-
-from .generate import assemble
-
-#: Tensor columns of a rollout (the sampler's log-probs are `rollout_log_probs`).
-ROLLOUT_COLUMNS = (
-    "prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids", "rollout_log_probs",
+from hfrt.daemon.base import Daemon, DaemonContext
+from hfrt.daemon.batch import Batch
+from hfrt.roles.common import (
+    build_dataclass,
+    check_generation_options,
+    check_options,
+    close_group,
+    prepare_process,
+    role_errors,
+    sampling_params,
 )
-#: Non-tensor columns a rollout adds to those carried from the prompts batch.
-ROLLOUT_TEXT = ("response",)
+from hfrt.roles.generation.batches import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
+from hfrt.roles.generation.hf import GenerationEngine, HFGenerationEngine, SamplingParams
+from hfrt.roles.mixins.agent_turns import AgentTurns
+from hfrt.roles.mixins.partial_rollout import NO_VERSION, PartialRollouts
+from hfrt.roles.mixins.weight_sync import WeightSyncError, apply_sync
+from hfrt.roles.models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+from hfrt.roles.rows import all_reduce, check_rows, merge
+from hfrt.wire.endpoints import Dispatch, endpoint
+
+#: version a rollout daemon reports before its first sync (the `model` option's own weights)
+INITIAL_VERSION = -1
 
 
-def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
-    """Token ids of one prompt: a string (tokenised as is), a chat (a list of {"role", "content"}
-    messages, rendered with the tokenizer's chat template and a generation prompt), or ids."""
-    if isinstance(prompt, str):
-        return list(tokenizer(prompt)["input_ids"])
-    if isinstance(prompt, Sequence) and prompt and all(isinstance(m, Mapping) for m in prompt):
-        ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True)
-        return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
-    if isinstance(prompt, Sequence) and prompt and all(isinstance(t, int) for t in prompt):
-        return list(prompt)
-    raise TypeError(f"a prompt must be a string, a chat (list of messages) or token ids, not {prompt!r:.80}")
+class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
+    """Endpoints: generate (SPLIT); load_weights, weight_version (REPLICATE); generate_partial
+    (SPLIT, roles/partial_rollout.py: a rollout in segments that a weight sync can interrupt);
+    generate_turn and assemble_trajectories (SPLIT, roles/agent_turns.py: multi-turn agent rollouts)."""
 
+    OPTIONS = frozenset({"generator", "sampling", "vllm"})
 
-def _left(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+    @classmethod
+    def check_config(cls, context: DaemonContext) -> None:
+        check_options(context, cls.OPTIONS)
+        check_generation_options(context.options)
+        if context.options.get("engine"):
+            raise ValueError("the rollout role does not train: option engine is not read (remove it)")
 
+    async def setup(self) -> None:
+        with role_errors(self.context):
+            ctx = self.context
+            self.check_config(ctx)
+            self.model = str(ctx.options.get("model", "tiny"))
+            self.dtype = str(ctx.options.get("dtype", "float32"))
+            self.seed = int(ctx.options.get("seed", 0))
+            self._joined = prepare_process(ctx, needs_group=ctx.world_size > 1)
+            self.tokenizer = load_tokenizer(self.model, self.seed)
+            self.sampling = sampling_params(ctx.options.get("sampling"))
+            self.engine = self._engine(str(ctx.options.get("generator", "hf")))
+            self.version = INITIAL_VERSION
+            self.broken: str | None = None  # why the weights are not usable (a failed sync)
 
-def _right(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+    def _engine(self, kind: str) -> GenerationEngine:
+        tok = self.tokenizer
+        if kind == "hf":
+            model = load_model(ModelConfig(self.model, self.dtype, seed=self.seed))
+            return HFGenerationEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        from hfrt.roles.generation.vllm_engine import VLLMConfig, VLLMGenerationEngine
 
+        fields = dict(self.context.options.get("vllm") or {})
+        fields.setdefault("seed", self.seed)
+        fields["model_dir"] = str(resolve_model_dir(self.model, self.seed))
+        return VLLMGenerationEngine(build_dataclass(VLLMConfig, fields, "vllm"), pad_token_id=tok.pad_token_id)
 
-def fixed_width(
-    out: Mapping[str, torch.Tensor], *, prompt_width: int, response_width: int, pad_id: int, n: int
-) -> dict[str, torch.Tensor]:
-    """A generation engine's output (roles/generate.py layout) padded to the given widths, with
-    the sampler's log-probs renamed `rollout_log_probs` and the rank-local prompt_index dropped."""
-    width = out["prompts"].shape[1]
-    prompt_mask = out["attention_mask"][:, :width]
-    record = assemble(
-        _left(out["prompts"], prompt_width, pad_id),
-        _left(prompt_mask, prompt_width, 0),
-        _right(out["responses"], response_width, pad_id),
-        _right(out["response_mask"], response_width, 0),
-        _right(out["log_probs"], response_width, 0.0),
-        n,
-    )
-    record.pop("prompt_index")
-    record["rollout_log_probs"] = record.pop("log_probs")
-    return record
+    async def teardown(self) -> None:
+        close_group(getattr(self, "_joined", False))
 
+    # -- weights --------------------------------------------------------------------------
 
-def decode_responses(tokenizer: Any, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
-    rows = [r[m.bool()].tolist() for r, m in zip(responses, mask, strict=True)]
-    return list(tokenizer.batch_decode(rows, skip_special_tokens=True))
+    @endpoint(dispatch=Dispatch.REPLICATE, raw_handles=True)
+    def load_weights(self, sync: dict[str, Any]) -> dict[str, Any]:
+        """Load a version published by `publish_weights` (roles/weight_sync.py): buckets pulled
+        daemon-to-daemon one at a time, each checksum checked on arrival and on what the engine
+        then holds. A failed sync leaves this daemon refusing to generate until the next good one."""
+        where = f"rollout daemon {self.context.identity}"
+        peers = self.tensor_plane().peers
+        self.broken = f"the sync to version {sync.get('version')!r} did not finish"
+        try:
+            result = apply_sync(sync, lambda h: peers.pull([h])[0], self.engine.load_weights, self._held, where)
+        except WeightSyncError as exc:
+            self.broken = str(exc)
+            raise
+        self.version, self.broken = int(result["version"]), None
+        return result
 
+    def _held(self, layout: list[list[Any]]) -> torch.Tensor | None:
+        """What the HF engine now holds for `layout`, packed as the publisher packed it."""
+        if not isinstance(self.engine, HFGenerationEngine):
+            return None  # vLLM fuses and renames parameters: only the received bytes are checked
+        params = self.engine._params
+        return torch.cat([params[row[0]].detach().reshape(-1).view(torch.uint8).cpu() for row in layout])
 
-def with_uids(batch: Batch) -> Batch:
-    """The prompts batch with a fresh `uid` per prompt unless it has one (groups samples for GRPO)."""
-    if "uid" in batch:
-        return batch
-    out = batch[:]
-    out["uid"] = [uuid.uuid4().hex for _ in range(len(batch))]
-    return out
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def weight_version(self) -> int:
+        """The policy version this daemon generates with (-1 before the first sync)."""
+        return self.version
 
+    # -- agent turns: the AgentTurns hooks (roles/agent_turns.py) -----------------------------
 
-def rollout_batch(
-    record: Mapping[str, torch.Tensor], texts: list[str], prompts: Batch, n: int, meta: Mapping[str, Any]
-) -> Batch:
-    """The rollout Batch: generation columns, `response` text, and every column of `prompts`
-    repeated n times (samples of a prompt are adjacent), except names the rollout itself uses."""
-    carried = prompts.repeat(n, interleave=True)
-    own = set(record) | set(ROLLOUT_TEXT)
-    tensors = {**{k: v for k, v in carried.tensors.items() if k not in own}, **record}
-    non_tensor = {**{k: v for k, v in carried.non_tensor.items() if k not in own}, "response": texts}
-    return Batch(tensors, non_tensor, {**prompts.meta, **meta})
+    def _turn_prepare(self, params: SamplingParams) -> tuple[SamplingParams, dict[str, float]]:
+        if self.broken is not None:
+            raise RuntimeError(f"rollout daemon {self.context.identity} holds no valid weights: {self.broken}")
+        return params, {}
+
+    def _turn_generate(self, contexts: list[list[int]], params: SamplingParams) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        start = time.perf_counter()
+        out = self.engine.generate(contexts, params)
+        return out, {"timing/generate_s": time.perf_counter() - start}
+
+    def _turn_version(self) -> int:
+        return self.version
+
+    # -- generation -----------------------------------------------------------------------
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def generate(self, batch: Batch, *extra: Batch, **sampling: Any) -> Batch:
+        """Sample responses for the `prompt` column, as the actor's `generate` does (roles/rollout.py
+        layout), plus `weight_version` (and `weight_version_max`, the same here) per row and in meta,
+        tensor `token_versions` [N, R] (this version on every response token, -1 on padding), and
+        meta timing/generate_s."""
+        if self.broken is not None:
+            raise WeightSyncError(f"rollout daemon {self.context.identity} holds no valid weights: {self.broken}")
+        prompts = with_uids(merge(batch, extra))
+        check_rows(len(prompts), "rollout.generate")
+        if "prompt" not in prompts:
+            raise KeyError(f"rollout.generate needs a non-tensor column 'prompt'; the batch has {list(prompts.non_tensor)}")
+        params = sampling_params(self.sampling, **sampling)
+        if params.seed is not None:
+            params = dataclasses.replace(params, seed=params.seed + self.context.dp_rank)
+        ids = [encode_prompt(self.tokenizer, p) for p in prompts["prompt"]]
+        [width] = all_reduce([max(len(i) for i in ids)], "max")
+        start = time.perf_counter()
+        out = self.engine.generate(ids, params)
+        elapsed = time.perf_counter() - start
+        record = fixed_width(out, prompt_width=int(width), response_width=params.max_new_tokens,
+                             pad_id=self.tokenizer.pad_token_id, n=params.n)
+        texts = decode_responses(self.tokenizer, record["responses"], record["response_mask"])
+        from hfrt.roles.actor import length_stats
+
+        [elapsed] = all_reduce([elapsed], "max")
+        meta = {"temperature": params.temperature, "n": params.n, "timing/generate_s": elapsed,
+                "weight_version": self.version} | length_stats(record["response_mask"], params.max_new_tokens)
+        record["token_versions"] = torch.where(record["response_mask"].bool(), self.version, NO_VERSION)
+        out_batch = rollout_batch(record, texts, prompts, params.n, meta)
+        out_batch["weight_version"] = [self.version] * len(out_batch)
+        out_batch["weight_version_max"] = [self.version] * len(out_batch)
+        return out_batch

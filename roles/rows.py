@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from hfrt.batch import Batch
+from hfrt.daemon.batch import Batch
 
 Tensors = dict[str, torch.Tensor]
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from .engines import EngineConfig, build_train_engine
-from .generate import GenerationEngine, HFGenerationEngine
-from .hybrid import HybridEngine, PeakRSS
-from .models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+from hfrt.roles.generation.hf import GenerationEngine, HFGenerationEngine
+from hfrt.roles.generation.hybrid import HybridEngine, PeakRSS
+from hfrt.roles.models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+from hfrt.roles.training.engines import EngineConfig, build_train_engine
 
 
 def metric_prefix(preset: str) -> str:
@@ -41,7 +41,7 @@ def plain_copy_seconds(model: torch.nn.Module, repeats: int = 3) -> float:
 
 def _generation_engine(preset: str, engine: str, tokenizer: Any) -> GenerationEngine:
     if engine == "vllm":
-        from .vllm_engine import VLLMConfig, VLLMGenerationEngine
+        from hfrt.roles.generation.vllm_engine import VLLMConfig, VLLMGenerationEngine
 
         config = VLLMConfig(
             str(resolve_model_dir(preset)), dtype="float32", max_model_len=256, kv_cache_memory_bytes=64 << 20

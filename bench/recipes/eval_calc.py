@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from hfrt.flows import Flow
-from hfrt.flows.agent import AgentConfig, Trajectory, run_agents
-from hfrt.flows.agent_calc import calc_agent
+from hfrt.flows.agent.loop import AgentConfig, Trajectory, run_agents
 from hfrt.flows.common import get_roles
 from hfrt.flows.data import DatasetError, read_rows
+from hfrt.flows.recipes.agent_calc import calc_agent
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
@@ -66,7 +66,7 @@ def eval_flow(rows: Sequence[dict[str, Any]], agent_cfg: AgentConfig, into: dict
 async def evaluate(model: str, rows: Sequence[dict[str, Any]], agent_cfg: AgentConfig, run_dir: Path, *,
                    samples_per_row: int = 1, **role_kw: Any) -> dict[str, Any]:
     """The summary of agent runs of `model` on `rows` (daemon logs under run_dir/logs)."""
-    from hfrt.run import run_flow
+    from hfrt.session import run_flow
 
     figures: dict[str, Any] = {"model": model}
     await run_flow(eval_flow(rows, agent_cfg, figures, samples_per_row), run_dir=run_dir, config={"trace": False}, roles=rollout_roles(model, **role_kw))

@@ -19,16 +19,16 @@ from types import ModuleType
 from typing import Any
 
 BUILTIN: dict[str, str] = {
-    "ping": "hfrt.flows.ping",
-    "ppo": "hfrt.flows.ppo",
-    "grpo": "hfrt.flows.grpo",
-    "rloo": "hfrt.flows.rloo",
-    "reinforce_pp": "hfrt.flows.reinforce_pp",
-    "remax": "hfrt.flows.remax",
-    "safe_rlhf": "hfrt.flows.safe_rlhf",
-    "dapo": "hfrt.flows.dapo",
-    "grpo_async": "hfrt.flows.grpo_async",
-    "agent_calc": "hfrt.flows.agent_calc",
+    "ping": "hfrt.flows.recipes.ping",
+    "ppo": "hfrt.flows.recipes.ppo",
+    "grpo": "hfrt.flows.recipes.grpo",
+    "rloo": "hfrt.flows.recipes.rloo",
+    "reinforce_pp": "hfrt.flows.recipes.reinforce_pp",
+    "remax": "hfrt.flows.recipes.remax",
+    "safe_rlhf": "hfrt.flows.recipes.safe_rlhf",
+    "dapo": "hfrt.flows.recipes.dapo",
+    "grpo_async": "hfrt.flows.recipes.grpo_async",
+    "agent_calc": "hfrt.flows.recipes.agent_calc",
 }
 
 FlowFn = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any] | None]]

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hfrt.loss_options import check_update_options
+from hfrt.control.recovery import RecoveryPolicy
 from hfrt.protocols import BatchHandle
-from hfrt.recovery import RecoveryPolicy
+from hfrt.wire.loss_options import check_update_options
 
 C = TypeVar("C", bound="FlowConfig")
 #: how long one call of a flow may take before the flow gives up (a step on CPU takes seconds)
@@ -42,7 +42,7 @@ class FlowConfig:
     entropy_coeff: the actor's entropy bonus (keeps a small policy exploring).
     policy_loss_mode: the actor's policy loss (vanilla, gspo, cispo, decoupled). tis_cap: truncated importance
     sampling against the sampler's log-probs, weights capped at tis_cap (0: off).
-    actor_loss / critic_loss: more `update` options (hfrt.loss_options), merged last into every
+    actor_loss / critic_loss: more `update` options (hfrt.wire.loss_options), merged last into every
     actor / critic update call, e.g. `--set actor_loss.clip_ratio_c=10`; checked before launch.
     val_every: a greedy validation pass every N steps and after the last (0: none) over
     val_prompts prompts of val_data (default: data's first rows, or held-out addition prompts);
@@ -59,7 +59,7 @@ class FlowConfig:
     run_dir / resume: set by `hfrt controller` (--run-dir, --resume); run_dir "" writes no file.
     recovery: "on" relaunches a dead or hung reward / reference / cost daemon and retries the calls
     that failed with it, and relaunches a dead actor / critic and rewinds to the last checkpoint
-    (hfrt.recovery; local, SSH and Slurm launchers, not --attach); recovery_max_restarts restarts of one daemon within
+    (hfrt.control.recovery; local, SSH and Slurm launchers, not --attach); recovery_max_restarts restarts of one daemon within
     recovery_window_s seconds are allowed, one more ends the run.
     """
 
@@ -115,7 +115,7 @@ class FlowConfig:
             if path and not Path(path).is_file():
                 raise ValueError(f"config {name}={path!r}: no such file")
             if path:  # rows of the wrong shape, or none, refused before any daemon starts
-                from .data import check_data_file
+                from hfrt.flows.data import check_data_file
                 check_data_file(path, f"config {name}")
 
     def actor_update_options(self) -> dict[str, Any]:

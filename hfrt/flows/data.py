@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 from typing import Any, Protocol
 
-from .tasks import AdditionTask
+from hfrt.flows.tasks import AdditionTask
 
 COLUMNS = ("prompt", "ground_truth", "data_source", "extra_info")
 

@@ -1,7 +1,7 @@
 """The step loop every built-in RL flow shares: prompts from the data source, the flow's own step
 function, a validation pass every `val_every` steps, metrics per step, checkpoints every
 `checkpoint_every` steps, resume from the run's latest checkpoint, an in-run rewind to the latest
-checkpoint when recovery replaced an actor or critic daemon (hfrt.recovery), and the actor's
+checkpoint when recovery replaced an actor or critic daemon (hfrt.control.recovery), and the actor's
 export as a Hugging Face folder at the end.
 
 A flow supplies `step(step_index, prompts) -> metrics`; the loop supplies everything around it.
@@ -16,16 +16,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from hfrt.control.recovery import RecoveryFailed
+from hfrt.flows.checkpoint import Checkpoint, load_checkpoint, resumable_checkpoint, save_checkpoint
+from hfrt.flows.common import CALL_TIMEOUT_S, FlowConfig, non_tensor, prompts_handle
+from hfrt.flows.data import make_source, validation_rows
+from hfrt.flows.report import MetricsLog
 from hfrt.log import get_logger
 from hfrt.protocols import BatchHandle
-
-from hfrt.errors import HfrtError
-from hfrt.recovery import RecoveryFailed
-
-from .checkpoint import Checkpoint, load_checkpoint, resumable_checkpoint, save_checkpoint
-from .common import CALL_TIMEOUT_S, FlowConfig, non_tensor, prompts_handle
-from .data import make_source, validation_rows
-from .report import MetricsLog
+from hfrt.wire.errors import HfrtError
 
 StepFn = Callable[[int, BatchHandle], Awaitable[dict[str, Any]]]
 
@@ -57,7 +55,7 @@ class Trainer:
         self.source = make_source(cfg.data, seed=cfg.seed, max_operand=cfg.max_operand)
         self.start_step = 0
         self.resumed_from = 0  # the checkpoint step a resumed run started from
-        self.rewinds: list[list[int]] = []  # [failed step, checkpoint step] per in-run rewind (hfrt.recovery)
+        self.rewinds: list[list[int]] = []  # [failed step, checkpoint step] per in-run rewind (hfrt.control.recovery)
         self._val_rows: dict[str, list[Any]] | None = None  # read once, on the first validation
         self._val_accuracy: dict[str, float] = {}  # the first and last validation accuracy, for the summary
 
@@ -107,7 +105,7 @@ class Trainer:
         return {}
 
     async def _rewind(self, step: int, exc: HfrtError, log: MetricsLog) -> bool:
-        """After a stateful role's daemon was replaced (hfrt.recovery), reload the last checkpoint
+        """After a stateful role's daemon was replaced (hfrt.control.recovery), reload the last checkpoint
         into every trained role, rewind the data and the metrics to it, and return True; without
         recovery or such a death, False (the error stands); without a checkpoint, RecoveryFailed."""
         recovery = getattr(self.ctl, "recovery", None)

@@ -10,8 +10,8 @@ import pytest
 
 from hfrt.deploy import ClusterSpec, parse_spec, place
 from hfrt.deploy.cluster import advertised
-from hfrt.deploy.slurm import SlurmLauncher
-from hfrt.deploy.ssh import SshLauncher
+from hfrt.deploy.launchers.slurm import SlurmLauncher
+from hfrt.deploy.launchers.ssh import SshLauncher
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,7 +10,7 @@ import pytest
 
 from hfrt.deploy import ClusterSpec, LaunchError, parse_spec
 from hfrt.flows import load_flow
-from hfrt.run import run_on_cluster
+from hfrt.session import run_on_cluster
 from tests.deploy.conftest import daemon_pids
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,7 +17,7 @@ import pytest
 
 from hfrt.deploy import LaunchError, load_spec
 from hfrt.flows import load_flow
-from hfrt.run import run_on_cluster
+from hfrt.session import run_on_cluster
 from tests.deploy.conftest import Slurm, daemon_pids, squeue_names
 
 pytestmark = pytest.mark.timeout(90)

@@ -18,7 +18,7 @@ import pytest
 
 from hfrt.deploy import LaunchError, load_spec
 from hfrt.flows import Flow, load_flow
-from hfrt.run import run_on_cluster
+from hfrt.session import run_on_cluster
 from tests.deploy.conftest import Sshd, daemon_pids, free_port
 
 pytestmark = pytest.mark.timeout(90)

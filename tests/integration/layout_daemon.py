@@ -10,7 +10,7 @@ from hfrt import Daemon, Dispatch, endpoint
 
 class LayoutDaemon(Daemon):
     def dp_axes(self) -> dict[str, list[int]]:
-        from hfrt.roles.parallel.layout import Layout, dp_axes
+        from hfrt.roles.training.parallel.layout import Layout, dp_axes
 
         opts = self.context.options
         return dp_axes(Layout.parse(opts["train"]), Layout.parse(opts["gen"]), self.context.rank)

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from hfrt.deploy.base import DaemonSpec
-from hfrt.flows.agent import AgentConfig, Conversation, Trajectory, assemble, run_agents
+from hfrt.deploy.launchers.base import DaemonSpec
+from hfrt.flows.agent.loop import AgentConfig, Conversation, Trajectory, assemble, run_agents
 from hfrt.flows.common import CALL_TIMEOUT_S
 
 TOOL_TEXT = "[42]"
 TOOL_IDS = [ord(c) - 30 for c in TOOL_TEXT]  # the tiny preset's byte vocabulary
 PROMPTS = ("1+1=", "2+12=", "0+1=", "3+4=")
 ACTOR = {"model": "tiny", "engine": {"micro_batch_size": 32, "optim": {"lr": 0.05}}}
-REWARD = {"kind": "function", "function": "hfrt.flows.agent:agent_reward"}
+REWARD = {"kind": "function", "function": "hfrt.flows.agent.loop:agent_reward"}
 
 
 async def two_turns(conv: Conversation, sample: dict[str, Any]) -> float:
@@ -67,8 +67,8 @@ def test_every_actor_endpoint_declares_its_phase() -> None:
     """An endpoint every rank receives either returns to the training phase first, stays on the
     generation side, or is declared phase-free; RANK0 endpoints never change phase (a phase change
     can be collective). A new training-side endpoint that forgets its phase fails here."""
-    from hfrt.endpoints import Dispatch, endpoint_table
     from hfrt.roles.actor import PHASE_ATTR, ActorDaemon
+    from hfrt.wire.endpoints import Dispatch, endpoint_table
 
     table = endpoint_table(ActorDaemon)
     for name, (spec, fn) in table.items():
@@ -129,7 +129,7 @@ async def test_turns_on_a_tensor_parallel_actor(tp_g: int) -> None:
     """Trained at tp=2 on 2 ranks, generating at tp_g: at tp_g=2 both ranks are one generation
     group and must draw the same tokens (no seed given: they agree on one); at tp_g=1 each rank is
     a generation dp group of its own and gets its own rows (SPLIT_GENERATION), or none."""
-    from hfrt.run import free_tcp_address
+    from hfrt.session import free_tcp_address
     from tests.support import local_cluster
 
     options = {**ACTOR, "dist_master": free_tcp_address().removeprefix("tcp://"),

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from hfrt.flows.agent import Trajectory, trajectory_columns
-from hfrt.flows.agent_calc import AgentCalcConfig, spanning_share
+from hfrt.flows.agent.loop import Trajectory, trajectory_columns
+from hfrt.flows.recipes.agent_calc import AgentCalcConfig, spanning_share
 
 SMALL = ("prompts_per_step=2", "n=4")
 #: keys that differ between two runs of the same samples by how they were scheduled, not by what was computed
 SCHEDULING = ("timing/", "perf/", "memory/", "rollout/", "sync/", "async/")
 
 TOOL_FLOW = '''
-from hfrt.flows.agent_calc import ROLES, Config, agent_grpo, calc_agent, roles_for
+from hfrt.flows.recipes.agent_calc import ROLES, Config, agent_grpo, calc_agent, roles_for
 
 async def flow(ctl, config):
     return await agent_grpo(ctl, config, calc_agent)

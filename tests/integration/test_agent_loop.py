@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from hfrt.deploy.base import DaemonSpec
-from hfrt.errors import RemoteError
-from hfrt.flows.agent import AgentConfig, Conversation, assemble, run_agents
+from hfrt.deploy.launchers.base import DaemonSpec
+from hfrt.flows.agent.loop import AgentConfig, Conversation, assemble, run_agents
 from hfrt.flows.common import CALL_TIMEOUT_S, prompts_handle
+from hfrt.wire.errors import RemoteError
 
 TOOL_TEXT = "[42]"
 
@@ -164,7 +164,7 @@ def test_agent_calc_flow_runs_from_the_cli(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_two_rollout_ranks_share_the_turns_and_assemble_one_fixed_width_batch() -> None:
-    from hfrt.run import free_tcp_address
+    from hfrt.session import free_tcp_address
     from tests.support import local_cluster
 
     group = {"dist_master": free_tcp_address().removeprefix("tcp://")}

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from hfrt.deploy.base import DaemonSpec
-from hfrt.errors import RemoteError
+from hfrt.deploy.launchers.base import DaemonSpec
 from hfrt.flows.common import CALL_TIMEOUT_S, non_tensor, prompts_handle
-from hfrt.run import free_tcp_address
+from hfrt.session import free_tcp_address
+from hfrt.wire.errors import RemoteError
 from tests.support import local_cluster
 
 TRAIN = {"micro_batch_size": 32, "optim": {"lr": 2e-3}}

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from hfrt import runconfig
+from hfrt import config as runconfig
 from hfrt.bench.recipes import eval_calc, make_calc_data
 from hfrt.flows import load_flow
-from hfrt.flows.agent_calc import CALL, calculator
 from hfrt.flows.data import read_rows
+from hfrt.flows.recipes.agent_calc import CALL, calculator
 
 RECIPE = Path(__file__).resolve().parents[2] / "bench" / "recipes" / "smollm2-calc.toml"
 
@@ -60,7 +60,7 @@ def test_recipe_config_parses_as_an_agent_calc_run(tmp_path: Path, monkeypatch: 
     assert 10 <= cfg.steps <= 20 and cfg.data == "runs/calc/train.jsonl" and cfg.val_every == 0
     assert rc.roles["actor"]["options"]["engine"]["optim"]["lr"] == 1e-6
     assert {rc.roles[r]["options"]["model"] for r in ("actor", "reference", "rollout")} == {"smollm2-135m"}
-    assert rc.roles["reward"]["options"]["function"] == "hfrt.flows.agent:agent_reward"  # the flow's own, kept
+    assert rc.roles["reward"]["options"]["function"] == "hfrt.flows.agent.loop:agent_reward"  # the flow's own, kept
     runconfig.check_role_options(rc.roles)  # every role accepts its options (raises ConfigError otherwise)
 
 

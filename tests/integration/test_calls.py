@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hfrt import CallTimeout, RemoteError, UnknownEndpoint
-from hfrt.deploy.base import expand
+from hfrt.deploy.launchers.base import expand
 from tests.support import echo_specs, local_cluster
 
 pytestmark = pytest.mark.timeout(60)

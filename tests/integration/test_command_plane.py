@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from hfrt import DaemonGone
-from hfrt.deploy.base import DaemonSpec
+from hfrt.deploy.launchers.base import DaemonSpec
 from hfrt.protocols import PROTOCOL_VERSION, Call, Error, Heartbeat, Hello, Reply, Welcome, Wire, new_key
 from tests.support import STARTED_PIDS, echo_specs, local_cluster, wait_for
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hfrt.deploy.base import expand
+from hfrt.deploy.launchers.base import expand
 from tests.support import local_cluster
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from hfrt import DaemonGone, ProtocolMismatch
-from hfrt.deploy.base import DaemonSpec
+from hfrt.deploy.launchers.base import DaemonSpec
 from hfrt.protocols import PROTOCOL_VERSION, Call, Heartbeat, Hello, Reply, Shutdown, Welcome, Wire, new_key
 from tests.support import STARTED_PIDS, echo_specs, local_cluster, pid_alive, wait_for
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hfrt.flows.grpo import GRPOConfig
-from hfrt.flows.ppo import PPOConfig
+from hfrt.flows.recipes.grpo import GRPOConfig
+from hfrt.flows.recipes.ppo import PPOConfig
 
 REQUIRED = ("step", "reward/mean", "kl/mean", "timing/step_s", "timing/generate_s", "timing/stage2_s",
             "timing/old_log_prob_s", "timing/advantages_s", "timing/update_s", "controller_bulk_bytes",
@@ -56,7 +56,7 @@ def test_flow_runs_two_steps_on_real_daemons(name: str, tmp_path: Path) -> None:
 
 
 def test_flows_import_no_torch() -> None:
-    code = "import sys, hfrt.flows.ppo, hfrt.flows.grpo; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, hfrt.flows.recipes.ppo, hfrt.flows.recipes.grpo; assert 'torch' not in sys.modules, 'torch imported'"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 

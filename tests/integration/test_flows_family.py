@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from hfrt.flows.common import non_tensor, prompts_handle
-from hfrt.flows.grpo import actor_loss_options
-from hfrt.flows.reinforce_pp import ReinforcePPConfig
-from hfrt.flows.remax import BASELINE, ReMaxConfig, baseline_column, baseline_handle, keyed_prompts
-from hfrt.flows.rloo import RLOOConfig
+from hfrt.flows.recipes.grpo import actor_loss_options
+from hfrt.flows.recipes.reinforce_pp import ReinforcePPConfig
+from hfrt.flows.recipes.remax import BASELINE, ReMaxConfig, baseline_column, baseline_handle, keyed_prompts
+from hfrt.flows.recipes.rloo import RLOOConfig
 from hfrt.protocols import BatchHandle
 from hfrt.protocols.handles import Shard, TensorHandle
 from tests.integration.test_flows import run_flow
@@ -56,7 +56,7 @@ def test_family_flow_runs_two_steps_on_real_daemons(name: str, sets: tuple[str, 
 
 
 def test_family_flows_import_no_torch() -> None:
-    code = ("import sys, hfrt.flows.rloo, hfrt.flows.reinforce_pp, hfrt.flows.remax; "
+    code = ("import sys, hfrt.flows.recipes.rloo, hfrt.flows.recipes.reinforce_pp, hfrt.flows.recipes.remax; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from hfrt.flows.ppo import ROLES
+from hfrt.flows.recipes.ppo import ROLES
 
 #: two ranks on fsdp2 for every trained or forward-only model role
 TWO_RANKS = tuple(

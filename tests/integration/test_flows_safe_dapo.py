@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hfrt.batch import Batch
-from hfrt.flows.dapo import DAPOConfig, coalesce, group_ranges, merged_rollout_meta, select_rows, varied_groups
-from hfrt.flows.safe_rlhf import LagrangeMultiplier, SafeRLHFConfig
+from hfrt.daemon.batch import Batch
+from hfrt.flows.recipes.dapo import DAPOConfig, coalesce, group_ranges, merged_rollout_meta, select_rows, varied_groups
+from hfrt.flows.recipes.safe_rlhf import LagrangeMultiplier, SafeRLHFConfig
 from hfrt.flows.tasks import addition_cost
 from hfrt.protocols import BatchHandle
 from hfrt.protocols.handles import Shard, TensorHandle
-from hfrt.roles.advantage import AdvantageEndpoints, overlong_penalty
+from hfrt.roles.mixins.advantage import AdvantageEndpoints, overlong_penalty
 
 from .test_flows import run_flow
 
@@ -167,6 +167,6 @@ def test_dapo_config_defaults_and_checks() -> None:
 
 
 def test_safe_rlhf_and_dapo_import_no_torch() -> None:
-    code = "import sys, hfrt.flows.safe_rlhf, hfrt.flows.dapo; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, hfrt.flows.recipes.safe_rlhf, hfrt.flows.recipes.dapo; assert 'torch' not in sys.modules, 'torch imported'"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

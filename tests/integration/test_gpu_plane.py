@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from hfrt.deploy.base import expand
+from hfrt.deploy.launchers.base import expand
 from tests.support import local_cluster
 
 pytestmark = [

@@ -1,6 +1,6 @@
 """The policy loss modes on real daemons: `hfrt controller --flow grpo` trains with GSPO, and with
 CISPO under truncated importance sampling; bad loss options end the controller with exit 2 before
-any daemon starts; hfrt.loss_options imports no torch (the controller reads it)."""
+any daemon starts; hfrt.wire.loss_options imports no torch (the controller reads it)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,6 @@ def test_controller_refuses_bad_loss_options_before_any_daemon_starts(tmp_path: 
 
 
 def test_loss_options_import_no_torch() -> None:
-    code = "import sys, hfrt.loss_options, hfrt.flows.grpo, hfrt.flows.ppo; assert 'torch' not in sys.modules, 'torch'"
+    code = "import sys, hfrt.wire.loss_options, hfrt.flows.recipes.grpo, hfrt.flows.recipes.ppo; assert 'torch' not in sys.modules, 'torch'"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

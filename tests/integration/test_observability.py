@@ -145,7 +145,7 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_chrome_events_rows_names_and_statuses(tmp_path: Path) -> None:
-    from hfrt.trace import END_EVENT, LANE_TID, START_EVENT, CallTrace
+    from hfrt.control.trace import END_EVENT, LANE_TID, START_EVENT, CallTrace
 
     trace = CallTrace(max_spans=5)
     o = trace.origin
@@ -206,7 +206,7 @@ async def test_a_streamed_trace_holds_one_batch_in_memory_and_writes_every_call(
     it sends (its memory stays flat over a long run), and the file gets every call."""
     import asyncio
 
-    from hfrt import trace as trace_module
+    from hfrt.control import trace as trace_module
     from tests.support import echo_specs, local_cluster
 
     monkeypatch.setattr(trace_module, "FLUSH_EVERY", 50)
@@ -231,7 +231,7 @@ async def test_a_streamed_trace_holds_one_batch_in_memory_and_writes_every_call(
 
 def test_a_trace_cut_short_still_reads(tmp_path: Path) -> None:
     """No closing bracket and a half-written last event, as a kill mid-write leaves it."""
-    from hfrt.trace import START_EVENT, CallTrace, read_events
+    from hfrt.control.trace import START_EVENT, CallTrace, read_events
 
     trace = CallTrace(path=tmp_path / "trace.json")
     for call_id in range(1, 4):
@@ -255,7 +255,7 @@ def test_a_killed_controller_leaves_a_loadable_trace(tmp_path: Path) -> None:
     import signal
     import time
 
-    from hfrt.trace import END_EVENT, START_EVENT, read_events
+    from hfrt.control.trace import END_EVENT, START_EVENT, read_events
     from tests.deploy.conftest import daemon_pids
 
     marker = f"trace-kill-{secrets.token_hex(4)}"

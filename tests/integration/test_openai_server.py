@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from hfrt.deploy.base import DaemonSpec
-from hfrt.flows.agent import assemble
-from hfrt.openai_server import OpenAIServer
-from hfrt.openai_sessions import SessionDrift
+from hfrt.deploy.launchers.base import DaemonSpec
+from hfrt.flows.agent.loop import assemble
+from hfrt.flows.agent.openai.server import OpenAIServer
+from hfrt.flows.agent.openai.sessions import SessionDrift
 from tests.support import local_cluster
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]

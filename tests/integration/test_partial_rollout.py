@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from hfrt.deploy.base import DaemonSpec
+from hfrt.deploy.launchers.base import DaemonSpec
 from hfrt.flows.common import CALL_TIMEOUT_S, non_tensor, prompts_handle
 from tests.support import local_cluster
 

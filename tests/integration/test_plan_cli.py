@@ -79,8 +79,8 @@ def test_calibrate_fits_factors_from_a_run_folder(tmp_path: Path) -> None:
 
 def test_the_planner_imports_no_torch() -> None:
     """It runs on a controller machine: planning a flow (its module imported) loads no torch."""
-    code = ("import sys; from hfrt.deploy.plan_cli import main; from hfrt.deploy.plan_calibrate import calibrate; "
-            "from hfrt.deploy.plan_file import load_plan; from hfrt.deploy.plan import search; "
+    code = ("import sys; from hfrt.deploy.plan.cli import main; from hfrt.deploy.plan.calibrate import calibrate; "
+            "from hfrt.deploy.plan.file import load_plan; from hfrt.deploy.plan.search import search; "
             f"search(load_plan({str(TINY_PLAN)!r}).problem); "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

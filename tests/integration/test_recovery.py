@@ -18,14 +18,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hfrt import shm
 from hfrt.bench import recovery_cost
-from hfrt.controller import Controller
-from hfrt.deploy.base import DaemonSpec, OnExit
-from hfrt.deploy.local import LocalLauncher
-from hfrt.errors import DaemonGone, RemoteError
+from hfrt.control.controller import Controller
+from hfrt.control.recovery import Recovery, RecoveryFailed, RecoveryPolicy
+from hfrt.deploy.launchers.base import DaemonSpec, OnExit
+from hfrt.deploy.launchers.local import LocalLauncher
 from hfrt.protocols import new_key
-from hfrt.recovery import Recovery, RecoveryFailed, RecoveryPolicy
+from hfrt.wire import shm
+from hfrt.wire.errors import DaemonGone, RemoteError
 from tests.support import STARTED_PIDS, pid_alive
 
 # -- the mechanism, on probe daemons (each starts real daemons: ~10 s on a loaded 2-core box) -------

@@ -5,12 +5,11 @@ named, and a rollout whose log-probs the actor recomputes on the same tokens."""
 
 from __future__ import annotations
 
-
 import pytest
 
-from hfrt.deploy.base import DaemonSpec
-from hfrt.errors import RemoteError
+from hfrt.deploy.launchers.base import DaemonSpec
 from hfrt.flows.common import CALL_TIMEOUT_S, non_tensor, prompts_handle
+from hfrt.wire.errors import RemoteError
 from tests.support import local_cluster, skip_without_vllm
 
 MODEL = "smollm2-135m"

@@ -172,7 +172,7 @@ def test_attach_refuses_role_settings_and_missing_roles(tmp_path: Path) -> None:
 
 def test_launch_refuses_a_folder_in_use(tmp_path: Path) -> None:
     """`hfrt launch` holds its folder's lock while it starts daemons (then a controller may use it)."""
-    from hfrt.run import RunDirLock
+    from hfrt.session import RunDirLock
 
     spec = tmp_path / "cluster.toml"
     spec.write_text('name = "t"\nlauncher = "local"\n[[nodes]]\nname = "a"\nhost = "127.0.0.1"\ndevices = 1\n'

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from hfrt import shm
-from hfrt.deploy.base import DaemonSpec, expand
-from hfrt.deploy.ssh import WRAPPER
+from hfrt.deploy.launchers.base import DaemonSpec, expand
+from hfrt.deploy.launchers.ssh import WRAPPER
 from hfrt.protocols.signing import ENV_KEY
+from hfrt.wire import shm
 from tests.support import STARTED_PIDS, local_cluster, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -60,7 +60,7 @@ def start_bare_daemon(spec: DaemonSpec, ctl_address: str, key: bytes, heartbeat_
 async def bare_probe_with_tensors() -> AsyncIterator[tuple[Any, subprocess.Popen[bytes]]]:
     """A controller and one probe daemon it did not launch, holding tensors in /dev/shm; the
     daemon is killed and its files removed on the way out."""
-    from hfrt.controller import Controller
+    from hfrt.control.controller import Controller
     from hfrt.protocols import new_key
 
     key = new_key()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hfrt import RemoteError
-from hfrt.deploy.base import DaemonSpec, expand
+from hfrt.deploy.launchers.base import DaemonSpec, expand
 from hfrt.protocols import BatchHandle, TensorHandle
 from tests.support import local_cluster
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hfrt.batch import Batch
-from hfrt.daemon import Daemon
-from hfrt.endpoints import Dispatch, endpoint
+from hfrt.daemon.base import Daemon
+from hfrt.daemon.batch import Batch
 from hfrt.protocols import BatchHandle
 from hfrt.protocols.handles import Shard
+from hfrt.wire.endpoints import Dispatch, endpoint
 
 
 def prompt_handle(prompts: Sequence[Any], **columns: Sequence[Any]) -> BatchHandle:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from hfrt.algos import LossScale, PolicyLossConfig, policy_loss
+from hfrt.roles.losses import LossScale, PolicyLossConfig, policy_loss
 
 PROMPT_LEN, RESPONSE_LEN, ROWS = 6, 5, 8
 
@@ -67,7 +67,7 @@ def _entry(
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     result: dict[str, Any]
     try:
-        from hfrt.roles.engines import init_distributed
+        from hfrt.roles.training.engines import init_distributed
 
         init_distributed(rank, world, "127.0.0.1", port)
         result = {"ok": True, **target(rank, world, out_dir=Path(out_dir), **kwargs)}
@@ -120,10 +120,10 @@ def train_and_push(
     rank: int, world: int, *, out_dir: Path, backend: str, zero_stage: int = 3, check_checkpoint: bool = False
 ) -> dict[str, Any]:
     """One PPO step on this rank's rows, push weights to a generation copy, compare, sample, recompute."""
-    from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
-    from hfrt.roles.generate import HFGenerationEngine, SamplingParams
-    from hfrt.roles.hybrid import HybridEngine
+    from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
+    from hfrt.roles.generation.hybrid import HybridEngine
     from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
+    from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
 
     model = load_model(ModelConfig("tiny"))
     vocab = model.config.vocab_size
@@ -197,11 +197,11 @@ def _alone_entry(out_dir: str, target: Callable[..., dict[str, Any]], kwargs: di
 
 def vllm_rollouts(*, out_dir: Path) -> dict[str, Any]:
     """smollm2-135m: vLLM rollout, one training step, push through the hybrid engine, rollout again."""
-    from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
-    from hfrt.roles.generate import SamplingParams
-    from hfrt.roles.hybrid import HybridEngine
+    from hfrt.roles.generation.hf import SamplingParams
+    from hfrt.roles.generation.hybrid import HybridEngine
+    from hfrt.roles.generation.vllm_engine import VLLMConfig, VLLMGenerationEngine
     from hfrt.roles.models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
-    from hfrt.roles.vllm_engine import VLLMConfig, VLLMGenerationEngine
+    from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
 
     tok = load_tokenizer("smollm2-135m")
     train = build_train_engine(

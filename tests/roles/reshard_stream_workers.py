@@ -14,13 +14,13 @@ import torch
 def _hybrid(engine: Any, train: Any, gen: Any, rank: int) -> Any:
     """What the actor's _resharding_hybrid builds, on the tiny preset."""
     from hfrt.roles.actor import gen_pp_group
-    from hfrt.roles.generate import HFGenerationEngine
-    from hfrt.roles.hybrid import ReshardHybrid
+    from hfrt.roles.generation.hf import HFGenerationEngine
+    from hfrt.roles.generation.hybrid import ReshardHybrid
     from hfrt.roles.models import load_tokenizer
-    from hfrt.roles.parallel import layout as L
-    from hfrt.roles.parallel import tp_model
-    from hfrt.roles.parallel.reshard import Resharder
-    from hfrt.roles.parallel.shard import ModelShape
+    from hfrt.roles.training.parallel import layout as L
+    from hfrt.roles.training.parallel import tp_model
+    from hfrt.roles.training.parallel.reshard import Resharder
+    from hfrt.roles.training.parallel.shard import ModelShape
 
     config = engine.model.config
     groups = L.new_groups(train, gen, rank)
@@ -46,11 +46,11 @@ def _storages(engine: Any) -> set[int]:
 
 
 def stream_pairs(rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str, str]], greedy: list[str]) -> dict[str, Any]:
-    from hfrt.roles.engines import EngineConfig, build_train_engine
-    from hfrt.roles.generate import HFGenerationEngine, SamplingParams
+    from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
     from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
-    from hfrt.roles.parallel import layout as L
-    from hfrt.roles.parallel.shard import ModelShape
+    from hfrt.roles.training.engines import EngineConfig, build_train_engine
+    from hfrt.roles.training.parallel import layout as L
+    from hfrt.roles.training.parallel.shard import ModelShape
 
     from .reshard_workers import expected_pieces
 

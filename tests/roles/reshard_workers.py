@@ -11,7 +11,7 @@ import torch
 
 def _setup() -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]], Any]:
     from hfrt.roles.models import ModelConfig, load_model
-    from hfrt.roles.parallel.shard import ModelShape
+    from hfrt.roles.training.parallel.shard import ModelShape
 
     model = load_model(ModelConfig("tiny"))
     full = {n: p.detach() for n, p in model.named_parameters()}
@@ -19,8 +19,8 @@ def _setup() -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]], Any]:
 
 
 def train_pieces(full: dict[str, torch.Tensor], train: Any, rank: int, shape: Any) -> dict[str, torch.Tensor]:
-    from hfrt.roles.parallel import layout as L
-    from hfrt.roles.parallel.shard import holds, tp_piece
+    from hfrt.roles.training.parallel import layout as L
+    from hfrt.roles.training.parallel.shard import holds, tp_piece
 
     c = L.train_coords(train, rank)
     return {
@@ -31,8 +31,8 @@ def train_pieces(full: dict[str, torch.Tensor], train: Any, rank: int, shape: An
 
 
 def expected_pieces(full: dict[str, torch.Tensor], train: Any, gen: Any, rank: int, shape: Any) -> dict[str, torch.Tensor]:
-    from hfrt.roles.parallel import layout as L
-    from hfrt.roles.parallel.shard import holds, tp_piece
+    from hfrt.roles.training.parallel import layout as L
+    from hfrt.roles.training.parallel.shard import holds, tp_piece
 
     g, _ = L.gen_coords(train, gen, rank)
     return {
@@ -44,8 +44,8 @@ def expected_pieces(full: dict[str, torch.Tensor], train: Any, gen: Any, rank: i
 
 def reshard_pairs(rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str, str]]) -> dict[str, Any]:
     """For each (train, gen) pair: reshard and the naive baseline; what each rank saw."""
-    from hfrt.roles.parallel import layout as L
-    from hfrt.roles.parallel.reshard import Resharder, naive_to_generation
+    from hfrt.roles.training.parallel import layout as L
+    from hfrt.roles.training.parallel.reshard import Resharder, naive_to_generation
 
     full, shapes, shape = _setup()
     out: dict[str, Any] = {}
@@ -78,7 +78,7 @@ def reshard_pairs(rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str
 
 def _own_in_gen(pieces: dict[str, torch.Tensor], want: dict[str, torch.Tensor], r: Any) -> int:
     """Bytes of this rank's training rows that lie inside its generation pieces."""
-    from hfrt.roles.parallel.reshard import split_dim
+    from hfrt.roles.training.parallel.reshard import split_dim
 
     total = 0
     for name, t in pieces.items():
@@ -94,11 +94,11 @@ def _own_in_gen(pieces: dict[str, torch.Tensor], want: dict[str, torch.Tensor], 
 def generate_after_reshard(rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str, str]]) -> dict[str, Any]:
     """Greedy tokens from a TP model built at the generation layout (in its generation TP group)
     and loaded with the resharded pieces, against the single-process full model."""
-    from hfrt.roles.generate import HFGenerationEngine, SamplingParams
+    from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
     from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
-    from hfrt.roles.parallel import layout as L
-    from hfrt.roles.parallel import tp_model
-    from hfrt.roles.parallel.reshard import Resharder
+    from hfrt.roles.training.parallel import layout as L
+    from hfrt.roles.training.parallel import tp_model
+    from hfrt.roles.training.parallel.reshard import Resharder
 
     full, shapes, shape = _setup()
     config = load_model(ModelConfig("tiny")).config
@@ -125,7 +125,7 @@ def generate_after_reshard(rank: int, world: int, *, out_dir: Path, pairs: list[
 
 def uneven_shapes() -> tuple[dict[str, tuple[int, ...]], Any]:
     """A Llama-shaped parameter set with a 10-row vocabulary: 3+3+2+2 over tp=4 but 5+5 over tp=2."""
-    from hfrt.roles.parallel.shard import ModelShape
+    from hfrt.roles.training.parallel.shard import ModelShape
 
     shape = ModelShape(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=2, vocab_size=10)
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (10, 8)}
@@ -140,8 +140,8 @@ def uneven_shapes() -> tuple[dict[str, tuple[int, ...]], Any]:
 def uneven_pairs(rank: int, pairs: list[tuple[str, str]]) -> dict[str, Any]:
     """Reshard random weights of the uneven shapes; the pieces against exact slices, and which
     parameters took the fallback over the training model-parallel group."""
-    from hfrt.roles.parallel import layout as L
-    from hfrt.roles.parallel.reshard import Resharder
+    from hfrt.roles.training.parallel import layout as L
+    from hfrt.roles.training.parallel.reshard import Resharder
 
     shapes, shape = uneven_shapes()
     g = torch.Generator().manual_seed(0)

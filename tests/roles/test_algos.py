@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfrt.algos import (
+from hfrt.roles.losses import (
     AGG_MODES,
     LossScale,
     PolicyLossConfig,

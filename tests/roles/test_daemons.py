@@ -20,8 +20,8 @@ import pytest_asyncio
 import torch
 
 from hfrt import Controller, DaemonGone, RemoteError
-from hfrt.deploy.base import DaemonSpec, expand
-from hfrt.deploy.local import LocalLauncher
+from hfrt.deploy.launchers.base import DaemonSpec, expand
+from hfrt.deploy.launchers.local import LocalLauncher
 from hfrt.protocols import new_key
 from tests.support import STARTED_PIDS, local_cluster
 

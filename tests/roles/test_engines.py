@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
-from hfrt.roles.engines.base import lr_multiplier
 from hfrt.roles.models import ModelConfig, load_model
+from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
+from hfrt.roles.training.engines.base import lr_multiplier
 
 from .dist_workers import make_batch, ppo_loss, run_ranks, train_and_push
 
@@ -131,7 +131,7 @@ def test_deepspeed_zero_two_ranks_match_one_process(tmp_path: Path, reference: t
 
 
 def test_critic_step_fits_returns() -> None:
-    from hfrt.algos import value_loss
+    from hfrt.roles.losses import value_loss
 
     model = load_model(ModelConfig("tiny", value_head=True))
     engine = build_train_engine(model, EngineConfig(backend="local", optim=OptimConfig(lr=3e-3)))

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfrt.loss_options import ActorLoss, UpdateSchedule
 from hfrt.roles.actor import actor_loss
-from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
-from hfrt.roles.engines.base import token_log_probs
 from hfrt.roles.models import ModelConfig, load_model
-from hfrt.roles.updates import require_one_step, run_updates
+from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
+from hfrt.roles.training.engines.base import token_log_probs
+from hfrt.roles.training.updates import require_one_step, run_updates
+from hfrt.wire.loss_options import ActorLoss, UpdateSchedule
 
 from .dist_workers import make_batch
 

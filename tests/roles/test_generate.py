@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfrt.roles.engines import EngineConfig, build_train_engine
-from hfrt.roles.generate import HFGenerationEngine, SamplingParams, filter_logits
+from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams, filter_logits
 from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
+from hfrt.roles.training.engines import EngineConfig, build_train_engine
 
 
 @pytest.fixture(scope="module")

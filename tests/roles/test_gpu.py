@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
-from hfrt.roles.generate import HFGenerationEngine, SamplingParams
-from hfrt.roles.hybrid import HybridEngine
+from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
+from hfrt.roles.generation.hybrid import HybridEngine
 from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
+from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
 
 from .dist_workers import make_batch, ppo_loss, run_ranks, train_and_push
 from .test_engines import reference_step

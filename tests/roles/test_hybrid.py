@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
-from hfrt.roles.generate import HFGenerationEngine, SamplingParams
-from hfrt.roles.hybrid import HybridEngine, PeakRSS
+from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
+from hfrt.roles.generation.hybrid import HybridEngine, PeakRSS
 from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
+from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
 
 from .dist_workers import make_batch, ppo_loss
 

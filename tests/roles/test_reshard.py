@@ -40,7 +40,7 @@ def results(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def micro(train: str, gen: str) -> int:
-    from hfrt.roles.parallel.layout import Layout, micro_dp_size
+    from hfrt.roles.training.parallel.layout import Layout, micro_dp_size
 
     return micro_dp_size(Layout.parse(train), Layout.parse(gen))
 
@@ -84,7 +84,7 @@ def test_slicing_layout_takes_views(results: list[dict[str, Any]]) -> None:
 
 def test_target_against_naive(results: list[dict[str, Any]]) -> None:
     """The issue's target: with micro-DP size > 1, bytes per rank ≤ (1/t_g) · naive bytes per rank."""
-    from hfrt.roles.parallel.layout import Layout
+    from hfrt.roles.training.parallel.layout import Layout
 
     for train, gen in PAIRS:
         if micro(train, gen) > 1:

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
 from hfrt.roles.models import ModelConfig, ModelLoadError, load_model, resolve_model_dir
+from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
 
 from .dist_workers import make_batch, ppo_loss, run_ranks
 from .tp_workers import TRAIN_LAYOUTS, everything, forward_layouts, tied_tiny
@@ -152,7 +152,7 @@ def test_smollm2_tp3_and_pp3_tied_embeddings(tmp_path: Path) -> None:
 
 def test_load_pieces_names_what_is_wrong() -> None:
     """Single process (tp = pp = 1, no groups): the piece API's errors name the parameter and shapes."""
-    from hfrt.roles.parallel import tp_model
+    from hfrt.roles.training.parallel import tp_model
 
     model = load_model(ModelConfig("tiny"))
     layout = tp_model.parallelize(model)

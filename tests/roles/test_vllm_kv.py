@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hfrt.roles.generation.vllm_engine import VLLMConfig, kv_budget, kv_cache_bytes
 from hfrt.roles.models import resolve_model_dir
-from hfrt.roles.vllm_engine import VLLMConfig, kv_budget, kv_cache_bytes
 
 SMOLLM2 = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
            "dtype": "float32"}

@@ -46,9 +46,9 @@ def forward_layouts(
 
 def forward_equal(tp: int, pp: int, preset: str = "tiny") -> dict[str, Any]:
     """Logits and response log-probs of the (tp, pp) model against the full model, on every rank."""
-    from hfrt.roles.engines.base import model_forward
-    from hfrt.roles.engines.tp import build_mesh
-    from hfrt.roles.parallel import tp_model
+    from hfrt.roles.training.engines.base import model_forward
+    from hfrt.roles.training.engines.tp import build_mesh
+    from hfrt.roles.training.parallel import tp_model
 
     model = _tiny(preset)
     batch = make_batch(model.config.vocab_size)
@@ -78,7 +78,7 @@ def forward_strided() -> dict[str, Any]:
     training one makes them): tp=4 ordered [0, 2, 1, 3], and tp=2 groups [2, 0] and [3, 1]."""
     import torch.distributed as dist
 
-    from hfrt.roles.parallel import tp_model
+    from hfrt.roles.training.parallel import tp_model
 
     model = _tiny()
     batch = make_batch(model.config.vocab_size)
@@ -102,10 +102,10 @@ def forward_strided() -> dict[str, Any]:
 
 def greedy_tp(tp: int) -> dict[str, Any]:
     """Greedy tokens from HFGenerationEngine over the tp-sharded tiny model and over the full one."""
-    from hfrt.roles.engines.tp import build_mesh
-    from hfrt.roles.generate import HFGenerationEngine, SamplingParams
+    from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
     from hfrt.roles.models import load_tokenizer
-    from hfrt.roles.parallel import tp_model
+    from hfrt.roles.training.engines.tp import build_mesh
+    from hfrt.roles.training.parallel import tp_model
 
     tok = load_tokenizer("tiny")
     prompts = [tok(text)["input_ids"] for text in ("2+2=", "the cat sat", "hi")]
@@ -129,7 +129,7 @@ def greedy_tp(tp: int) -> dict[str, Any]:
 def train_tp(tp: int, pp: int, out_dir: Path, tied: bool = False) -> dict[str, Any]:
     """One PPO step with backend "tp" (tp × pp × dp over 4 ranks) on this dp rank's rows; full weights
     after the step, this rank's pieces, and a save → step → load → step round trip."""
-    from hfrt.roles.engines import EngineConfig, OptimConfig, build_train_engine
+    from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
 
     from .dist_workers import ppo_loss, rows_for
 
@@ -161,8 +161,8 @@ def train_tp(tp: int, pp: int, out_dir: Path, tied: bool = False) -> dict[str, A
 
 def critic_values_tp(tp: int) -> dict[str, Any]:
     """A value model (critic) sharded over tp: its values against the full model's."""
-    from hfrt.roles.engines import EngineConfig, build_train_engine
     from hfrt.roles.models import ModelConfig, load_model
+    from hfrt.roles.training.engines import EngineConfig, build_train_engine
 
     batch = make_batch(259)
     full = build_train_engine(load_model(ModelConfig("tiny", value_head=True)), EngineConfig(trainable=False))

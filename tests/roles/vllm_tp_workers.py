@@ -35,10 +35,10 @@ def write_model(folder: Path) -> Any:
 def vllm_tp(rank: int, world: int, *, out_dir: Path, model_dir: str) -> dict[str, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from hfrt.roles.engines import EngineConfig, build_train_engine
-    from hfrt.roles.generate import HFGenerationEngine, SamplingParams
-    from hfrt.roles.hybrid import HybridEngine
-    from hfrt.roles.vllm_engine import VLLMConfig, VLLMGenerationEngine
+    from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
+    from hfrt.roles.generation.hybrid import HybridEngine
+    from hfrt.roles.generation.vllm_engine import VLLMConfig, VLLMGenerationEngine
+    from hfrt.roles.training.engines import EngineConfig, build_train_engine
 
     config = AutoConfig.from_pretrained(model_dir)
     torch.manual_seed(1)  # other weights than the checkpoint vLLM starts from: the push must land

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from hfrt.daemon import DaemonContext
+from hfrt.daemon.base import DaemonContext
 from hfrt.roles.actor import ActorDaemon, read_layouts, with_layout
-from hfrt.roles.parallel.layout import Layout
+from hfrt.roles.training.parallel.layout import Layout
 
 
 def ctx(world: int = 4, **options: object) -> DaemonContext:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from hfrt.roles.generate import HFGenerationEngine
+from hfrt.roles.generation.hf import HFGenerationEngine
 
 
 def engine() -> HFGenerationEngine:

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from hfrt.algos import (
+from hfrt.roles.losses import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
@@ -148,8 +148,8 @@ def test_kl_controllers() -> None:
 
 
 def test_compute_advantages_endpoint_in_process() -> None:
-    from hfrt.batch import Batch
-    from hfrt.roles.advantage import AdvantageEndpoints
+    from hfrt.daemon.batch import Batch
+    from hfrt.roles.mixins.advantage import AdvantageEndpoints
 
     rollout = Batch({"response_mask": OUT_MASK, "token_level_scores": OUT_REWARDS}, {"uid": list(INDEX)})
     logp = Batch({"old_log_probs": torch.zeros(6, 2), "ref_log_prob": torch.full((6, 2), -0.5)})
@@ -174,8 +174,8 @@ def test_compute_advantages_endpoint_in_process() -> None:
 
 def test_advantage_state_survives_a_checkpoint() -> None:
     """The in-reward KL controller's coefficient goes into state.json and comes back exactly."""
-    from hfrt.batch import Batch
-    from hfrt.roles.advantage import AdvantageEndpoints
+    from hfrt.daemon.batch import Batch
+    from hfrt.roles.mixins.advantage import AdvantageEndpoints
 
     rollout = Batch({"response_mask": OUT_MASK, "token_level_scores": OUT_REWARDS}, {"uid": list(INDEX)})
     logp = Batch({"old_log_probs": torch.zeros(6, 2), "ref_log_prob": torch.full((6, 2), -0.5)})

@@ -1,4 +1,4 @@
-"""Pure logic of the agent loop (hfrt.flows.agent, agent_calc) against a scripted stand-in for the
+"""Pure logic of the agent loop (hfrt.flows.agent.loop, agent_calc) against a scripted stand-in for the
 rollout role: turn batching, masks and log-probs of a trajectory, limits, errors per sample."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from hfrt.flows.agent import AgentConfig, AgentGenerationError, Conversation, run_agents, trajectory_columns
-from hfrt.flows.agent_calc import calc_agent, calculator
+from hfrt.flows.agent.loop import AgentConfig, AgentGenerationError, Conversation, run_agents, trajectory_columns
 from hfrt.flows.common import non_tensor
+from hfrt.flows.recipes.agent_calc import calc_agent, calculator
 from hfrt.protocols import BatchHandle
 
 
@@ -116,5 +116,5 @@ async def test_calc_agent_calls_the_calculator_and_scores_the_answer() -> None:
 def test_the_agent_modules_do_not_import_torch() -> None:
     import subprocess
 
-    code = "import sys, hfrt.flows.agent, hfrt.flows.agent_calc, hfrt.flows.sandbox; print('torch' in sys.modules)"
+    code = "import sys, hfrt.flows.agent.loop, hfrt.flows.recipes.agent_calc, hfrt.flows.agent.sandbox; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from hfrt.flows.async_rollout import (
+from hfrt.flows.common import non_tensor
+from hfrt.flows.pipeline import (
     RolloutError,
     RolloutPipeline,
     StalenessPolicy,
@@ -19,8 +20,7 @@ from hfrt.flows.async_rollout import (
     runs,
     staleness_metrics,
 )
-from hfrt.flows.common import non_tensor
-from hfrt.flows.grpo_async import GRPOAsyncConfig
+from hfrt.flows.recipes.grpo_async import GRPOAsyncConfig
 from hfrt.protocols import BatchHandle
 
 

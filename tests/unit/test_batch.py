@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hfrt.batch import Batch
-from hfrt.dispatch import chunk_bounds
+from hfrt.control.dispatch import chunk_bounds
+from hfrt.daemon.batch import Batch
 
 fast = settings(max_examples=60, deadline=None)
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hfrt.daemon import Daemon, DaemonContext
-from hfrt.dispatch import RankSlot, chunk_bounds, collect, dispatch
-from hfrt.endpoints import Dispatch, endpoint, endpoint_table
+from hfrt.control.dispatch import RankSlot, chunk_bounds, collect, dispatch
+from hfrt.daemon.base import Daemon, DaemonContext
+from hfrt.wire.endpoints import Dispatch, endpoint, endpoint_table
 
 
 @given(st.integers(0, 200), st.integers(1, 9))
@@ -95,7 +95,7 @@ def test_context_derives_data_parallel_coordinates() -> None:
 
 
 def layout_slots(train: str, gen: str) -> list[RankSlot]:
-    from hfrt.roles.parallel.layout import Layout, dp_axes
+    from hfrt.roles.training.parallel.layout import Layout, dp_axes
 
     t, g = Layout.parse(train), Layout.parse(gen)
     return [RankSlot.of(r, 0, 1, {"dp_axes": dp_axes(t, g, r)}) for r in range(t.world)]

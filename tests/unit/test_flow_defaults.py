@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from hfrt.flows.common import DATA_DEFAULTS
-from hfrt.flows.grpo import GRPOFlowConfig
-from hfrt.flows.ppo import PPOConfig
+from hfrt.flows.recipes.grpo import GRPOFlowConfig
+from hfrt.flows.recipes.ppo import PPOConfig
 from hfrt.flows.tasks import numeric_reward, task_reward
 
 
@@ -50,7 +50,7 @@ def test_addition_sums_are_drawn_uniformly() -> None:
 
 
 def test_the_ppo_flows_defaults_are_the_ones_that_learn() -> None:
-    from hfrt.flows import ppo
+    from hfrt.flows.recipes import ppo
 
     cfg = ppo.Config.read({})
     assert (cfg.steps, cfg.prompts_per_step, cfg.kl_coef, cfg.val_every, cfg.val_before_train) == (500, 64, 0.1, 100, True)

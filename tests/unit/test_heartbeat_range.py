@@ -15,12 +15,12 @@ import pytest
 import zmq
 
 from hfrt.cli import main as cli_main
-from hfrt.controller import Controller
+from hfrt.control.controller import Controller
+from hfrt.daemon.heartbeat import SEND_HWM, HeartbeatThread
+from hfrt.daemon.server import ServeConfig
 from hfrt.deploy import SpecError, parse_spec
-from hfrt.heartbeat import SEND_HWM, HeartbeatThread
 from hfrt.protocols import HEARTBEAT_MAX_S, HEARTBEAT_MIN_S, Heartbeat, Wire, check_heartbeat_s, new_key
-from hfrt.run import Attach
-from hfrt.serve import ServeConfig
+from hfrt.session import Attach
 
 pytestmark = pytest.mark.timeout(30)
 

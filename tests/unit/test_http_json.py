@@ -13,7 +13,16 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from hfrt.http_json import HttpError, JsonHttpServer, Request, Response, body_length, parse_header, parse_request_line, read_request
+from hfrt.flows.agent.openai.http_json import (
+    HttpError,
+    JsonHttpServer,
+    Request,
+    Response,
+    body_length,
+    parse_header,
+    parse_request_line,
+    read_request,
+)
 
 
 def reader_of(data: bytes) -> asyncio.StreamReader:

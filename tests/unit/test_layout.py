@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from hfrt.roles.parallel import layout as L
-from hfrt.roles.parallel.shard import ModelShape, split_kind, stage_of, tp_piece
+from hfrt.roles.training.parallel import layout as L
+from hfrt.roles.training.parallel.shard import ModelShape, split_kind, stage_of, tp_piece
 
 #: tiny-like (4 heads, 2 kv heads, uneven 259 vocab) with 4 layers so pp=4 fits.
 SHAPE = ModelShape(num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=259)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from hfrt.flows.dapo import DAPOConfig
-from hfrt.flows.grpo import GRPOFlowConfig, actor_loss_options
-from hfrt.flows.ppo import PPOConfig
-from hfrt.flows.rloo import RLOOConfig
-from hfrt.loss_options import ActorLoss, CriticLoss, UpdateSchedule, accepted_options, check_update_options
+from hfrt.flows.recipes.dapo import DAPOConfig
+from hfrt.flows.recipes.grpo import GRPOFlowConfig, actor_loss_options
+from hfrt.flows.recipes.ppo import PPOConfig
+from hfrt.flows.recipes.rloo import RLOOConfig
+from hfrt.wire.loss_options import ActorLoss, CriticLoss, UpdateSchedule, accepted_options, check_update_options
 
 SCHEDULE = ("ppo_epochs", "ppo_mini_batch_size", "micro_batch_size")
 
@@ -62,7 +62,8 @@ def test_good_options_parse_with_ints_as_floats() -> None:
 
 
 def test_daemons_use_the_same_declaration() -> None:
-    from hfrt.roles import actor, critic, updates
+    from hfrt.roles import actor, critic
+    from hfrt.roles.training import updates
 
     assert actor.ActorLoss is ActorLoss and critic.CriticLoss is CriticLoss and updates.UpdateSchedule is UpdateSchedule
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from hfrt.algos import (
+from hfrt.roles.losses import (
     AGG_MODES,
     LossScale,
     PolicyLossConfig,
@@ -21,7 +21,7 @@ from hfrt.algos import (
     policy_loss,
     value_loss,
 )
-from hfrt.roles.updates import UpdateSchedule, counts, run_updates
+from hfrt.roles.training.updates import UpdateSchedule, counts, run_updates
 
 T = torch.tensor
 NAN, INF = float("nan"), float("inf")

@@ -4,16 +4,22 @@ named with the session, call and first differing token)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-import json
-
-from hfrt.openai_api import (
-    BadRequest, TurnResult, chat_body, chat_request, completion_body, completion_request, error_body, event_stream,
+from hfrt.flows.agent.openai.api import (
+    BadRequest,
+    TurnResult,
+    chat_body,
+    chat_request,
+    completion_body,
+    completion_request,
+    error_body,
+    event_stream,
 )
-from hfrt.openai_sessions import Session, SessionCall, SessionDrift, build_trajectory
+from hfrt.flows.agent.openai.sessions import Session, SessionCall, SessionDrift, build_trajectory
 
 
 def test_completion_request_forms() -> None:

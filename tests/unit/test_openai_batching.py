@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from hfrt.errors import DaemonGone, RemoteError
-from hfrt.flows.agent import AgentGenerationError, TurnBatcher
-from hfrt.http_json import HttpError, Request
-from hfrt.openai_api import BadRequest
-from hfrt.openai_server import OpenAIServer, _http_error
+from hfrt.flows.agent.loop import AgentGenerationError, TurnBatcher
+from hfrt.flows.agent.openai.api import BadRequest
+from hfrt.flows.agent.openai.http_json import HttpError, Request
+from hfrt.flows.agent.openai.server import OpenAIServer, _http_error
+from hfrt.wire.errors import DaemonGone, RemoteError
 from tests.unit.test_agent_loop import ScriptedRollout
 
 OPTIONS = {"max_new_tokens": 2, "temperature": 1.0, "stop": []}
@@ -111,6 +111,6 @@ def test_the_server_side_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, hfrt.openai_server, hfrt.cli\nassert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
+    code = "import sys, hfrt.flows.agent.openai.server, hfrt.cli\nassert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

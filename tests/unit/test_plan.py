@@ -12,16 +12,34 @@ from pathlib import Path
 import pytest
 
 from hfrt.deploy import parse_spec
-from hfrt.deploy.plan import (
-    Choice, Problem, Stage, auto_parallel, candidate_layouts, d_cost, enum_alloc, get_min_alloc, get_placements,
-    layout_slots, search, simu,
+from hfrt.deploy.plan.calibrate import nnls_ridge
+from hfrt.deploy.plan.file import flow_stages, parse_plan
+from hfrt.deploy.plan.model import (
+    HARDWARE,
+    MODELS,
+    Cost,
+    Efficiency,
+    Layout,
+    ModelSpec,
+    Workload,
+    generate_cost,
+    static_memory,
 )
-from hfrt.deploy.plan_calibrate import nnls_ridge
-from hfrt.deploy.plan_file import flow_stages, parse_plan
-from hfrt.deploy.plan_model import (
-    HARDWARE, MODELS, Cost, Efficiency, Layout, ModelSpec, Workload, generate_cost, static_memory,
+from hfrt.deploy.plan.search import (
+    Choice,
+    Problem,
+    Stage,
+    auto_parallel,
+    candidate_layouts,
+    d_cost,
+    enum_alloc,
+    get_min_alloc,
+    get_placements,
+    layout_slots,
+    search,
+    simu,
 )
-from hfrt.deploy.plan_spec import spec_text
+from hfrt.deploy.plan.spec import spec_text
 from hfrt.deploy.reader import Reader, SpecError
 
 pytestmark = pytest.mark.timeout(60)

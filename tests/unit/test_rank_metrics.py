@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from hfrt.flows.common import reduce_rank_metrics
-from hfrt.flows.grpo import GRPOConfig, grpo_step
-from hfrt.flows.ppo import PPOConfig, ppo_step
+from hfrt.flows.recipes.grpo import GRPOConfig, grpo_step
+from hfrt.flows.recipes.ppo import PPOConfig, ppo_step
 from hfrt.protocols import BatchHandle
 
 

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from hfrt.flows.ppo import PPOConfig
-from hfrt.recovery import STATELESS, RecoveryPolicy
-from hfrt.run import Attach, run_flow
+from hfrt.control.recovery import STATELESS, RecoveryPolicy
+from hfrt.flows.recipes.ppo import PPOConfig
+from hfrt.session import Attach, run_flow
 
 
 def test_recovery_is_off_unless_asked_and_on_reads_its_limits() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from hfrt.roles.parallel import layout as L
-from hfrt.roles.parallel.reshard import fallback_names, make_plan
-from hfrt.roles.parallel.shard import ModelShape
+from hfrt.roles.training.parallel import layout as L
+from hfrt.roles.training.parallel.reshard import fallback_names, make_plan
+from hfrt.roles.training.parallel.shard import ModelShape
 from tests.unit.test_layout import PAIRS, SHAPE, params
 
 UNEVEN = ModelShape(num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=10)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hfrt.run import specs_for
+from hfrt.session import specs_for
 
 
 def test_multi_rank_roles_get_one_dist_master_and_single_ranks_none() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hfrt import runconfig
+from hfrt import config as runconfig
 from hfrt.flows import load_flow
-from hfrt.flows.ppo import PPOConfig
+from hfrt.flows.recipes.ppo import PPOConfig
 
 FLOW_ROLES = {
     "actor": {"impl": "actor", "options": {"model": "tiny", "engine": {"micro_batch_size": 32, "optim": {"lr": 2e-3}}}},

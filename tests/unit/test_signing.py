@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 import zmq
 
-from hfrt.channel import Channel
-
 from hfrt.protocols import (
     BadSignature,
     Call,
@@ -29,6 +27,7 @@ from hfrt.protocols import (
     new_key,
     write_key_file,
 )
+from hfrt.wire.channel import Channel
 
 
 def test_signature_is_standard_hmac_sha256_over_length_prefixed_frames() -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-
-from roles.vllm_engine import RELOAD_LOGGER, ExpectedReloadGaps
+from hfrt.roles.generation.vllm_engine import RELOAD_LOGGER, ExpectedReloadGaps
 
 
 def _record(layer: str, msg: str = "%s: Failed to load weights") -> logging.LogRecord:

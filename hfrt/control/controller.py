@@ -1,0 +1,569 @@
+"""The controller: one ROUTER socket, a call-id → future table, the daemon registry and liveness.
+
+Every call returns an asyncio future as soon as its message is sent, so independent calls overlap
+by construction (start early, await late). A daemon that exits, is killed or stops beating fails
+every call pending on it within 2× the heartbeat interval, naming it. The controller never imports
+torch and knows nothing of any algorithm or of how daemons were started (launchers tell it when a
+process they own exits, through `mark_gone`). After `record_calls()`, every settled call appends
+one span (daemon, endpoint, call id, sent, settled, status) to `trace` (hfrt.control.trace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from hfrt.control.lifetimes import HandleTracker
+from hfrt.control.tensor_plane import TensorPlaneControl
+from hfrt.control.trace import MAX_SPANS, CallTrace
+from hfrt.log import get_logger
+from hfrt.protocols import (
+    PROTOCOL_VERSION,
+    Bye,
+    Call,
+    Cancel,
+    Error,
+    Heartbeat,
+    Hello,
+    Limits,
+    Message,
+    Reply,
+    Shutdown,
+    Welcome,
+    Wire,
+    WireError,
+    check_heartbeat_s,
+)
+from hfrt.wire import shm
+from hfrt.wire.channel import Channel
+from hfrt.wire.errors import CallTimeout, DaemonGone, ProtocolMismatch, RemoteError
+
+if TYPE_CHECKING:
+    from hfrt.control.recovery import Recovery
+
+#: Called with (daemon, reason, expected) when a daemon that said hello is declared gone.
+GoneListener = Callable[["DaemonInfo", str, bool], None]
+
+#: A daemon silent for this many heartbeat intervals is declared dead. Daemons beat twice per
+#: interval, so a live one is silent for at most half an interval plus its own scheduling delays;
+#: the check is timed to each daemon's deadline, so a death is declared 1.75 intervals after the
+#: last beat (plus the controller's own lateness), within the 2 intervals the protocol promises.
+DEAD_AFTER = 1.75
+#: A watcher that wakes more than this many intervals late was not running itself: it reads what
+#: waits on its socket, lets ZeroMQ's I/O thread catch up for SETTLE intervals, and only then judges.
+LATE_AFTER = 0.1
+SETTLE = 0.05
+#: Longest sleep of the watcher between judgements, in intervals (new daemons, changed deadlines).
+MAX_NAP = 0.5
+
+@dataclass(slots=True)
+class DaemonInfo:
+    """What the controller knows of one connected daemon (from its Hello, plus liveness)."""
+
+    identity: str
+    role: str
+    rank: int
+    world_size: int
+    dp_rank: int
+    dp_size: int
+    pid: int
+    host: str
+    impl: str
+    endpoints: dict[str, dict[str, Any]]
+    last_seen: float
+    alive: bool = True
+    gone_reason: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+    #: the ZeroMQ routing id of the daemon's command socket (identity, encoded once)
+    route: bytes = field(default=b"", init=False)
+
+    def describe(self) -> str:
+        return f"{self.role}[{self.rank}] ({self.host} pid {self.pid})"
+
+    def __post_init__(self) -> None:
+        self.route = self.identity.encode()
+
+
+class _Pending:
+    __slots__ = ("daemon", "endpoint", "future", "timer", "sent")
+
+    def __init__(self, future: asyncio.Future[Any], daemon: DaemonInfo, endpoint: str, sent: float) -> None:
+        self.future = future
+        self.daemon = daemon
+        self.endpoint = endpoint
+        self.timer: asyncio.TimerHandle | None = None
+        self.sent = sent  # time.perf_counter() when the call went out (for the call trace)
+
+
+class Controller(TensorPlaneControl):
+    """Binds `address`, welcomes daemons, and turns endpoint calls into futures.
+
+    Use as `async with Controller(address, key) as ctl: actor = await ctl.role("actor")`.
+    heartbeat_s: the interval daemons must beat at (told to them in Welcome).
+    default_timeout_s: per-call timeout when the call gives none (None: wait forever, but a dead
+        daemon still fails the call).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        key: bytes,
+        *,
+        heartbeat_s: float = 2.0,
+        limits: Limits | None = None,
+        default_timeout_s: float | None = None,
+    ) -> None:
+        self.requested_address = address
+        self.address = address
+        self.heartbeat_s = check_heartbeat_s(heartbeat_s, "controller heartbeat_s")
+        self.default_timeout_s = default_timeout_s
+        self.session = secrets.token_hex(8)
+        self._wire = Wire(key, limits)
+        self._limits = self._wire.limits
+        self._daemons: dict[str, DaemonInfo] = {}
+        self._hb_owner: dict[bytes, str] = {}
+        self._calls: dict[int, _Pending] = {}
+        self._next_id = 1
+        self._gone_before_hello: dict[str, str] = {}
+        self._rejected: dict[str, str] = {}
+        self._plane_ranks: dict[str, int] = {}
+        self._changed: asyncio.Event | None = None
+        self._channel: Channel | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._zmq: zmq.Context[Any] | None = None
+        self._log = get_logger(part="controller", session=self.session)
+        #: spans of the calls sent since record_calls() (None: not recording)
+        self.trace: CallTrace | None = None
+        #: the retry layer role groups route calls through (hfrt.control.recovery; None: recovery off)
+        self.recovery: Recovery | None = None
+        #: told of every daemon declared gone, before the calls pending on it fail
+        self.gone_listeners: list[GoneListener] = []
+        self._stats: dict[str, int] = {
+            "calls_sent": 0,
+            "replies": 0,
+            "errors": 0,
+            "dropped_frames": 0,
+            "dropped_replies": 0,
+            "controller_bulk_bytes": 0,
+            "keys_freed": 0,
+        }
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Controller:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> Controller:
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+        self._zmq = zmq.Context()
+        sock = self._zmq.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished daemon raises, never drops
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted daemon takes its identity back
+        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_frame_bytes + 1024)  # strangers cannot balloon us
+        sock.bind(self.requested_address)
+        self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._handles = HandleTracker(self._loop, self._free_keys)
+        self._channel = Channel(sock, self._on_frames, self._loop, routed=True, limits=self._limits)
+        self._channel.on_unroutable = self._on_unroutable
+        self._channel.on_dropped = self._on_dropped
+        self._watcher = self._loop.create_task(self._watch_liveness(), name="hfrt-liveness")
+        self._log.info("controller_listening", address=self.address)
+        return self
+
+    async def close(self) -> None:
+        """Fail whatever is pending and close the socket (daemons are not told: see shutdown_daemons)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+            self._watcher = None
+        for call_id in list(self._calls):
+            pending = self._calls.pop(call_id)
+            self._span(call_id, pending, "gone")
+            _settle(pending.future, exc=DaemonGone(f"controller closed before {pending.endpoint} finished"))
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self._zmq is not None:
+            self._zmq.term()
+            self._zmq = None
+
+    async def shutdown_daemons(self, reason: str = "controller finished", *, grace_s: float = 5.0, wait_s: float = 10.0) -> None:
+        """Tell every live daemon to exit and wait (up to wait_s) until each has said bye."""
+        for info in self._daemons.values():
+            if info.alive:
+                self._send_to(info, Shutdown(reason, grace_s))
+        deadline = time.monotonic() + wait_s
+        while any(d.alive for d in self._daemons.values()) and time.monotonic() < deadline:
+            await self._wait_change(max(0.0, deadline - time.monotonic()))
+
+    # -- registry -----------------------------------------------------------------------------
+
+    def daemons(self, role: str | None = None) -> list[DaemonInfo]:
+        infos = [d for d in self._daemons.values() if role is None or d.role == role]
+        return sorted(infos, key=lambda d: (d.role, d.rank))
+
+    async def role(self, name: str, *, timeout_s: float = 120.0) -> Any:
+        """Wait until every rank of role `name` has said hello and return its RoleGroup."""
+        from hfrt.control.group import RoleGroup
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._raise_if_failed(name)
+            ranks = [d for d in self.daemons(name) if d.alive]
+            if ranks and len(ranks) == ranks[0].world_size:
+                return RoleGroup(self, name, ranks)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                have = [d.rank for d in ranks]
+                want = ranks[0].world_size if ranks else "?"
+                raise TimeoutError(
+                    f"role {name!r}: {len(have)} of {want} ranks said hello within {timeout_s:.0f}s "
+                    f"(have ranks {have}) at {self.address}"
+                )
+            await self._wait_change(left)
+
+    def _raise_if_failed(self, role: str) -> None:
+        for identity, reason in self._rejected.items():
+            if identity.startswith(role + ":"):
+                raise ProtocolMismatch(f"daemon {identity} was refused: {reason}")
+        for identity, reason in self._gone_before_hello.items():
+            if identity.startswith(role + ":"):
+                raise DaemonGone(f"daemon {identity} exited before saying hello: {reason}")
+
+    def daemon(self, identity: str) -> DaemonInfo | None:
+        """The latest daemon that said hello as `identity` (alive or not), if any."""
+        return self._daemons.get(identity)
+
+    async def wait_change(self, timeout: float) -> None:
+        """Return when a daemon said hello or was declared gone, or after `timeout` seconds."""
+        await self._wait_change(timeout)
+
+    def notify_change(self) -> None:
+        """Wake whoever waits in wait_change (e.g. a launcher saw a process end)."""
+        self._notify_change()
+
+    async def _wait_change(self, timeout: float) -> None:
+        assert self._changed is not None
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    def _notify_change(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    def mark_gone(self, identity: str, reason: str, *, expected: bool = False) -> None:
+        """Declare a daemon dead and fail every call pending on it (launchers call this on exit).
+
+        expected: a clean exit (a Bye with code 0), logged at info rather than warning.
+        """
+        info = self._daemons.get(identity)
+        if info is not None:  # a killed daemon's /dev/shm tensor files, once its process is gone
+            shm.remove_files_of(info.pid, str(info.meta.get("host", "")))
+        if info is None:
+            first = self._gone_before_hello.get(identity)  # a Bye's reason beats a later exit code
+            self._gone_before_hello[identity] = reason if first is None else f"{first}; {reason}"
+            self._notify_change()
+            return
+        if not info.alive:
+            return
+        info.alive = False
+        info.gone_reason = reason
+        (self._log.info if expected else self._log.warning)("daemon_gone", daemon=info.describe(), reason=reason)
+        for listener in self.gone_listeners:
+            listener(info, reason, expected)
+        for call_id, pending in list(self._calls.items()):
+            if pending.daemon is info:
+                del self._calls[call_id]
+                self._span(call_id, pending, "gone")
+                if pending.timer is not None:
+                    pending.timer.cancel()
+                _settle(
+                    pending.future,
+                    exc=DaemonGone(f"{info.describe()} is gone ({reason}); {pending.endpoint} did not finish"),
+                )
+        self._notify_change()
+
+    # -- calls --------------------------------------------------------------------------------
+
+    def record_calls(self, max_spans: int = MAX_SPANS, path: str | Path | None = None) -> CallTrace:
+        """From now on, record a span for every call this controller sends: streamed to `path` as a
+        Chrome trace (`CallTrace.close()` ends it), or without one, the latest `max_spans` kept in
+        memory (`CallTrace.write(path)` saves them)."""
+        self.trace = CallTrace(max_spans, path)
+        return self.trace
+
+    def _span(self, call_id: int, pending: _Pending, status: str) -> None:
+        if self.trace is not None:
+            self.trace.add(pending.daemon.identity, pending.endpoint, call_id, pending.sent, status)
+
+    def submit(
+        self,
+        info: DaemonInfo,
+        endpoint: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        *,
+        timeout_s: float | None = None,
+        reply: bool = True,
+    ) -> asyncio.Future[Any]:
+        """Send one Call to one daemon now; the future resolves with its Reply value."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+        if not info.alive:
+            future.set_exception(DaemonGone(f"{info.describe()} is gone ({info.gone_reason}); cannot call {endpoint}"))
+            return future
+        call_id = self._next_id
+        self._next_id = call_id + 1
+        try:
+            frames = self._wire.pack(Call(call_id, endpoint, args, kwargs, reply))
+        except (WireError, TypeError, ValueError, OverflowError) as exc:
+            future.set_exception(type(exc)(f"{info.role}[{info.rank}].{endpoint}: cannot send arguments: {exc}"))
+            return future
+        sent = time.perf_counter()
+        if reply:
+            pending = _Pending(future, info, endpoint, sent)
+            self._calls[call_id] = pending
+            timeout = self.default_timeout_s if timeout_s is None else timeout_s
+            if timeout is not None:
+                pending.timer = self._loop.call_later(timeout, self._expire, call_id, timeout)
+            future.add_done_callback(functools.partial(self._on_future_done, call_id))
+        else:
+            future.set_result(None)
+            if self.trace is not None:
+                self.trace.add(info.identity, endpoint, call_id, sent, "sent")
+        self._stats["calls_sent"] += 1
+        self._send_frames(info, frames)
+        return future
+
+    def _expire(self, call_id: int, timeout: float) -> None:
+        pending = self._calls.pop(call_id, None)
+        if pending is None:
+            return
+        info = pending.daemon
+        if self.recovery is not None and self.recovery.hung(info):  # treated as a death: replaced, retried
+            self._calls[call_id] = pending
+            self.mark_gone(info.identity, f"hung: {pending.endpoint} ran past its {timeout:.1f}s deadline")
+            return
+        self._span(call_id, pending, "timeout")
+        self._send_to(info, Cancel(call_id))
+        _settle(
+            pending.future,
+            exc=CallTimeout(f"{info.role}[{info.rank}].{pending.endpoint} did not finish within {timeout}s; cancelled"),
+        )
+
+    def _on_future_done(self, call_id: int, future: asyncio.Future[Any]) -> None:
+        if not future.cancelled():
+            return
+        pending = self._calls.pop(call_id, None)
+        if pending is not None:
+            self._span(call_id, pending, "cancelled")
+            if pending.timer is not None:
+                pending.timer.cancel()
+            self._send_to(pending.daemon, Cancel(call_id))
+
+    # -- incoming -----------------------------------------------------------------------------
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        ident = frames[0]
+        try:
+            msg = self._wire.unpack(frames[1:])
+        except WireError as exc:
+            self._on_dropped(ident, str(exc), type(exc).__name__)
+            return
+        try:
+            self._dispatch_message(ident, msg)
+        except Exception as exc:  # one bad message must not stop the controller's reader
+            self._log.error("message_failed", peer=ident.decode("utf-8", "replace"), kind=msg.NAME,
+                            error=f"{type(exc).__name__}: {exc}")
+
+    def _on_dropped(self, ident: bytes, reason: str, error: str = "FrameTooLarge") -> None:
+        self._stats["dropped_frames"] += 1
+        self._log.warning("dropped_frame", peer=ident.decode("utf-8", "replace"), reason=reason, error=error)
+
+    def _dispatch_message(self, ident: bytes, msg: Message) -> None:
+        kind = type(msg)
+        if kind is Reply:
+            self._on_reply(ident, msg)  # type: ignore[arg-type]
+        elif kind is Error:
+            self._on_error(ident, msg)  # type: ignore[arg-type]
+        elif kind is Heartbeat:
+            self._on_heartbeat(ident, msg)  # type: ignore[arg-type]
+        elif kind is Hello:
+            self._on_hello(ident, msg)  # type: ignore[arg-type]
+        elif kind is Bye:
+            self._on_bye(ident, msg)  # type: ignore[arg-type]
+        else:
+            self._log.warning("unexpected_message", peer=ident.decode("utf-8", "replace"), kind=msg.NAME)
+
+    def _pending_from(self, ident: bytes, call_id: int, kind: str) -> _Pending | None:
+        """The pending call `call_id` if `ident` is the daemon it was sent to; a reply or error for
+        it from any other peer (even one holding the key) is dropped, logged and counted."""
+        pending = self._calls.get(call_id)
+        if pending is None:
+            return None  # cancelled, timed out, or from an earlier session
+        if ident != pending.daemon.route:
+            self._stats["dropped_replies"] += 1
+            self._log.warning("dropped_reply", peer=ident.decode("utf-8", "replace"), kind=kind, call_id=call_id,
+                              sent_to=pending.daemon.identity)
+            return None
+        del self._calls[call_id]
+        return pending
+
+    def _on_reply(self, ident: bytes, msg: Reply) -> None:
+        pending = self._pending_from(ident, msg.call_id, "reply")
+        if pending is None:
+            return
+        if self.trace is not None:
+            self.trace.add(pending.daemon.identity, pending.endpoint, msg.call_id, pending.sent, "ok")
+        pending.daemon.last_seen = self._loop.time()
+        if pending.timer is not None:
+            pending.timer.cancel()
+        self._stats["replies"] += 1
+        if self._wire.codec.records_seen:
+            self._handles.track(msg.value)
+        if not pending.future.done():
+            pending.future.set_result(msg.value)
+
+    def _on_error(self, ident: bytes, msg: Error) -> None:
+        self._stats["errors"] += 1
+        pending = self._pending_from(ident, msg.call_id, "error") if msg.call_id else None
+        if pending is None:
+            if msg.call_id not in self._calls:  # a forged one was logged as dropped_reply
+                self._log.warning("daemon_error", peer=ident.decode("utf-8", "replace"), type=msg.type, message=msg.message)
+            return
+        self._span(msg.call_id, pending, "error")
+        if pending.timer is not None:
+            pending.timer.cancel()
+        info = pending.daemon
+        where = f"{info.role}[{info.rank}].{pending.endpoint}"
+        _settle(pending.future, exc=RemoteError(where, msg.type, msg.message, msg.traceback))
+
+    def _on_heartbeat(self, ident: bytes, msg: Heartbeat) -> None:
+        owner = self._daemons.get(self._hb_owner.get(ident, ""))
+        if owner is not None:
+            owner.last_seen = self._loop.time()
+        self._send_raw(ident, Heartbeat(self.session, msg.seq, time.time()))
+
+    def _on_hello(self, ident: bytes, msg: Hello) -> None:
+        identity = ident.decode("utf-8", "replace")
+        if msg.version != PROTOCOL_VERSION:
+            reason = f"daemon speaks protocol {msg.version}, controller speaks {PROTOCOL_VERSION}"
+            self._rejected[identity] = reason
+            self._log.error("protocol_mismatch", daemon=identity, reason=reason)
+            self._send_raw(ident, Error(0, "ProtocolMismatch", reason))
+            self._notify_change()
+            return
+        if identity != f"{msg.role}:{msg.rank}":
+            self._send_raw(ident, Error(0, "BadHello", f"identity {identity!r} does not match {msg.role}:{msg.rank}"))
+            return
+        old = self._daemons.get(identity)
+        if old is not None and old.alive and old.pid != msg.pid:
+            self.mark_gone(identity, f"replaced by a new process (pid {msg.pid})")
+        if old is None or old.pid != msg.pid or not old.alive:
+            self._daemons[identity] = DaemonInfo(
+                identity, msg.role, msg.rank, msg.world_size, msg.dp_rank, msg.dp_size, msg.pid,
+                msg.host, msg.impl, msg.endpoints, self._loop.time(), meta=msg.meta,
+            )
+            self._hb_owner[f"{identity}/hb".encode()] = identity
+            self._gone_before_hello.pop(identity, None)
+            self._log.info("daemon_hello", daemon=identity, host=msg.host, pid=msg.pid, impl=msg.impl)
+        self._send_raw(ident, Welcome(PROTOCOL_VERSION, self.session, self.heartbeat_s))
+        self._push_directory()
+        self._notify_change()
+
+    def _on_bye(self, ident: bytes, msg: Bye) -> None:
+        identity = ident.decode("utf-8", "replace")
+        self.mark_gone(identity, f"exited: {msg.reason} (code {msg.exit_code})", expected=msg.exit_code == 0)
+
+    # -- liveness -----------------------------------------------------------------------------
+
+    async def _watch_liveness(self) -> None:
+        """Declare daemons dead after DEAD_AFTER silent heartbeat intervals (runs until close).
+
+        It wakes at the earliest deadline (last heard + DEAD_AFTER intervals) and, before judging,
+        reads everything already waiting on the socket. When it woke late, this process was busy
+        or descheduled: heartbeats may sit unread in the kernel or in ZeroMQ, and that is no
+        daemon's fault, so it reads again after a short settle before judging.
+        """
+        hb = self.heartbeat_s
+        while True:
+            planned = min(self._next_deadline(), self._loop.time() + MAX_NAP * hb)
+            await asyncio.sleep(max(0.0, planned - self._loop.time()))
+            late = self._loop.time() - planned
+            self._read_waiting()
+            if late > LATE_AFTER * hb:
+                await asyncio.sleep(SETTLE * hb)
+                self._read_waiting()
+            self._judge_silence()
+
+    def _next_deadline(self) -> float:
+        limit = DEAD_AFTER * self.heartbeat_s
+        return min((d.last_seen + limit for d in self._daemons.values() if d.alive), default=float("inf"))
+
+    def _read_waiting(self) -> None:
+        """Hand over every message already waiting on the socket (heartbeats among them)."""
+        if self._channel is not None:
+            self._channel.drain_all()
+
+    def _judge_silence(self) -> None:
+        now = self._loop.time()
+        limit = DEAD_AFTER * self.heartbeat_s
+        for info in list(self._daemons.values()):
+            if info.alive and now - info.last_seen > limit:
+                self.mark_gone(info.identity, f"no heartbeat for {now - info.last_seen:.2f}s")
+
+    # -- outgoing -----------------------------------------------------------------------------
+
+    def _send_to(self, info: DaemonInfo, msg: Message) -> None:
+        if info.alive:
+            self._send_frames(info, self._wire.pack(msg))
+
+    def _send_frames(self, info: DaemonInfo, frames: list[Any]) -> None:
+        assert self._channel is not None, "controller not started"
+        self._channel.send(frames, info.route)
+
+    def _send_raw(self, ident: bytes, msg: Message) -> None:
+        assert self._channel is not None, "controller not started"
+        self._channel.send(self._wire.pack(msg), ident)
+
+    def _on_unroutable(self, peer: bytes, exc: zmq.ZMQError) -> None:
+        identity = peer.decode("utf-8", "replace")
+        if identity in self._daemons:
+            self.mark_gone(identity, f"unreachable: {exc.strerror}")
+        else:
+            self._log.warning("send_failed", peer=identity, reason=exc.strerror)
+
+    # -- metrics ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start; controller_bulk_bytes counts tensor payload that passed through here."""
+        out: dict[str, Any] = dict(self._stats)
+        out["pending_calls"] = len(self._calls)
+        out["daemons_alive"] = sum(d.alive for d in self._daemons.values())
+        out["live_tensor_keys"] = self._handles.live_keys if hasattr(self, "_handles") else 0
+        return out
+
+    def count_bulk_bytes(self, nbytes: int) -> None:
+        """Record tensor payload bytes that were materialised in the controller on purpose."""
+        self._stats["controller_bulk_bytes"] += nbytes
+
+
+def _settle(future: asyncio.Future[Any], *, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+

@@ -1,0 +1,169 @@
+"""Role-group handles: what flow code awaits on. `actor.generate(x)`, `.call`, `.call_one`, `.broadcast`.
+
+A RoleGroup is a view of one role's ranks; an EndpointRef turns a call into per-rank messages by
+the endpoint's declared dispatch mode and combines the per-rank futures. Calling sends at once and
+returns a future: start early, await late (with recovery on, a task that may retry once: see
+hfrt.control.recovery). Knows the controller's submit() and dispatch rules;
+knows nothing of sockets or of what the endpoints do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from hfrt.control.dispatch import RankSlot, collect, dispatch
+from hfrt.wire.endpoints import Dispatch
+from hfrt.wire.errors import UnknownEndpoint
+
+if TYPE_CHECKING:
+    from hfrt.control.controller import Controller, DaemonInfo
+
+
+class RoleGroup:
+    """All ranks of one role, in rank order. Endpoints are looked up in the table the daemons sent."""
+
+    def __init__(self, controller: Controller, name: str, daemons: Sequence[DaemonInfo]) -> None:
+        self._controller = controller
+        self.name = name
+        self.daemons = list(daemons)
+        self.slots = [RankSlot.of(d.rank, d.dp_rank, d.dp_size, d.meta) for d in self.daemons]
+        self._refs: dict[str, EndpointRef] = {}
+
+    def refresh(self, daemons: Sequence[DaemonInfo]) -> None:
+        """Point this group at `daemons` (the same ranks, e.g. after hfrt.control.recovery replaced one)."""
+        self.daemons = list(daemons)
+        self.slots = [RankSlot.of(d.rank, d.dp_rank, d.dp_size, d.meta) for d in self.daemons]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.daemons)
+
+    @property
+    def endpoints(self) -> dict[str, dict[str, Any]]:
+        return self.daemons[0].endpoints
+
+    def endpoint(self, name: str) -> EndpointRef:
+        ref = self._refs.get(name)
+        if ref is None:
+            spec = self.endpoints.get(name)
+            if spec is None:
+                known = ", ".join(sorted(self.endpoints))
+                raise UnknownEndpoint(f"role {self.name!r} has no endpoint {name!r}; it has: {known}")
+            ref = self._refs[name] = EndpointRef(self, name, Dispatch(spec["dispatch"]))
+        return ref
+
+    def __getattr__(self, name: str) -> EndpointRef:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.endpoint(name)
+
+    def __repr__(self) -> str:
+        return f"RoleGroup({self.name!r}, world_size={self.world_size}, endpoints={sorted(self.endpoints)})"
+
+
+class EndpointRef:
+    """One endpoint of one role group, with its delivery adverbs.
+
+    `ref(*a)` dispatches by the declared mode; `call` sends to every rank and gathers a list;
+    `call_one(rank, *a)` sends to one rank; `broadcast` sends to every rank without waiting.
+    All take `timeout_s=` as a keyword; every returned future is already in flight.
+    """
+
+    def __init__(self, group: RoleGroup, name: str, mode: Dispatch) -> None:
+        self.group = group
+        self.name = name
+        self.mode = mode
+
+    def __call__(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
+        return self._invoke(("dispatch", 0, timeout_s), args, kwargs)
+
+    def call(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[list[Any]]:
+        return self._invoke(("call", 0, timeout_s), args, kwargs)
+
+    def call_one(self, rank: int, /, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
+        if all(d.rank != rank for d in self.group.daemons):
+            raise IndexError(f"role {self.group.name!r} has no rank {rank} (world_size {self.group.world_size})")
+        return self._invoke(("call_one", rank, timeout_s), args, kwargs)
+
+    def resend(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        """Deliver a call again exactly as `how` says (hfrt.control.recovery remakes lost handles with it)."""
+        return self._invoke(how, args, kwargs)
+
+    def resend_now(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        """Deliver a call as `how` says, without the retry layer (hfrt.control.recovery sets its deadline)."""
+        return self._send(how, args, kwargs)
+
+    def _invoke(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        """Send now; with recovery on, the returned future is a task that may send once more (hfrt.control.recovery)."""
+        recovery = self.group._controller.recovery
+        if recovery is None:
+            return self._send(how, args, kwargs)
+        return recovery.call(self, how, args, kwargs)
+
+    def _send(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        kind, rank, timeout_s = how
+        group = self.group
+        if kind == "call":
+            return _combine([self._submit(d, list(args), kwargs, timeout_s) for d in group.daemons], list)
+        if kind == "call_one":
+            return self._submit(next(d for d in group.daemons if d.rank == rank), list(args), kwargs, timeout_s)
+        if self.mode is Dispatch.RANK0:
+            return self._submit(group.daemons[0], list(args), kwargs, timeout_s)
+        try:
+            plan = dispatch(self.mode, self.name, group.slots, args, kwargs)
+        except ValueError as exc:
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            future.set_exception(ValueError(f"{group.name}.{exc}"))
+            return future
+        by_rank = {d.rank: d for d in group.daemons}
+        futures = [self._submit(by_rank[slot.rank], a, kw, timeout_s) for slot, a, kw in plan]
+        slots = [slot for slot, _, _ in plan]
+        mode = self.mode
+        return _combine(futures, lambda results: collect(mode, slots, results))
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Send to every rank and return at once; failures are logged by the controller."""
+        for d in self.group.daemons:
+            self.group._controller.submit(d, self.name, list(args), kwargs, reply=False)
+
+    def _submit(self, daemon: DaemonInfo, args: list[Any], kwargs: dict[str, Any], timeout_s: float | None) -> asyncio.Future[Any]:
+        return self.group._controller.submit(daemon, self.name, args, kwargs, timeout_s=timeout_s)
+
+
+def _combine(futures: list[asyncio.Future[Any]], combine: Callable[[list[Any]], Any]) -> asyncio.Future[Any]:
+    """One future over several: the combined results, or the first failure (the rest still run).
+
+    Cancelling the combined future cancels every part, which tells each daemon to cancel.
+    """
+    loop = asyncio.get_running_loop()
+    outer: asyncio.Future[Any] = loop.create_future()
+    remaining = len(futures)
+
+    def part_done(part: asyncio.Future[Any]) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if outer.done():
+            if not part.cancelled():
+                part.exception()  # mark retrieved: the caller already has the first failure
+            return
+        if part.cancelled():
+            outer.cancel()
+        elif part.exception() is not None:
+            outer.set_exception(part.exception())  # type: ignore[arg-type]
+        elif remaining == 0:
+            try:
+                outer.set_result(combine([f.result() for f in futures]))
+            except Exception as exc:
+                outer.set_exception(exc)
+
+    def outer_done(_: asyncio.Future[Any]) -> None:
+        if outer.cancelled():
+            for part in futures:
+                part.cancel()
+
+    for part in futures:
+        part.add_done_callback(part_done)
+    outer.add_done_callback(outer_done)
+    return outer

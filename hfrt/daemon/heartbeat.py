@@ -1,0 +1,149 @@
+"""The daemon's heartbeat thread: proves liveness to the controller and notices an absent one.
+
+It runs on its own thread and socket so a long synchronous endpoint never looks like death. It
+reports two events to the serving loop: "rehello" (a controller with a new session answered) and
+"orphaned" (no answer for orphan_timeout_s); if the loop does not stop within exit_grace_s after
+"orphaned", it ends the process itself so no daemon outlives its controller. It knows the wire
+protocol and zmq; it knows nothing of endpoints.
+
+It beats BEATS_PER_INTERVAL times per heartbeat interval, so a beat delayed by a starved thread
+(a loaded machine, a C extension holding the GIL) is covered by the next one before the controller
+judges silence. A beat that cannot be sent (queue full, controller gone) is dropped and logged; the
+thread never dies of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from hfrt.log import get_logger
+from hfrt.protocols import Heartbeat, Limits, Wire, WireError, check_heartbeat_s
+
+POLL_CAP_S = 0.05
+#: Beats sent per heartbeat interval (the controller declares death after DEAD_AFTER intervals).
+BEATS_PER_INTERVAL = 2
+#: Beats queued for an unreachable controller before new ones are dropped (stale beats prove nothing).
+SEND_HWM = 4
+
+
+def heartbeat_flag(text: str) -> float:
+    """argparse type for --heartbeat: a number of seconds in the range both ends accept."""
+    try:
+        return check_heartbeat_s(float(text), "--heartbeat")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--heartbeat: ")) from None
+
+
+class HeartbeatThread(threading.Thread):
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        identity: str,
+        address: str,
+        key: bytes,
+        *,
+        interval_s: float,
+        orphan_timeout_s: float,
+        notify: Callable[[str, str], None],
+        limits: Limits | None = None,
+        exit_grace_s: float = 10.0,
+    ) -> None:
+        super().__init__(name="hfrt-heartbeat", daemon=True)
+        self._zmq = context
+        self._identity = identity
+        self._address = address
+        self._wire = Wire(key, limits)
+        self.interval_s = check_heartbeat_s(interval_s, f"{identity} heartbeat interval")
+        #: beats that could not be sent (dropped, the thread went on)
+        self.dropped = 0
+        self.orphan_timeout_s = orphan_timeout_s
+        self.session = ""
+        self._notify = notify
+        self._exit_grace_s = exit_grace_s
+        self._stopping = threading.Event()
+        self._log = get_logger(daemon=identity, part="heartbeat")
+
+    def welcome(self, session: str, interval_s: float) -> None:
+        """The serving loop got a Welcome: beat at the controller's interval, under its session.
+
+        An interval outside the accepted range raises ValueError and changes nothing."""
+        interval_s = check_heartbeat_s(interval_s, "welcome.heartbeat_s")
+        self.session = session
+        self.interval_s = interval_s
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def run(self) -> None:
+        sock = self._zmq.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, f"{self._identity}/hb".encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        sock.connect(self._address)
+        try:
+            self._beat(sock)
+        finally:
+            sock.close(linger=0)
+
+    def _beat(self, sock: zmq.Socket[Any]) -> None:
+        last_heard = time.monotonic()
+        next_beat = last_heard
+        rehello_for: dict[str, float] = {}
+        seq = 0
+        orphaned_at: float | None = None
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            if now >= next_beat:
+                self._send_beat(sock, seq)
+                seq += 1
+                next_beat = now + self.interval_s / BEATS_PER_INTERVAL
+            if sock.poll(int(1000 * min(POLL_CAP_S, max(0.0, next_beat - now)))):
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    session = self._read_echo(frames)
+                    if session is None:
+                        continue
+                    last_heard = time.monotonic()
+                    orphaned_at = None
+                    if session != self.session and time.monotonic() - rehello_for.get(session, -1e9) > 2 * self.interval_s:
+                        rehello_for[session] = time.monotonic()
+                        self._notify("rehello", session)
+            silent = time.monotonic() - last_heard
+            if self.orphan_timeout_s > 0 and silent > self.orphan_timeout_s:
+                if orphaned_at is None:
+                    orphaned_at = time.monotonic()
+                    self._log.warning("orphaned", silent_s=round(silent, 1))
+                    self._notify("orphaned", f"no word from the controller for {silent:.1f}s")
+                elif time.monotonic() - orphaned_at > self._exit_grace_s:
+                    self._log.error("orphaned_forced_exit", grace_s=self._exit_grace_s)
+                    os._exit(3)
+
+    def _send_beat(self, sock: zmq.Socket[Any], seq: int) -> None:
+        """Send one beat now, or drop it: a full queue or any other send error costs one beat."""
+        try:
+            sock.send_multipart(self._wire.pack(Heartbeat(self.session, seq, time.time())), zmq.NOBLOCK)
+        except Exception as exc:  # zmq.Again at the high-water mark, a closing context, ...
+            self.dropped += 1
+            if self.dropped & (self.dropped - 1) == 0:  # log the 1st, 2nd, 4th, 8th, ... drop
+                self._log.warning("heartbeat_dropped", dropped=self.dropped, error=f"{type(exc).__name__}: {exc}")
+
+    def _read_echo(self, frames: list[bytes]) -> str | None:
+        try:
+            msg = self._wire.unpack(frames)
+        except WireError as exc:
+            self._log.warning("dropped_frame", reason=str(exc), error=type(exc).__name__)
+            return None
+        if not isinstance(msg, Heartbeat):
+            self._log.warning("unexpected_message", kind=msg.NAME)
+            return None
+        return msg.session

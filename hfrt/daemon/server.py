@@ -1,0 +1,476 @@
+"""Serving one Daemon: the command socket, call ordering, cancellation, heartbeats and shutdown.
+
+Ordering guarantee (enforced here): calls to one daemon run one at a time, in the order they
+arrived, unless their endpoint was declared `concurrent=True`; a concurrent endpoint starts as soon
+as it arrives, so for it arrival order is only a start-order guarantee. Synchronous endpoints run
+on the loop thread (no thread hop: that is what keeps a no-op call cheap); heartbeats run on their
+own thread, so a long endpoint never looks like death. It knows the protocol and the Daemon base
+class; it knows nothing of any particular role or of the algorithm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import inspect
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from hfrt.daemon.base import Daemon, DaemonContext
+from hfrt.daemon.heartbeat import HeartbeatThread
+from hfrt.daemon.tensor_serving import INTERNAL, TensorPlaneServing
+from hfrt.daemon.tensors.plane import DataPlaneServer, advertised_host, host_id
+from hfrt.log import get_logger
+from hfrt.protocols import (
+    PROTOCOL_VERSION,
+    Bye,
+    Call,
+    Cancel,
+    Error,
+    Hello,
+    Limits,
+    Message,
+    Reply,
+    Shutdown,
+    Undecodable,
+    UnknownKind,
+    Welcome,
+    Wire,
+    WireError,
+    check_heartbeat_s,
+)
+from hfrt.wire.channel import Channel
+from hfrt.wire.endpoints import EndpointSpec, endpoint_table
+
+EXIT_OK, EXIT_SETUP_FAILED, EXIT_PROTOCOL, EXIT_ORPHANED = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """How a daemon reaches its controller and how it behaves when left alone.
+
+    controller: the controller's ZeroMQ address ("tcp://host:port" or "ipc:///path").
+    heartbeat_s: beat interval until the controller's Welcome sets its own.
+    orphan_timeout_s: exit after this long without word from any controller (0: never).
+    shutdown_grace_s: how long running endpoints may take to finish on SIGTERM.
+    """
+
+    controller: str
+    heartbeat_s: float = 2.0
+    orphan_timeout_s: float = 60.0
+    shutdown_grace_s: float = 5.0
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        check_heartbeat_s(self.heartbeat_s, "ServeConfig.heartbeat_s")
+
+
+class _Queued:
+    __slots__ = ("call", "fn", "spec")
+
+    def __init__(self, call: Call, spec: EndpointSpec, fn: Any) -> None:
+        self.call, self.spec, self.fn = call, spec, fn
+
+
+class DaemonServer(TensorPlaneServing):
+    """Runs `daemon_cls` for one role rank until shutdown, SIGTERM or orphaning; returns an exit code."""
+
+    def __init__(self, daemon_cls: type[Daemon], context: DaemonContext, config: ServeConfig, key: bytes) -> None:
+        self.context = context
+        self.config = config
+        self._key = key
+        self._daemon_cls = daemon_cls
+        self._table = endpoint_table(daemon_cls)
+        self._wire = Wire(key, config.limits)
+        self._queue: deque[_Queued] = deque()
+        self._running: dict[int, asyncio.Task[Any] | None] = {}  # call id → task (None: sync)
+        self._ordered_busy = False
+        self._pump_scheduled = False
+        self._skip_reply: set[int] = set()
+        self._session = ""
+        self._log = get_logger(role=context.role, rank=context.rank)
+        self.daemon: Daemon | None = None
+        self._channel: Channel | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._data: DataPlaneServer | None = None
+        self._tensors: Any = None  # TensorRuntime, created on first use (imports torch)
+        self._directory: dict[str, Any] = {}  # where every daemon's data plane is
+        self._handle_calls: set[int] = set()  # call ids whose arguments hold handles
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._stopped: asyncio.Future[tuple[str, int, float]] = loop.create_future()
+        zctx: zmq.Context[Any] = zmq.Context()
+        sock = zctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, self.context.identity.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.config.controller)
+        hb = HeartbeatThread(
+            zctx,
+            self.context.identity,
+            self.config.controller,
+            self._key,
+            interval_s=self.config.heartbeat_s,
+            orphan_timeout_s=self.config.orphan_timeout_s,
+            notify=self._notify_from_heartbeat_thread,
+            limits=self.config.limits,
+        )
+        self._hb = hb
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop, f"signal {signal.Signals(sig).name}", EXIT_OK)
+        hb.start()
+        self._data = DataPlaneServer(self.context.identity, self._key, host=advertised_host(self.config.controller))
+        self._data.start()
+        reason, code = "", EXIT_OK
+        try:
+            reason, code = await self._serve(sock)
+        finally:
+            await self._wind_down()
+            self._say_bye(sock, reason, code)
+            hb.stop()
+            hb.join(timeout=2.0)
+            if self._tensors is not None:
+                self._tensors.close()
+            self._data.stop()
+            self._data.join(timeout=2.0)
+            if self._channel is not None:
+                self._channel.close(linger_ms=1000)
+            else:
+                sock.close(linger=1000)
+            zctx.term()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        self._log.info("daemon_exit", reason=reason, exit_code=code)
+        return code
+
+    def _notify_from_heartbeat_thread(self, event: str, detail: str) -> None:
+        self._loop.call_soon_threadsafe(self._on_heartbeat_event, event, detail)
+
+    async def _serve(self, sock: zmq.Socket[Any]) -> tuple[str, int]:
+        try:
+            self.daemon = self._daemon_cls(self.context)
+            self.daemon._plane = self.tensors
+            await self.daemon.setup()
+        except Exception as exc:
+            self._log.error("setup_failed", error=f"{type(exc).__name__}: {exc}")
+            return f"setup failed: {type(exc).__name__}: {exc}", EXIT_SETUP_FAILED
+        self._channel = Channel(sock, self._on_frames, self._loop, limits=self.config.limits)
+        self._channel.on_dropped = self._on_dropped_batch
+        self._send_hello()
+        self._log.info("daemon_ready", controller=self.config.controller, endpoints=sorted(self._table))
+        reason, code, self._grace_s = await self._stopped
+        return reason, code
+
+    def stop(self, reason: str, code: int = EXIT_OK, grace_s: float | None = None) -> None:
+        """Ask the serving loop to wind down (idempotent)."""
+        if not self._stopped.done():
+            grace = self.config.shutdown_grace_s if grace_s is None else grace_s
+            self._stopped.set_result((reason, code, grace))
+
+    async def _wind_down(self) -> None:
+        self._queue.clear()
+        tasks = [t for t in self._running.values() if t is not None]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=getattr(self, "_grace_s", 0.0))
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.daemon is not None:
+            try:
+                await asyncio.wait_for(self.daemon.teardown(), timeout=30.0)
+            except Exception as exc:
+                self._log.error("teardown_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _say_bye(self, sock: zmq.Socket[Any], reason: str, code: int) -> None:
+        """Send Bye after anything still queued, so no reply trails it."""
+        frames = self._wire.pack(Bye(reason, code))
+        try:
+            if self._channel is not None:
+                self._channel.send(frames)
+                self._channel.flush()
+            else:
+                sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    def _send_hello(self) -> None:
+        ctx = self.context
+        hello = Hello(
+            PROTOCOL_VERSION,
+            ctx.role,
+            ctx.rank,
+            ctx.world_size,
+            ctx.dp_rank,
+            ctx.dp_size,
+            os.getpid(),
+            socket.gethostname(),
+            ctx.impl,
+            {name: spec.describe() for name, (spec, _) in self._table.items()},
+            {"data": self._data.address if self._data else "", "host": host_id(), "pid": os.getpid(), **self._axes()},
+        )
+        self._send(hello)
+
+    def _axes(self) -> dict[str, Any]:
+        axes = self.daemon.dp_axes() if self.daemon is not None else {}
+        return {"dp_axes": axes} if axes else {}
+
+    # -- incoming -----------------------------------------------------------------------------
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        try:
+            msg = self._wire.unpack(frames)
+        except (Undecodable, UnknownKind) as exc:
+            # Signed by our controller but unreadable: say so, the controller logs it.
+            self._log.warning("bad_message", reason=str(exc), error=type(exc).__name__)
+            self._send(Error(0, type(exc).__name__, f"{self.context.identity}: {exc}"))
+            return
+        except WireError as exc:
+            # Unsigned, forged or oversized: read nothing, answer nothing.
+            self._log.warning("dropped_frame", reason=str(exc), error=type(exc).__name__, frames=len(frames))
+            return
+        try:
+            self._dispatch_message(msg)
+        except Exception as exc:  # a bug here must cost one message, never the daemon or a hung call
+            self._log.error("message_failed", kind=msg.NAME, error=f"{type(exc).__name__}: {exc}")
+            if isinstance(msg, Call):
+                self._reply_error(msg, "InternalError", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+    def _on_dropped_batch(self, peer: bytes, reason: str) -> None:
+        self._log.warning("dropped_frame", reason=reason, error="FrameTooLarge")
+
+    def _dispatch_message(self, msg: Message) -> None:
+        kind = type(msg)
+        if kind is Call:
+            if self._wire.codec.records_seen:
+                self._handle_calls.add(msg.call_id)  # type: ignore[attr-defined]
+            self._on_call(msg)  # type: ignore[arg-type]
+        elif kind is Cancel:
+            self._on_cancel(msg.call_id)  # type: ignore[attr-defined]
+        elif kind is Welcome:
+            self._on_welcome(msg)  # type: ignore[arg-type]
+        elif kind is Shutdown:
+            self._log.info("shutdown_requested", reason=msg.reason)  # type: ignore[attr-defined]
+            self.stop(f"shutdown: {msg.reason}", EXIT_OK, msg.grace_s)  # type: ignore[attr-defined]
+        elif kind is Error:
+            self._on_controller_error(msg)  # type: ignore[arg-type]
+        else:
+            self._log.warning("unexpected_message", kind=msg.NAME)
+
+    def _on_welcome(self, msg: Welcome) -> None:
+        if msg.version != PROTOCOL_VERSION:
+            self._log.error("protocol_mismatch", controller_version=msg.version, own_version=PROTOCOL_VERSION)
+            self.stop(f"controller speaks protocol {msg.version}, daemon speaks {PROTOCOL_VERSION}", EXIT_PROTOCOL)
+            return
+        try:
+            self._hb.welcome(msg.session, msg.heartbeat_s)
+        except ValueError as exc:
+            # The welcome is invalid: keep beating at our own interval (never flood, spin or fall
+            # silent) and adopt nothing, so the next echo of its session makes us say hello again.
+            self._log.error("bad_welcome", reason=str(exc), kept_heartbeat_s=self._hb.interval_s)
+            self._send(Error(0, "BadWelcome", f"{self.context.identity}: {exc}; keeping {self._hb.interval_s}s"))
+            return
+        self._session = msg.session
+        self._log.info("welcomed", session=msg.session, heartbeat_s=msg.heartbeat_s)
+
+    def _on_controller_error(self, msg: Error) -> None:
+        self._log.error("controller_error", type=msg.type, message=msg.message)
+        if msg.type == "ProtocolMismatch":
+            self.stop(f"controller refused hello: {msg.message}", EXIT_PROTOCOL)
+
+    def _on_heartbeat_event(self, event: str, detail: str) -> None:
+        if event == "rehello":
+            self._log.info("new_controller_session", session=detail)
+            self._send_hello()
+        elif event == "orphaned":
+            self.stop(f"orphaned: {detail}", EXIT_ORPHANED, 0.0)
+
+    def _on_call(self, call: Call) -> None:
+        entry = self._table.get(call.endpoint)
+        if entry is None and call.endpoint in INTERNAL:
+            self._run_internal(call)
+            return
+        if entry is None:
+            known = ", ".join(sorted(self._table))
+            self._reply_error(
+                call, "UnknownEndpoint", f"role {self.context.role!r} has no endpoint {call.endpoint!r}; it has: {known}"
+            )
+            return
+        spec, fn = entry
+        try:
+            spec.accepts(call.args, call.kwargs)
+        except TypeError as exc:
+            self._reply_error(call, "BadArguments", f"{call.endpoint}{_public_signature(spec)}: {exc}")
+            return
+        if spec.concurrent:
+            self._start_concurrent(call, spec, fn)
+        elif (
+            not spec.is_async
+            and not self._queue
+            and not self._ordered_busy
+            and not self._pump_scheduled
+            and self._channel is not None
+            and not self._channel.has_input()
+        ):
+            # Fast path: nothing queued, running or waiting to be read, so nothing could
+            # cancel this call before it starts; run it now rather than one loop turn later.
+            self._run_sync(call, fn)
+        else:
+            self._queue.append(_Queued(call, spec, fn))
+            self._schedule_pump()
+
+    def _on_cancel(self, call_id: int) -> None:
+        for item in self._queue:
+            if item.call.call_id == call_id:
+                self._queue.remove(item)
+                self._handle_calls.discard(call_id)
+                self._log.debug("cancelled_queued", call_id=call_id)
+                return
+        if call_id in self._running:
+            task = self._running[call_id]
+            if task is None:
+                self._skip_reply.add(call_id)  # a synchronous endpoint cannot be interrupted
+            else:
+                task.cancel()
+            self._log.debug("cancelled_running", call_id=call_id)
+
+    # -- running calls ------------------------------------------------------------------------
+
+    def _schedule_pump(self) -> None:
+        # Via call_soon, so every message already waiting (a Cancel among them) is read first.
+        if not self._pump_scheduled and not self._ordered_busy and self._queue:
+            self._pump_scheduled = True
+            self._loop.call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """Run queued ordered calls until one is async, the queue empties, or input arrives.
+
+        Stopping at new input lets the reader see a Cancel before the next queued call starts.
+        """
+        self._pump_scheduled = False
+        assert self._channel is not None
+        while self._queue and not self._ordered_busy and not self._stopped.done():
+            item = self._queue.popleft()
+            if item.spec.is_async:
+                self._ordered_busy = True
+                task = self._loop.create_task(self._run_async(item.call, item.fn))
+                self._running[item.call.call_id] = task
+                task.add_done_callback(self._ordered_done)
+                return
+            self._run_sync(item.call, item.fn)
+            if self._channel.has_input():
+                break
+        self._schedule_pump()
+
+    def _ordered_done(self, task: asyncio.Task[Any]) -> None:
+        self._ordered_busy = False
+        self._schedule_pump()
+
+    def _start_concurrent(self, call: Call, spec: EndpointSpec, fn: Any) -> None:
+        if spec.is_async:
+            coro = self._run_async(call, fn)
+        else:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="hfrt-endpoint")
+            coro = self._run_threaded(call, fn)
+        self._running[call.call_id] = self._loop.create_task(coro)
+
+    def _run_sync(self, call: Call, fn: Any) -> None:
+        self._running[call.call_id] = None
+        start = time.perf_counter()
+        try:
+            args, kwargs = self._arguments(call)
+            value = fn(self.daemon, *args, **kwargs)
+        except Exception as exc:
+            self._finish_error(call, exc)
+        else:
+            self._finish(call, value, time.perf_counter() - start)
+
+    async def _run_async(self, call: Call, fn: Any) -> None:
+        start = time.perf_counter()
+        try:
+            args, kwargs = self._arguments(call)
+            value = await fn(self.daemon, *args, **kwargs)
+        except asyncio.CancelledError:
+            self._running.pop(call.call_id, None)
+            self._log.debug("call_cancelled", call_id=call.call_id, endpoint=call.endpoint)
+            return
+        except Exception as exc:
+            self._finish_error(call, exc)
+        else:
+            self._finish(call, value, time.perf_counter() - start)
+
+    async def _run_threaded(self, call: Call, fn: Any) -> None:
+        assert self._pool is not None
+        start = time.perf_counter()
+        self._running[call.call_id] = None  # cannot be interrupted once in a thread
+        try:
+            args, kwargs = self._arguments(call)
+            job = functools.partial(fn, self.daemon, *args, **kwargs)
+            value = await self._loop.run_in_executor(self._pool, job)
+        except Exception as exc:
+            self._finish_error(call, exc)
+        else:
+            self._finish(call, value, time.perf_counter() - start)
+
+    def _finish(self, call: Call, value: Any, elapsed: float) -> None:
+        self._running.pop(call.call_id, None)
+        if call.call_id in self._skip_reply:
+            self._skip_reply.discard(call.call_id)
+            return
+        if not call.reply:
+            return
+        try:
+            if "torch" in sys.modules:  # only a daemon that imported torch can return tensors
+                value = self.tensors().export(value)
+            frames = self._wire.pack(Reply(call.call_id, value, elapsed))
+        except WireError as exc:
+            self._reply_error(call, "ResultTooLarge", str(exc))
+            return
+        except (TypeError, ValueError, OverflowError) as exc:
+            self._reply_error(call, "UnencodableResult", f"{call.endpoint} returned a value hfrt cannot send: {exc}")
+            return
+        except Exception as exc:  # storing a result tensor failed (e.g. /dev/shm full)
+            self._reply_error(call, "ResultNotStored", f"{call.endpoint}: {type(exc).__name__}: {exc}")
+            return
+        self._send_frames(frames)
+
+    def _finish_error(self, call: Call, exc: BaseException) -> None:
+        self._running.pop(call.call_id, None)
+        self._skip_reply.discard(call.call_id)
+        self._log.warning("endpoint_raised", call_id=call.call_id, endpoint=call.endpoint, error=type(exc).__name__)
+        self._reply_error(call, type(exc).__name__, str(exc), traceback.format_exc())
+
+    # -- outgoing -----------------------------------------------------------------------------
+
+    def _reply_error(self, call: Call, type_name: str, message: str, tb: str = "") -> None:
+        self._send(Error(call.call_id, type_name, message, tb))
+
+    def _send(self, msg: Message) -> None:
+        self._send_frames(self._wire.pack(msg))
+
+    def _send_frames(self, frames: list[Any]) -> None:
+        if self._channel is not None:
+            self._channel.send(frames)
+
+
+def _public_signature(spec: EndpointSpec) -> str:
+    """`(a, b=1, *rest)`: the endpoint's parameters after self, without annotations."""
+    params = [
+        p.replace(annotation=inspect.Parameter.empty) for p in list(spec.signature.parameters.values())[1:]
+    ]
+    return str(spec.signature.replace(parameters=params, return_annotation=inspect.Signature.empty))

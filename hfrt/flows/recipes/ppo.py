@@ -1,0 +1,110 @@
+"""The `ppo` flow: PPO with a critic and GAE on the built-in addition task, step by step as in the
+HybridFlow paper's pseudo-code: generate → (critic values ∥ reference log-probs ∥ reward scores)
+→ old log-probs → advantages (on the actor's rank 0) → (critic update ∥ actor update).
+
+The controller only moves handles: every tensor stays on the daemons. It knows role endpoints and
+their options; it knows nothing of engines, devices or how a daemon computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hfrt.flows.common import CALL_TIMEOUT_S, FlowConfig, StageTimer, get_roles, reduce_rank_metrics, step_metrics
+from hfrt.flows.tasks import REWARD
+from hfrt.flows.trainer import Trainer, sampling_seed
+from hfrt.protocols import BatchHandle
+
+ENGINE = {"micro_batch_size": 32, "optim": {"lr": 2e-3}}
+#: The embedded default: one local daemon per role, the `tiny` preset, the task's rule reward.
+ROLES: dict[str, dict[str, Any]] = {
+    "actor": {"impl": "actor", "options": {"model": "tiny", "engine": ENGINE, "sampling": {"top_k": 0}}},
+    "critic": {"impl": "critic", "options": {"model": "tiny", "engine": ENGINE}},
+    "reference": {"impl": "reference", "options": {"model": "tiny", "engine": {"micro_batch_size": 32}}},
+    "reward": {"impl": "reward", "options": {"kind": "function", "function": REWARD}},
+}
+#: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
+#: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
+STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("generate", {"actor": ("generate",)}),
+    ("stage2", {"critic": ("forward",), "reference": ("forward",), "reward": ("forward",)}),
+    ("old_log_prob", {"actor": ("forward",)}),
+    ("update", {"critic": ("train",), "actor": ("train",)}),
+)
+
+
+@dataclass(frozen=True)
+class PPOConfig(FlowConfig):
+    """FlowConfig plus GAE (gamma, lam) and the in-reward KL (kl_coef, kl_ctrl fixed|adaptive,
+    target_kl, kl_horizon; kl_coef 0 turns it off)."""
+
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.001
+    kl_ctrl: str = "fixed"
+    target_kl: float = 0.1
+    kl_horizon: float = 10000.0
+    cliprange_value: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kl_ctrl not in ("fixed", "adaptive"):
+            raise ValueError(f"config kl_ctrl={self.kl_ctrl!r}: use fixed or adaptive")
+
+    def flow_critic_options(self) -> dict[str, Any]:
+        """The value clip."""
+        return {"cliprange_value": self.cliprange_value}
+
+
+@dataclass(frozen=True)
+class PPOFlowConfig(PPOConfig):
+    """The `ppo` flow's own defaults, where the embedded run (tiny preset, addition task, sums
+    0-4) learns to add: greedy validation accuracy >= 0.9 within 500 steps (~2.5 min on 2 CPU
+    cores). Measured over seeds 0-2 (see the README): with 16 prompts a step and kl_coef 0.001
+    the policy settled on one answer for every prompt (reward 0.4, accuracy 0.44); 64 prompts a
+    step gave 0.88, 0.28 and 0.5; a KL of 0.1 towards the initial policy keeps it from settling
+    before it has learnt the sums. PPOConfig's defaults stay as they are for Safe-RLHF."""
+
+    steps: int = 500
+    prompts_per_step: int = 64
+    kl_coef: float = 0.1
+    val_every: int = 100
+
+
+Config = PPOFlowConfig
+
+
+async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+    cfg = PPOFlowConfig.read(config)
+    roles = await get_roles(ctl, "actor", "critic", "reference", "reward")
+    trainer = Trainer(ctl, cfg, roles, trained=("actor", "critic"))
+    return await trainer.run(lambda step, prompts: ppo_step(cfg, step, prompts, **roles))
+
+
+async def ppo_step(
+    cfg: PPOConfig, step: int, prompts: BatchHandle, *, actor: Any, critic: Any, reference: Any, reward: Any
+) -> dict[str, Any]:
+    """One PPO step on a batch of prompts; returns its metrics."""
+    t = StageTimer()
+    kw = {"timeout_s": CALL_TIMEOUT_S}
+    # Stage 1: generate responses
+    rollout = await t.one("generate", actor.generate(
+        prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=sampling_seed(cfg, step), **kw))
+    # Stage 2: prepare experience — three roles at once
+    values, ref, scores = await t.together(
+        "stage2", values=critic.compute_values(rollout, **kw),
+        ref_log_prob=reference.compute_log_prob(rollout, **kw), reward=reward.score(rollout, **kw))
+    # Old log-probs: skipped when the update is on-policy and no KL enters the reward (see grpo)
+    old = [] if cfg.kl_coef == 0 and cfg.on_policy(len(prompts)) else [
+        await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))]
+    adv = await t.one("advantages", actor.compute_advantages(
+        rollout, scores, values, *old, ref, estimator="gae", gamma=cfg.gamma, lam=cfg.lam,
+        use_kl_in_reward=cfg.kl_coef > 0, kl_coef=cfg.kl_coef, kl_ctrl=cfg.kl_ctrl,
+        target_kl=cfg.target_kl, horizon=cfg.kl_horizon, **kw))
+    # Stage 3: actor and critic training, at once
+    critic_ranks, actor_ranks = await t.together(
+        "update", critic_update=critic.update(rollout, values, adv, **cfg.critic_update_options(), **kw),
+        actor_update=actor.update(rollout, *old, adv, **cfg.actor_update_options(), **kw))
+    return step_metrics(
+        t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(critic_ranks), reduce_rank_metrics(actor_ranks))

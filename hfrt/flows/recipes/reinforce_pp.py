@@ -1,0 +1,55 @@
+"""The `reinforce_pp` flow: REINFORCE++ (Hu 2025) on the built-in addition task — no critic, KL in
+the reward (rewards = scores − β·KL(old ‖ ref) per token), each token's discounted return
+whitened over the whole batch as its advantage; one sample per prompt by default.
+`baseline=true` switches to REINFORCE++-baseline: n >= 2 samples per prompt, each sample's score
+minus its prompt's mean score, whitened over the batch.
+
+The stages are RLOO's (rloo.py's `rloo_step`): generate → (reference log-probs ∥ reward scores)
+→ old log-probs → advantages (on the actor's rank 0) → actor update; only the estimator differs.
+verl's REINFORCE++ example puts KL in a loss term instead (kl_loss_coef, kl_loss_type=mse); set
+kl_coef=0 and kl_loss_coef > 0 for that. The controller only moves handles and knows nothing of
+engines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hfrt.flows.recipes.rloo import ROLES as RLOO_ROLES
+from hfrt.flows.recipes.rloo import RLOOConfig, rloo_step, train
+
+#: The embedded default: actor, reference and reward (no critic).
+ROLES: dict[str, dict[str, Any]] = RLOO_ROLES
+#: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
+#: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
+STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("generate", {"actor": ("generate",)}),
+    ("stage2", {"reference": ("forward",), "reward": ("forward",)}),
+    ("old_log_prob", {"actor": ("forward",)}),
+    ("update", {"actor": ("train",)}),
+)
+
+
+@dataclass(frozen=True)
+class ReinforcePPConfig(RLOOConfig):
+    """RLOOConfig (in-reward KL) with n=1 by default, gamma (the returns' discount) and baseline
+    (false: REINFORCE++; true: REINFORCE++-baseline, which needs n >= 2)."""
+
+    prompts_per_step: int = 32
+    n: int = 1
+    gamma: float = 1.0
+    baseline: bool = False
+
+    def advantage_options(self) -> dict[str, Any]:
+        if self.baseline:
+            return super().advantage_options() | {"estimator": "reinforce_plus_plus_baseline"}
+        return super().advantage_options() | {"estimator": "reinforce_plus_plus", "gamma": self.gamma}
+
+
+Config = ReinforcePPConfig
+
+
+async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+    # RLOO's stages; cfg.advantage_options() names the REINFORCE++ estimator
+    return await train(ctl, ReinforcePPConfig.read(config), rloo_step)

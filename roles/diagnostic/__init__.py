@@ -1,0 +1,2 @@
+"""Diagnostic daemons with no model: echo (runtime behaviour) and probe (tensor plane).
+"""

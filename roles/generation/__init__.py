@@ -1,0 +1,2 @@
+"""Generation engines (built-in HF, vLLM), the actor's hybrid engine, and the rows between prompts and an engine.
+"""

@@ -1,0 +1,277 @@
+"""Generation engines for the actor: the sampling contract and a built-in engine on transformers.
+
+A generation engine turns prompt token ids into sampled responses with the sampler's per-token
+log-probs, accepts weights pushed one bucket at a time, and can release its memory between
+rollouts (sleep / wake). It knows nothing of training engines, sharding or RL losses; the
+hybrid engine (roles/hybrid.py) connects the two. The vLLM engine lives in roles/vllm_engine.py.
+
+Output layout (verl's), N = len(prompts) × n rows, samples of one prompt contiguous:
+  prompts [N, P] (left-padded), responses [N, R] (right-padded with pad id),
+  response_mask [N, R], log_probs [N, R] (0 where masked), input_ids / attention_mask /
+  position_ids [N, P + R] ready for the training engine, prompt_index [N].
+Log-probs are of log_softmax(logits / temperature) at the sampled token, before top-k/top-p
+truncation, which is what TrainEngine.forward_logprobs(temperature=...) recomputes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from hfrt.roles.training.engines.base import default_device
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample.
+
+    temperature: 0 means greedy. top_k: 0 or less disables. top_p: 1 disables.
+    n: samples per prompt. stop_token_ids: generation of a row ends after any of these (the
+    engine adds the tokenizer's eos unless ignore_eos). seed: None draws a fresh seed.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 32
+    n: int = 1
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+
+
+class GenerationEngine(Protocol):
+    """What the hybrid engine drives."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> dict[str, torch.Tensor]: ...
+
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy parameters in (HF names, full shapes). The hybrid engine passes one stream per
+        push that gathers a block at a time; a tensor may be invalid once the next is drawn."""
+
+    def wake(self) -> None:
+        """Allocate what generation needs (weights storage, caches) before load_weights."""
+
+    def sleep(self) -> None:
+        """Release generation memory; weights must be pushed again after wake."""
+
+
+# --------------------------------------------------------------------------------- sampling
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus to -inf (the most likely token always survives)."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop_sorted = mass_before >= top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token [B], log-prob [B]) from last-position logits [B, V]."""
+    logits = logits.float()
+    if params.temperature <= 0:
+        tokens = logits.argmax(dim=-1)
+        log_probs = torch.log_softmax(logits, dim=-1)
+    else:
+        log_probs = torch.log_softmax(logits / params.temperature, dim=-1)
+        if params.top_k > 0 or params.top_p < 1.0:
+            probs = torch.softmax(filter_logits(log_probs, params.top_k, params.top_p), dim=-1)
+        else:  # no truncation: the distribution is the one whose log-probs we report
+            probs = log_probs.exp()
+        tokens = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+    return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        ids[i, width - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
+        mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+def assemble(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    log_probs: torch.Tensor,
+    n: int,
+) -> dict[str, torch.Tensor]:
+    """The output record of module docstring from its parts (all [N, ...] on CPU)."""
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    return {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "log_probs": log_probs * response_mask,
+        "input_ids": torch.cat([prompt_ids, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "prompt_index": torch.arange(prompt_ids.shape[0]) // n,
+    }
+
+
+# ---------------------------------------------------------------------------- built-in engine
+
+
+class HFGenerationEngine:
+    """Sampling with a KV cache on a plain transformers causal LM.
+
+    `model` is either the training module itself (share_weights=True: nothing to push, sleep
+    frees nothing) or a private copy, moved to `device` (default: this rank's CUDA device, else
+    the CPU), whose parameters are pushed per bucket and freed by sleep.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        pad_token_id: int,
+        eos_token_id: int | None,
+        share_weights: bool = False,
+        device: torch.device | None = None,
+    ) -> None:
+        if not share_weights:  # a private copy lives where training does (the CUDA device if any)
+            model.to(device or default_device())
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.eos_token_id = eos_token_id
+        self.share_weights = share_weights
+        self._params = dict(model.named_parameters())
+        self._shapes = {name: (p.shape, p.dtype) for name, p in self._params.items()}
+        self.awake = True
+
+    # ---- weights
+    def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self.share_weights:
+            return
+        for name, tensor in named:
+            target = self._params.get(name)
+            if target is None:
+                raise KeyError(f"generation model has no parameter {name!r}")
+            with torch.no_grad():
+                target.copy_(tensor)
+
+    def adopt_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Make the tensors the parameters' storage, without copying (instead of wake +
+        load_weights): a generation model at the training layout then *is* the training pieces.
+        A tensor of another dtype or device is converted (that one is a copy). Every parameter
+        must come; the engine is awake afterwards and sleep drops the references. Returns the
+        bytes that had to be converted."""
+        if self.share_weights:
+            raise ValueError("adopt_weights: this engine shares the training module; there is nothing to adopt")
+        converted, seen = 0, set()
+        for name, tensor in named:
+            target = self._params.get(name)
+            if target is None:
+                raise KeyError(f"generation model has no parameter {name!r}")
+            shape, dtype = self._shapes[name]
+            if tuple(tensor.shape) != tuple(shape):
+                raise ValueError(f"adopt_weights: {name} is {tuple(tensor.shape)}, the generation model wants {tuple(shape)}")
+            if tensor.dtype != dtype or tensor.device != target.device:
+                tensor = tensor.to(dtype=dtype, device=target.device)
+                converted += tensor.numel() * tensor.element_size()
+            target.data = tensor.detach()
+            seen.add(name)
+        missing = [n for n in self._params if n not in seen]
+        if missing:
+            raise KeyError(f"adopt_weights: no tensor came for {missing[:5]} ({len(missing)} parameters)")
+        self.awake = True
+        return converted
+
+    def sleep(self) -> None:
+        """Free parameter storage of a private copy (shapes are remembered for wake)."""
+        if self.share_weights or not self.awake:
+            return
+        for p in self._params.values():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.awake = False
+
+    def wake(self) -> None:
+        if self.share_weights or self.awake:
+            return
+        for name, p in self._params.items():
+            shape, dtype = self._shapes[name]
+            p.data = torch.empty(shape, dtype=dtype, device=p.device)
+        self.awake = True
+
+    # ---- sampling
+    def _stop_ids(self, params: SamplingParams) -> torch.Tensor:
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos and self.eos_token_id is not None:
+            stops.add(self.eos_token_id)
+        return torch.tensor(sorted(stops), dtype=torch.long)
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
+        if not self.awake:
+            raise RuntimeError("generation engine is asleep: wake() and push weights first")
+        if params.n < 1 or params.max_new_tokens < 1:
+            raise ValueError("n and max_new_tokens must be at least 1")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._sample([list(p) for p in prompts for _ in range(params.n)], params)
+        finally:
+            self.model.train(was_training)
+
+    def _sample(self, rows: list[list[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
+        device = next(iter(self._params.values())).device
+        generator = torch.Generator().manual_seed(
+            params.seed if params.seed is not None else int(torch.randint(2**62, ()).item())
+        )
+        ids, mask = left_pad(rows, self.pad_token_id)
+        stops = self._stop_ids(params).to(device)
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        # the prompt's last position is the only one whose logits sampling reads
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        tokens, logps, alive = [], [], []
+        finished = torch.zeros(len(rows), dtype=torch.bool, device=device)
+        attn = mask
+        for step in range(params.max_new_tokens):
+            token, logp = sample_next(out.logits[:, -1], params, generator)
+            token = token.masked_fill(finished, self.pad_token_id)
+            tokens.append(token)
+            logps.append(logp)
+            alive.append(~finished)
+            finished = finished | torch.isin(token, stops)
+            if bool(finished.all()) or step + 1 == params.max_new_tokens:
+                break
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            out = self.model(
+                input_ids=token[:, None],
+                attention_mask=attn,
+                position_ids=positions[:, -1:] + step + 1,
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+        response_mask = torch.stack(alive, dim=1).long().cpu()
+        return assemble(
+            ids.cpu(),
+            mask.cpu(),
+            torch.stack(tokens, dim=1).cpu(),
+            response_mask,
+            torch.stack(logps, dim=1).float().cpu(),
+            params.n,
+        )

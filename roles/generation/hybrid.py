@@ -1,0 +1,220 @@
+"""The actor's hybrid engine: one set of trained weights serving both training and generation.
+
+Before a rollout it wakes the generation engine and streams the training engine's full weights
+into it one block at a time (never a second gathered copy of the whole model at once); after
+the rollout it puts the generation engine to sleep so its memory is free for training. Each
+transition is timed and its peak resident memory sampled. It knows nothing of losses, of the
+wire, or of which backends it joins: only the TrainEngine and GenerationEngine interfaces.
+
+Typical use in the actor daemon's `generate` endpoint:
+
+    out, metrics = hybrid.generate(prompt_ids, SamplingParams(...))
+    # metrics: timing/reshard_to_generate_s, timing/generate_s, timing/reshard_to_train_s,
+    #          memory/peak_rss_mb, memory/rss_before_mb, memory/rss_after_mb, ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import resource
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from hfrt.roles.generation.hf import GenerationEngine, SamplingParams
+from hfrt.roles.training.engines.base import TrainEngine
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process, MiB."""
+    try:
+        with open(f"/proc/{os.getpid()}/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+
+
+def lifetime_peak_rss_mb() -> float:
+    """ru_maxrss: the highest RSS this process ever had (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class PeakRSS:
+    """Samples RSS on a background thread while the block runs; `.peak_mb` afterwards.
+
+    ru_maxrss only ever grows, so it cannot show the peak of one phase once an earlier phase
+    went higher; sampling can (at `interval_s` resolution; the start and end are always sampled).
+    """
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hfrt-peak-rss", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak_mb = max(self.peak_mb, rss_mb())
+
+    def __enter__(self) -> PeakRSS:
+        self.peak_mb = rss_mb()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_mb = max(self.peak_mb, rss_mb())
+
+
+class HybridEngine:
+    """Train ↔ generate transitions over one training engine and one generation engine.
+
+    Every rank of the training group must make the same calls (weight gathering is collective).
+    With a generation engine built on the training module itself (share_weights), the push is a
+    no-op and only sleep / wake remain.
+    """
+
+    def __init__(self, train: TrainEngine, gen: GenerationEngine) -> None:
+        self.train = train
+        self.gen = gen
+        self.phase = "train"
+
+    def to_generate(self) -> dict[str, float]:
+        """Wake the generation engine and push current weights, streamed per block."""
+        if self.phase == "generate":
+            return {}
+        start, before = time.perf_counter(), rss_mb()
+        pushed = [0]
+        with PeakRSS() as peak:
+            self.gen.wake()
+            self.gen.load_weights(_stream(self.train.state_dict_for_generation(), pushed))
+            _synchronize()
+        self.phase = "generate"
+        return {
+            "timing/reshard_to_generate_s": time.perf_counter() - start,
+            "memory/reshard_to_generate_peak_rss_mb": peak.peak_mb,
+            "memory/rss_before_mb": before,
+            "reshard/pushed_mb": pushed[0] / 2**20,
+        }
+
+    def to_train(self) -> dict[str, float]:
+        """Release generation memory (sleep) so training has it back."""
+        if self.phase == "train":
+            return {}
+        start = time.perf_counter()
+        with PeakRSS() as peak:
+            self.gen.sleep()
+            # The young generations hold what a rollout left in reference cycles; a full
+            # collection walks every object transformers ever made (~0.15 s a step on CPU).
+            gc.collect(1)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        self.phase = "train"
+        return {
+            "timing/reshard_to_train_s": time.perf_counter() - start,
+            "memory/reshard_to_train_peak_rss_mb": peak.peak_mb,
+            "memory/rss_after_mb": rss_mb(),
+        }
+
+    @contextlib.contextmanager
+    def generating(self, metrics: dict[str, float]) -> Iterator[GenerationEngine]:
+        """`with hybrid.generating(metrics) as gen:` — weights pushed on entry, memory freed on exit."""
+        metrics.update(self.to_generate())
+        try:
+            yield self.gen
+        finally:
+            metrics.update(self.to_train())
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """One rollout: to_generate → generate → to_train, with timings and peak memory."""
+        metrics: dict[str, float] = {}
+        with PeakRSS() as peak, self.generating(metrics) as gen:
+            start = time.perf_counter()
+            out = gen.generate(prompts, params)
+            metrics["timing/generate_s"] = time.perf_counter() - start
+        metrics["memory/peak_rss_mb"] = peak.peak_mb
+        metrics["memory/lifetime_peak_rss_mb"] = lifetime_peak_rss_mb()
+        metrics |= _cuda_memory()
+        return out, metrics
+
+
+
+class ReshardHybrid(HybridEngine):
+    """The 3D-HybridEngine transition (roles/parallel/reshard.py): the training engine's tp/pp
+    pieces (engine.local_pieces(), gathered over dp by FSDP as every forward does, one block at a
+    time) are regrouped inside micro-DP groups into this rank's generation pieces, which the
+    generation model *adopts* as its parameters (no copy, no wake-time allocation). Where the
+    layouts coincide (or generation is more sharded) a generation parameter is the training piece
+    or a view of it: zero bytes beyond the dp gather, none at all without FSDP (dp = 1). to_train
+    drops the generation model's references, so what was assembled or dp-gathered is freed. No
+    rank gathers the full model unless the generation layout is t1p1. Adds reshard/bytes_sent,
+    reshard/bytes_received (this rank; the rollout meta takes the max), reshard/shared,
+    reshard/built (generation tensors kept from the training pieces / assembled from rows)."""
+
+    def __init__(self, train: TrainEngine, gen: GenerationEngine, resharder: Any) -> None:
+        super().__init__(train, gen)
+        self.resharder = resharder
+
+    def to_generate(self) -> dict[str, float]:
+        if self.phase == "generate":
+            return {}
+        start, before = time.perf_counter(), rss_mb()
+        engine: Any = self.train
+        # FSDP's pieces are views of buffers freed when the next block is gathered: keep a copy of
+        # the generation rows only; without FSDP they are the parameters themselves: share them
+        copy = bool(getattr(engine, "sharded", True))
+        with PeakRSS() as peak:
+            pieces = self.resharder.stream(engine.local_pieces(), engine.layout.buckets, copy=copy)
+            converted = self.gen.adopt_weights(pieces)  # type: ignore[attr-defined]
+            _synchronize()
+        self.phase = "generate"
+        stats = self.resharder.last
+        return {
+            "timing/reshard_to_generate_s": time.perf_counter() - start,
+            "memory/reshard_to_generate_peak_rss_mb": peak.peak_mb,
+            "memory/rss_before_mb": before,
+            "reshard/bytes_sent": float(stats.bytes_sent),
+            "reshard/bytes_received": float(stats.bytes_received),
+            "reshard/exchange_s": stats.time_s,
+            "reshard/shared": float(stats.shared),
+            "reshard/built": float(stats.built),
+            "reshard/converted_mb": converted / 2**20,
+        }
+
+    def to_train(self) -> dict[str, float]:
+        """Drop the generation model's references to the adopted pieces (sleep) and the
+        resharder's, so assembled and dp-gathered rows are freed; shared training tensors stay."""
+        metrics = super().to_train()
+        self.resharder.to_train()
+        return metrics
+
+
+def _stream(buckets: Iterator[dict[str, torch.Tensor]], pushed: list[int]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Flatten per-block buckets into (name, tensor) pairs, counting bytes; the next block is
+    gathered only when the consumer asks for its first tensor."""
+    for bucket in buckets:
+        for name, tensor in bucket.items():
+            pushed[0] += tensor.numel() * tensor.element_size()
+            yield name, tensor
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _cuda_memory() -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        return {}
+    return {"memory/cuda_max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20}

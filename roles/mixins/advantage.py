@@ -1,0 +1,210 @@
+"""Advantage computation as a role endpoint (a mixin the actor daemon inherits): rank 0 of the
+role pulls the whole batch — small [B, R] columns — so batch-wide statistics (whitening, group
+means over prompts split across ranks) are exact, and the controller never sees a tensor.
+
+It knows the estimators of hfrt.roles.losses and the column names of a rollout; it knows nothing of the
+role it is mixed into, of engines or of the flow that calls it. The in-reward KL controller is
+the one piece of state: made on the first call that asks for it, updated on every such call.
+
+Before the estimator the scores may be shaped, each at the last response token: a cost column
+weighted by −cost_coef (Safe-RLHF's Lagrangian reward, the flow owns λ) and DAPO's soft overlong
+penalty on the response length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hfrt.daemon.batch import Batch
+from hfrt.roles.common import build_dataclass
+from hfrt.roles.losses import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_reinforce_pp_baseline_advantage,
+    compute_remax_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    kl_penalty,
+    masked_mean,
+)
+from hfrt.roles.reward_fns import token_level_rewards
+from hfrt.roles.rows import merge, take
+from hfrt.wire.endpoints import Dispatch, endpoint
+
+ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
+
+
+@dataclass(frozen=True)
+class AdvantageParams:
+    """Keyword options of `compute_advantages`.
+
+    gamma / lam: discount and GAE λ. norm_adv_by_std: GRPO (True) or Dr.GRPO (False); epsilon:
+    GRPO's std guard. use_kl_in_reward: rewards = scores − β·KL(old ‖ ref) of type kl_penalty, β from
+    a `kl_ctrl` controller ("fixed": kl_coef; "adaptive": starts at kl_coef, aims at target_kl over
+    horizon samples). score_column: the token-level scores; index_column: the group key (a prompt's
+    uid); baseline_column: ReMax's per-row baseline reward (a non-tensor or [B] tensor column).
+    cost_column / cost_coef: rewards = scores − cost_coef·costs, costs the token-level column
+    cost_column ("" : none; Safe-RLHF's reward − λ·cost, λ given per call as cost_coef).
+    overlong_buffer_len L / overlong_penalty_factor / max_response_len M (0: the response width):
+    a response of length l > M − L gets −(l − (M − L))/L·factor added to its score (DAPO; L 0: off).
+    """
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std: bool = True
+    epsilon: float = 1e-6
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: str = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: float = 10000.0
+    score_column: str = "token_level_scores"
+    index_column: str = "uid"
+    baseline_column: str = "baseline_score"
+    cost_column: str = ""
+    cost_coef: float = 0.0
+    overlong_buffer_len: int = 0
+    overlong_penalty_factor: float = 1.0
+    max_response_len: int = 0
+
+
+def make_kl_controller(p: AdvantageParams) -> FixedKLController | AdaptiveKLController:
+    if p.kl_ctrl == "fixed":
+        return FixedKLController(p.kl_coef)
+    if p.kl_ctrl == "adaptive":
+        return AdaptiveKLController(p.kl_coef, p.target_kl, p.horizon)
+    raise ValueError(f"unknown kl_ctrl {p.kl_ctrl!r}: use fixed or adaptive")
+
+
+def estimate(
+    estimator: str, rewards: torch.Tensor, mask: torch.Tensor, batch: Batch, p: AdvantageParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) of one estimator, reading what else it needs from `batch`."""
+    if estimator == "gae":
+        values = take(batch, ["values"], "compute_advantages(gae)")["values"].float()
+        return compute_gae_advantage_return(rewards, values, mask, p.gamma, p.lam)
+    if estimator == "reinforce_plus_plus":
+        return compute_reinforce_plus_plus_outcome_advantage(rewards, mask, p.gamma)
+    if estimator == "remax":
+        return compute_remax_outcome_advantage(rewards, _column(batch, p.baseline_column), mask)
+    if estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+        index = list(_non_tensor(batch, p.index_column))
+        if estimator == "grpo":
+            return compute_grpo_outcome_advantage(rewards, mask, index, p.epsilon, p.norm_adv_by_std)
+        if estimator == "rloo":
+            return compute_rloo_outcome_advantage(rewards, mask, index)
+        return compute_reinforce_pp_baseline_advantage(rewards, mask, index)
+    raise ValueError(f"unknown advantage estimator {estimator!r}: use one of {', '.join(ESTIMATORS)}")
+
+
+def _non_tensor(batch: Batch, name: str) -> list[Any]:
+    if name not in batch.non_tensor:
+        raise KeyError(f"compute_advantages needs a non-tensor column {name!r}; the batch has {batch.keys()}")
+    return list(batch.non_tensor[name])
+
+
+def _column(batch: Batch, name: str) -> torch.Tensor:
+    if name in batch.tensors:
+        return batch.tensors[name].float().reshape(-1)
+    return torch.tensor([float(v) for v in _non_tensor(batch, name)])
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, factor: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment per response: 0 up to max_len − buffer_len tokens, then
+    falling linearly to −factor at max_len: −(length − (max_len − buffer_len)) / buffer_len · factor."""
+    if not 0 < buffer_len <= max_len:
+        raise ValueError(f"overlong_buffer_len must be in (0, max_response_len={max_len}], got {buffer_len}")
+    exceed = lengths.float() - (max_len - buffer_len)
+    return (-exceed / buffer_len * factor).clamp(max=0.0)
+
+
+def shape_scores(batch: Batch, scores: torch.Tensor, mask: torch.Tensor, p: AdvantageParams) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scores minus cost_coef × the cost column, plus the overlong penalty at each last response
+    token (see AdvantageParams); each with its metrics. Unchanged when neither is asked for."""
+    metrics: dict[str, float] = {}
+    if p.cost_column:
+        costs = take(batch, [p.cost_column], "compute_advantages(cost_column)")[p.cost_column].float()
+        scores = scores - p.cost_coef * costs
+        metrics["cost/token_sum_mean"] = float((costs * mask).sum(-1).mean())
+    if p.overlong_buffer_len:
+        penalty = overlong_penalty(mask.sum(-1), p.max_response_len or mask.shape[1], p.overlong_buffer_len, p.overlong_penalty_factor)
+        scores = scores + token_level_rewards(penalty, mask)
+        metrics |= {"overlong/penalty_mean": float(penalty.mean()), "overlong/share": float((penalty < 0).float().mean())}
+    return scores, metrics
+
+
+def summary(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """{name/mean, name/max, name/min} over the masked positions (0s when nothing is masked in)."""
+    picked = values[mask.bool()]
+    if picked.numel() == 0:
+        return {f"{name}/mean": 0.0, f"{name}/max": 0.0, f"{name}/min": 0.0}
+    return {f"{name}/mean": float(picked.mean()), f"{name}/max": float(picked.max()), f"{name}/min": float(picked.min())}
+
+
+class AdvantageEndpoints:
+    """Mixin: `compute_advantages` (RANK0). The host class must be a hfrt Daemon."""
+
+    _kl_controller: FixedKLController | AdaptiveKLController | None = None
+
+    @endpoint(dispatch=Dispatch.RANK0)
+    def compute_advantages(self, batch: Batch, *extra: Batch, estimator: str = "gae", **params: Any) -> Batch:
+        """`advantages`, `returns` and `token_level_rewards` [B, R] (0 where response_mask is 0)
+        for the whole batch, by `estimator` (see ESTIMATORS; options: AdvantageParams). Meta
+        `metrics`: advantage / return / reward stats, `kl/mean` when old and reference log-probs
+        are present, and the in-reward KL coefficient when it is used."""
+        merged = merge(batch, extra)
+        p: AdvantageParams = build_dataclass(AdvantageParams, params, "compute_advantages")
+        cols = take(merged, ["response_mask", p.score_column], "compute_advantages")
+        mask, rewards = cols["response_mask"].float(), cols[p.score_column].float()
+        rewards, metrics = shape_scores(merged, rewards, mask, p)
+        old = merged.tensors.get("old_log_probs", merged.tensors.get("rollout_log_probs"))  # the sampler's: on-policy
+        if old is not None and "ref_log_prob" in merged.tensors:
+            kl = kl_penalty(old.float(), merged.tensors["ref_log_prob"].float(), p.kl_penalty)
+            metrics["kl/mean"] = float(masked_mean(kl, mask))
+        if p.use_kl_in_reward:
+            rewards, metrics = self._kl_in_reward(merged, rewards, mask, p, metrics)
+        advantages, returns = estimate(estimator, rewards, mask, merged, p)
+        advantages, returns = advantages * mask, returns * mask
+        metrics |= summary("advantages", advantages, mask) | summary("returns", returns, mask)
+        metrics["reward/token_sum_mean"] = float((rewards * mask).sum(-1).mean())
+        tensors = {"advantages": advantages, "returns": returns, "token_level_rewards": rewards * mask}
+        return Batch(tensors, meta={"metrics": metrics})
+
+    @endpoint(dispatch=Dispatch.RANK0)
+    def advantage_state(self) -> dict[str, Any]:
+        """The in-reward KL controller's state (for run checkpoints): {} before its first use."""
+        ctrl = self._kl_controller
+        if ctrl is None:
+            return {}
+        return {"kind": "adaptive" if isinstance(ctrl, AdaptiveKLController) else "fixed", "value": ctrl.value}
+
+    @endpoint(dispatch=Dispatch.RANK0)
+    def load_advantage_state(self, state: dict[str, Any]) -> None:
+        """Restore what advantage_state returned; the controller's other settings come from the
+        next call's options, its current coefficient from here."""
+        if not state:
+            self._kl_controller = None
+            return
+        kind = str(state["kind"])
+        self._kl_controller = make_kl_controller(AdvantageParams(kl_ctrl=kind, kl_coef=float(state["value"])))
+        self._kl_controller.value = float(state["value"])
+
+    def _kl_in_reward(
+        self, batch: Batch, scores: torch.Tensor, mask: torch.Tensor, p: AdvantageParams, metrics: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        logp = take(batch, ["old_log_probs", "ref_log_prob"], "compute_advantages(use_kl_in_reward)")
+        if self._kl_controller is None:
+            self._kl_controller = make_kl_controller(p)
+        elif isinstance(self._kl_controller, AdaptiveKLController) and p.kl_ctrl == "adaptive":
+            self._kl_controller.target, self._kl_controller.horizon = p.target_kl, p.horizon
+        beta = self._kl_controller.value
+        rewards, current = apply_kl_penalty(scores, logp["old_log_probs"].float(), logp["ref_log_prob"].float(), mask, beta, p.kl_penalty)
+        self._kl_controller.update(current, n_steps=len(batch))
+        return rewards, metrics | {"actor/reward_kl_penalty": current, "actor/reward_kl_penalty_coeff": beta}

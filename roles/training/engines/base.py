@@ -1,0 +1,445 @@
+"""The training-engine contract and the parts every backend shares: configs, micro-batching,
+log-prob / value forward, the step loop with global loss scaling, atomic checkpoint folders.
+
+A backend (local, FSDP2, DeepSpeed) supplies only backward, optimizer step, per-bucket weight
+gathering and checkpoint I/O. This module knows nothing of RL losses (the caller passes a loss
+function), of generation, or of messages and handles.
+
+Batch layout (verl's): a mapping of tensors with a common first dimension —
+  input_ids [B, T]        prompt (left-padded) followed by response (right-padded)
+  attention_mask [B, T]   1 on real tokens
+  position_ids [B, T]     optional; derived from attention_mask when absent
+  responses [B, R]        the last R columns of input_ids
+  response_mask [B, R]    1 on response tokens that count (used for loss normalisation)
+  ...                     anything else the loss function reads (advantages, old_log_probs, ...)
+Log-probs, entropies and values come back as [B, R], aligned with `responses`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hfrt.roles.losses import LossScale, entropy_from_logits
+from hfrt.roles.models import ValueModel, replace_folder
+
+Batch = Mapping[str, torch.Tensor]
+
+
+@dataclass
+class ForwardOutput:
+    """What one forward pass yields, each [B, R] or None when not requested / not applicable."""
+
+    log_probs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+#: loss_fn(output, micro_batch, scale) → (loss share, metrics). See hfrt.roles.losses for `scale`.
+LossFn = Callable[[ForwardOutput, Batch, LossScale], tuple[torch.Tensor, Mapping[str, Any]]]
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW and its learning-rate schedule.
+
+    schedule: "constant" (after linear warmup) or "warmup_cosine" (linear warmup, then cosine
+        decay to min_lr_ratio × lr at total_steps).
+    grad_clip: max global grad norm; 0 or less disables clipping (the norm is still reported).
+    """
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which training backend, and how it runs.
+
+    backend: "local" (one process, no sharding), "fsdp2", "deepspeed" or "tp" (tensor × pipeline
+        × data parallel; fsdp2 with tp * pp > 1 selects it too).
+    tp, pp: tensor- and pipeline-parallel sizes (dp = world size / (tp * pp)); see engines.tp.
+    zero_stage: DeepSpeed ZeRO stage (1, 2 or 3); ignored by other backends.
+    mixed_precision: "fp32" or "bf16" (bf16 compute, fp32 master weights and grad reduction).
+    micro_batch_size: default rows per forward/backward pass.
+    trainable: False builds no optimizer (reference policy, reward model).
+    """
+
+    backend: str = "local"
+    zero_stage: int = 3
+    mixed_precision: str = "fp32"
+    micro_batch_size: int = 4
+    trainable: bool = True
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    tp: int = 1
+    pp: int = 1
+
+
+def lr_multiplier(optim: OptimConfig) -> Callable[[int], float]:
+    """The LambdaLR factor for step `s` (0-based count of optimizer steps already taken)."""
+
+    def factor(step: int) -> float:
+        if optim.warmup_steps > 0 and step < optim.warmup_steps:
+            return (step + 1) / optim.warmup_steps
+        if optim.schedule == "constant":
+            return 1.0
+        if optim.schedule != "warmup_cosine":
+            raise ValueError(f"unknown lr schedule {optim.schedule!r}: use constant or warmup_cosine")
+        span = max(optim.total_steps - optim.warmup_steps, 1)
+        progress = min(max(step - optim.warmup_steps, 0) / span, 1.0)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return optim.min_lr_ratio + (1.0 - optim.min_lr_ratio) * cosine
+
+    return factor
+
+
+def optimizer_and_scheduler(
+    model: nn.Module, config: EngineConfig
+) -> tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None]:
+    """AdamW + its LR schedule for a trainable engine; for a frozen one, no grads and (None, None)."""
+    if not config.trainable:
+        model.requires_grad_(False)
+        return None, None
+    optimizer = build_optimizer(model.parameters(), config.optim)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(config.optim))
+
+
+def build_optimizer(params: Any, optim: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay, foreach=False
+    )
+
+
+# ------------------------------------------------------------------------------------ batches
+
+
+def batch_rows(batch: Batch) -> int:
+    return int(batch["input_ids"].shape[0])
+
+
+def split_micro(batch: Batch, size: int) -> list[dict[str, torch.Tensor]]:
+    """Contiguous micro-batches of at most `size` rows (every tensor sliced on dim 0)."""
+    if size <= 0:
+        raise ValueError(f"micro_batch_size must be positive, got {size}")
+    rows = batch_rows(batch)
+    return [{k: v[start : start + size] for k, v in batch.items()} for start in range(0, rows, size)]
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """0-based positions counting only real tokens (left padding gets position 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _model_inputs(mb: Batch, device: torch.device) -> dict[str, torch.Tensor]:
+    mask = mb["attention_mask"].to(device)
+    pos = mb.get("position_ids")
+    return {
+        "input_ids": mb["input_ids"].to(device),
+        "attention_mask": mask,
+        "position_ids": (pos if pos is not None else position_ids_from_mask(mask)).to(device),
+    }
+
+
+def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[tokens] in fp32, without keeping a second [.., vocab] tensor alive."""
+    logits = logits.float()
+    picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def model_forward(
+    module: nn.Module,
+    mb: Batch,
+    *,
+    device: torch.device,
+    is_value: bool,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> ForwardOutput:
+    """Log-probs (+ entropy) of `responses`, or values at response positions, for one micro-batch."""
+    inputs = _model_inputs(mb, device)
+    width = int(mb["responses"].shape[1])
+    if is_value:
+        values = module(**inputs)
+        return ForwardOutput(values=values[:, -width - 1 : -1].float())
+    # The LM head only where a response token is predicted (the last width + 1 positions, the
+    # very last dropped): prompt positions' [vocab] logits are never made.
+    logits = module(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    out = ForwardOutput(log_probs=token_log_probs(logits, mb["responses"].to(device)))
+    if with_entropy:
+        out.entropy = entropy_from_logits(logits)
+    return out
+
+
+def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    return None if parts[0] is None else torch.cat([p for p in parts if p is not None]).cpu()
+
+
+# ------------------------------------------------------------------------------------ engine
+
+
+class TrainEngine(ABC):
+    """One training backend over one model. Every rank of a data-parallel group runs the same
+    calls in the same order (they contain collectives); each rank passes its own rows.
+
+    Public face: forward / forward_logprobs / forward_values, step, state_dict_for_generation,
+    save / load, and the attributes model (unwrapped module), dp_rank, dp_size, steps.
+    """
+
+    def __init__(self, model: nn.Module, config: EngineConfig) -> None:
+        self.config = config
+        self.model = model
+        self.is_value = isinstance(model, ValueModel)
+        self.steps = 0
+        self.dp_rank = dist.get_rank() if dist.is_initialized() else 0
+        self.dp_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.device = default_device()
+
+    # ---- backend hooks
+    @property
+    @abstractmethod
+    def forward_module(self) -> nn.Module:
+        """The module to call for forward passes (a wrapper for some backends)."""
+
+    #: the torch optimizer (None when frozen); engines that own theirs (DeepSpeed) override the hooks
+    optimizer: torch.optim.Optimizer | None = None
+
+    def _zero_grad(self) -> None:
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    @abstractmethod
+    def _optimizer_step(self) -> float:
+        """Clip, step optimizer and schedule; return the pre-clip global grad norm."""
+
+    def current_lr(self) -> float:
+        """The learning rate of the next step (0 for an engine with no optimizer)."""
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
+
+    @abstractmethod
+    def _gathered_buckets(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Full parameters, one block at a time (collective: every rank iterates)."""
+
+    @abstractmethod
+    def _save_into(self, folder: Path) -> None: ...
+
+    @abstractmethod
+    def _load_from(self, folder: Path) -> None: ...
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    # ---- forward
+    @torch.no_grad()
+    def forward(
+        self,
+        batch: Batch,
+        *,
+        micro_batch_size: int | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> ForwardOutput:
+        """Evaluation-mode forward over the whole batch in micro-batches; results on CPU."""
+        module = self.forward_module
+        module.eval()
+        outs = []
+        for mb in split_micro(batch, micro_batch_size or self.config.micro_batch_size):
+            with self._autocast():
+                outs.append(
+                    model_forward(
+                        module,
+                        mb,
+                        device=self.device,
+                        is_value=self.is_value,
+                        temperature=temperature,
+                        with_entropy=with_entropy,
+                    )
+                )
+        return ForwardOutput(
+            log_probs=_cat([o.log_probs for o in outs]),
+            entropy=_cat([o.entropy for o in outs]),
+            values=_cat([o.values for o in outs]),
+        )
+
+    def forward_logprobs(self, batch: Batch, *, temperature: float = 1.0, **kwargs: Any) -> torch.Tensor:
+        out = self.forward(batch, temperature=temperature, **kwargs)
+        if out.log_probs is None:
+            raise TypeError("forward_logprobs needs a causal LM, this engine holds a value model")
+        return out.log_probs
+
+    def forward_values(self, batch: Batch, **kwargs: Any) -> torch.Tensor:
+        out = self.forward(batch, **kwargs)
+        if out.values is None:
+            raise TypeError("forward_values needs a value model, this engine holds a causal LM")
+        return out.values
+
+    # ---- training
+    def loss_scale(self, batch: Batch) -> LossScale:
+        """Global token / sequence counts of this step's batch over all dp ranks."""
+        counts = torch.tensor([float(batch["response_mask"].sum()), float(batch_rows(batch))], dtype=torch.float64)
+        self._all_reduce(counts)
+        return LossScale(global_tokens=counts[0].item(), global_seqs=counts[1].item(), dp_size=self.dp_size)
+
+    def step(
+        self,
+        loss_fn: LossFn,
+        batch: Batch,
+        micro_batch_size: int | None = None,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        """One optimizer step over this rank's `batch`, accumulated over micro-batches.
+
+        loss_fn returns each micro-batch's share of the global loss (hfrt.roles.losses.agg_loss with
+        the given LossScale does this); the engine sums shares and backends average gradients
+        over ranks. Returns metrics averaged over ranks: loss, grad_norm, lr, plus loss_fn's own.
+        """
+        if not self.config.trainable:
+            raise RuntimeError("this engine was built with trainable=False (no optimizer)")
+        scale = self.loss_scale(batch)
+        micro = split_micro(batch, micro_batch_size or self.config.micro_batch_size)
+        module = self.forward_module
+        module.train()
+        self._zero_grad()
+        total = torch.zeros((), dtype=torch.float64)
+        extra: dict[str, float] = {}
+        for cpu_mb in micro:
+            mb = {k: v.to(self.device) for k, v in cpu_mb.items()}  # the loss reads its columns here
+            with self._autocast():
+                out = model_forward(
+                    module,
+                    mb,
+                    device=self.device,
+                    is_value=self.is_value,
+                    temperature=temperature,
+                    with_entropy=with_entropy,
+                )
+                loss, metrics = loss_fn(out, mb, scale)
+            self._backward(loss)
+            total += loss.detach().double().cpu()
+            for key, value in metrics.items():
+                extra[key] = extra.get(key, 0.0) + float(value) / len(micro)
+        grad_norm = self._optimizer_step()
+        self.steps += 1
+        return self._reduce_metrics({"loss": total.item(), **extra}) | {
+            "grad_norm": grad_norm,
+            "lr": self.current_lr(),
+        }
+
+    def _all_reduce(self, tensor: torch.Tensor) -> None:
+        if self.dp_size > 1:
+            device = tensor.device
+            work = tensor.to(_comm_device())
+            dist.all_reduce(work)
+            tensor.copy_(work.to(device))
+
+    def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Rank-average of each metric (keys are the same on every rank)."""
+        keys = sorted(metrics)
+        values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+        self._all_reduce(values)
+        return {k: v / self.dp_size for k, v in zip(keys, values.tolist(), strict=True)}
+
+    # ---- weights for generation
+    def state_dict_for_generation(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Full (unsharded) parameters, one decoder block (or the rest) per item, HF names,
+        in the compute dtype (bf16 under bf16 mixed precision on FSDP2 / DeepSpeed).
+
+        Collective on sharded backends: every rank must exhaust the iterator. Tensors may be
+        views of temporary gather buffers, valid only until the next item is requested: copy
+        what you keep. At most one block is gathered at a time.
+        """
+        return self._gathered_buckets()
+
+    # ---- checkpoints
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint folder atomically: every rank writes into a staging folder, then
+        rank 0 renames it over `path` (an old checkpoint is replaced only once the new one is whole)."""
+        final = Path(path)
+        staging = final.with_name(f".{final.name}.partial")
+        if self.is_checkpoint_leader():
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        self._barrier()
+        self._save_into(staging)
+        self._barrier()
+        if self.is_checkpoint_leader():
+            meta = {"backend": self.config.backend, "steps": self.steps, "dp_size": self.dp_size}
+            (staging / "hfrt_engine.json").write_text(json.dumps(meta | {"config": asdict(self.config)}))
+            replace_folder(staging, final)
+        self._barrier()
+        return final
+
+    def is_checkpoint_leader(self) -> bool:
+        """The one rank that creates the staging folder and renames it into place."""
+        return self.dp_rank == 0
+
+    def load(self, path: str | Path) -> None:
+        folder = Path(path)
+        meta_file = folder / "hfrt_engine.json"
+        if not meta_file.exists():
+            raise FileNotFoundError(f"{folder} is not an hfrt engine checkpoint (no hfrt_engine.json)")
+        meta = json.loads(meta_file.read_text())
+        if meta["backend"] != self.config.backend:
+            raise ValueError(f"checkpoint {folder} was written by {meta['backend']}, not {self.config.backend}")
+        self._load_from(folder)
+        self.steps = int(meta["steps"])
+        self._barrier()
+
+    def _barrier(self) -> None:
+        if self.dp_size > 1:
+            dist.barrier()
+
+
+def default_device() -> torch.device:
+    """This rank's CUDA device when there is one (set by the launcher), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _comm_device() -> torch.device:
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def named_buckets(model: nn.Module, blocks: list[nn.Module]) -> list[tuple[nn.Module | None, list[str]]]:
+    """Parameter names grouped by decoder block, then the rest (embeddings, norms, heads).
+
+    Each entry is (block module or None for the rest, [full parameter names]).
+    """
+    owner: dict[int, int] = {}
+    for index, block in enumerate(blocks):
+        for p in block.parameters():
+            owner[id(p)] = index
+    groups: list[list[str]] = [[] for _ in blocks]
+    rest: list[str] = []
+    for name, p in model.named_parameters():
+        (groups[owner[id(p)]] if id(p) in owner else rest).append(name)
+    out: list[tuple[nn.Module | None, list[str]]] = [(b, g) for b, g in zip(blocks, groups, strict=True)]
+    return out + [(None, rest)]
