@@ -1,5 +1,9 @@
 """hfrt: a HybridFlow-style RL post-training runtime — an asyncio controller driving long-lived
 role daemons with msgpack commands over ZeroMQ. This is the public face; the rest is detail.
+
+Two audiences: role authors (`Daemon`, `endpoint`, `Dispatch`) and flow authors (`Trainer`,
+`FlowConfig`, `get_roles`, `StageTimer`, `step_metrics`, the errors). Importing it never imports
+torch.
 """
 
 from __future__ import annotations
@@ -7,6 +11,8 @@ from __future__ import annotations
 from hfrt.control.controller import Controller
 from hfrt.control.recovery import RecoveryFailed
 from hfrt.daemon.base import Daemon, DaemonContext
+from hfrt.flows.common import FlowConfig, StageTimer, get_roles, step_metrics
+from hfrt.flows.trainer import Trainer
 from hfrt.protocols import BatchHandle, TensorHandle
 from hfrt.wire.endpoints import Dispatch, endpoint
 from hfrt.wire.errors import CallTimeout, DaemonGone, HfrtError, ProtocolMismatch, RemoteError, UnknownEndpoint
@@ -19,11 +25,16 @@ __all__ = [
     "DaemonContext",
     "DaemonGone",
     "Dispatch",
+    "FlowConfig",
     "HfrtError",
     "ProtocolMismatch",
     "RecoveryFailed",
     "RemoteError",
+    "StageTimer",
     "TensorHandle",
+    "Trainer",
     "UnknownEndpoint",
     "endpoint",
+    "get_roles",
+    "step_metrics",
 ]
