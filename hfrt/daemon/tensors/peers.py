@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import zmq
 
-from hfrt.daemon.base.tensors import shmfile
+from hfrt.daemon.tensors import shmfile
 from hfrt.daemon.tensors.distplane import Group
 from hfrt.daemon.tensors.plane import host_id
 from hfrt.daemon.tensors.store import HandleError, TensorStore

@@ -15,7 +15,7 @@ from hfrt.log import get_logger
 
 class TensorRuntime:
     def __init__(self, server: DataPlaneServer, key: bytes, options: dict[str, Any]) -> None:
-        from hfrt.daemon.base.tensors import shmfile
+        from hfrt.daemon.tensors import shmfile
         from hfrt.daemon.tensors.peers import Peers
         from hfrt.daemon.tensors.store import TensorStore
 

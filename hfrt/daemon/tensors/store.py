@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from hfrt.daemon.base.tensors import shmfile
+from hfrt.daemon.tensors import shmfile
 from hfrt.protocols import TensorHandle
 
 
