@@ -151,7 +151,7 @@ class HybridEngine:
 
 
 class ReshardHybrid(HybridEngine):
-    """The 3D-HybridEngine transition (roles/parallel/reshard.py): the training engine's tp/pp
+    """The 3D-HybridEngine transition (roles/training/parallel/reshard.py): the training engine's tp/pp
     pieces (engine.local_pieces(), gathered over dp by FSDP as every forward does, one block at a
     time) are regrouped inside micro-DP groups into this rank's generation pieces, which the
     generation model *adopts* as its parameters (no copy, no wake-time allocation). Where the

@@ -78,7 +78,7 @@ def reshard_pairs(rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str
 
 def _own_in_gen(pieces: dict[str, torch.Tensor], want: dict[str, torch.Tensor], r: Any) -> int:
     """Bytes of this rank's training rows that lie inside its generation pieces."""
-    from hfrt.roles.training.parallel.reshard import split_dim
+    from hfrt.roles.training.parallel.reshard_plan import split_dim
 
     total = 0
     for name, t in pieces.items():

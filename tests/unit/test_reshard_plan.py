@@ -1,4 +1,4 @@
-"""roles/parallel/reshard.py's exchange plans (pure logic): who sends which rows, never more than
+"""roles/training/parallel/reshard_plan.py's exchange plans (pure logic): who sends which rows, never more than
 a generation shard, nothing for equal layouts, and the fallback for uneven splits that do not nest."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hfrt.roles.training.parallel import layout as L
-from hfrt.roles.training.parallel.reshard import fallback_names, make_plan
+from hfrt.roles.training.parallel.reshard_plan import fallback_names, make_plan
 from hfrt.roles.training.parallel.shard import ModelShape
 from tests.unit.test_layout import PAIRS, SHAPE, params
 
