@@ -4,7 +4,7 @@ memory — beside one plain in-process copy of the same weights (the floor any p
 
 Run: `hfrt bench transition [--presets tiny smollm2-135m] [--engine hf|vllm] [--repeats N]
 [--no-daemon] [--json] [--out FILE]`. Each preset is measured in a fresh process
-(roles/transition.py), so its peak RSS is its own; unless --no-daemon, a real actor daemon per
+(bench/transition_measure.py), so its peak RSS is its own; unless --no-daemon, a real actor daemon per
 preset also reports the transitions around its `generate` calls (P_daemon_*). With --json the
 last stdout line is one JSON object with P_to_generate_s, P_to_train_s, P_weights_copy_s and
 P_peak_rss_mb for every preset P that ran. It knows nothing of RL.
@@ -39,9 +39,9 @@ def prefix(preset: str, engine: str) -> str:
 
 
 def in_process(preset: str, engine: str, repeats: int) -> dict[str, float]:
-    """roles.transition.measure_transition in a child process (its own memory), keys renamed."""
+    """transition_measure.measure_transition in a child process (its own memory), keys renamed."""
     code = (
-        "import json, sys; from hfrt.roles.transition import measure_transition; "
+        "import json, sys; from hfrt.bench.transition_measure import measure_transition; "
         f"print(json.dumps(measure_transition({preset!r}, engine={engine!r}, repeats={repeats})))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

@@ -68,7 +68,7 @@ def test_peak_rss_sees_a_transient_allocation() -> None:
 
 
 def test_transition_figures_for_the_tiny_preset() -> None:
-    from hfrt.roles.transition import measure_transition
+    from hfrt.bench.transition_measure import measure_transition
 
     figures = measure_transition("tiny", repeats=2)
     assert set(figures) == {

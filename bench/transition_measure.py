@@ -2,7 +2,7 @@
 plain in-process copy of the same weights (the floor any weight push is compared with).
 
 Builds its own engines in this process; knows nothing of the CLI, daemons or the wire
-(`hfrt bench transition` is meant to call `measure_transition` and print the figures).
+(bench/transition.py runs `measure_transition` in a child process and prints the figures).
 """
 
 from __future__ import annotations
