@@ -1,5 +1,5 @@
-"""The multi-turn tool flow printed in the README runs as printed: cut out of README.md, saved as a
-file, run with `hfrt controller --flow py_tool_flow.py` on real daemons, on the rollout role and on
+"""The multi-turn tool flow printed in docs/agents-and-openai.md runs as printed: cut out of the page,
+saved as a file, run with `hfrt controller --flow py_tool_flow.py` on real daemons, on the rollout role and on
 the actor's own engine (agent_on=actor, no rollout daemon launched)."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "agents-and-openai.md"
 
 
 def readme_tool_flow() -> str:
-    block = re.search(r"<!-- tool-flow:start -->\s*```python\n(.*?)```\s*<!-- tool-flow:end -->", README.read_text(), re.S)
-    assert block, "README.md lost its tool-flow block"
+    block = re.search(r"<!-- tool-flow:start -->\s*```python\n(.*?)```\s*<!-- tool-flow:end -->", PAGE.read_text(), re.S)
+    assert block, "docs/agents-and-openai.md lost its tool-flow block"
     return block.group(1)
 
 
