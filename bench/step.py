@@ -30,9 +30,10 @@ from typing import Any
 
 from hfrt.bench.common import add_output_flags, emit, machine
 from hfrt.flows import Flow
-from hfrt.flows.common import CALL_TIMEOUT_S, FlowConfig, get_roles, prompts_handle
+from hfrt.flows.batches import prompts_handle
+from hfrt.flows.config import CALL_TIMEOUT_S, FlowConfig
 from hfrt.flows.recipes import agent_calc, grpo, grpo_async, ppo
-from hfrt.flows.trainer import Trainer
+from hfrt.flows.trainer import Trainer, get_roles
 from hfrt.log import configure as configure_logging
 from hfrt.session import run_flow
 from hfrt.wire.loop import run

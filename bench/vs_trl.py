@@ -222,8 +222,9 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start
     side's start-up time (from `start` until its daemons / trainer are ready)."""
     import asyncio
 
-    from hfrt.flows.common import get_roles, prompts_handle
+    from hfrt.flows.batches import prompts_handle
     from hfrt.flows.recipes import grpo
+    from hfrt.flows.trainer import get_roles
 
     cfg = hfrt_config(shape, steps)
     roles = await get_roles(ctl, "actor", "reference", "reward")

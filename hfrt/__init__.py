@@ -11,8 +11,10 @@ from __future__ import annotations
 from hfrt.control.controller import Controller
 from hfrt.control.recovery import RecoveryFailed
 from hfrt.daemon.base import Daemon, DaemonContext
-from hfrt.flows.common import FlowConfig, StageTimer, get_roles, step_metrics
-from hfrt.flows.trainer import Trainer
+from hfrt.flows.config import FlowConfig
+from hfrt.flows.metrics import step_metrics
+from hfrt.flows.timing import StageTimer
+from hfrt.flows.trainer import Trainer, get_roles
 from hfrt.protocols import BatchHandle, TensorHandle
 from hfrt.wire.endpoints import Dispatch, endpoint
 from hfrt.wire.errors import CallTimeout, DaemonGone, HfrtError, ProtocolMismatch, RemoteError, UnknownEndpoint

@@ -5,14 +5,21 @@ A flow module defines `async def flow(ctl, config) -> dict | None` and may defin
 the controller launches them itself, and `Config`, a class whose `Config.read(dict)` checks the
 flow's settings (`hfrt controller` calls it before any daemon starts), and
 `roles_for(config, roles) -> roles`, the roles a run with those settings launches when some
-setting makes one of them unneeded (default: all). The loader knows module conventions, not algorithms.
+setting makes one of them unneeded (default: all).
+
+The config is read once: `Flow.check` reads the dict into the module's Config, `Flow.run` hands
+`flow` that typed object (the same one, when the dict did not change in between); a module
+without Config gets the dict. (FlowConfig.read returns a config already read as it is, so a flow
+that still calls `Config.read(config)` itself keeps working.)
+The loader knows module conventions, not algorithms.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -31,16 +38,25 @@ BUILTIN: dict[str, str] = {
     "agent_calc": "hfrt.flows.recipes.agent_calc",
 }
 
-FlowFn = Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any] | None]]
+#: a module's `flow(ctl, config)`: config is its Config read from the dict, or the dict itself
+FlowFn = Callable[[Any, Any], Awaitable[dict[str, Any] | None]]
 
 
 @dataclass(frozen=True)
 class Flow:
+    """A loaded flow: `fn` is the module's `flow`, `config_cls` its Config (None: it takes the dict)."""
+
     name: str
-    run: FlowFn
+    fn: FlowFn
     roles: dict[str, dict[str, Any]] = field(default_factory=dict)
     config_cls: Any = None
     pick_roles: Callable[[dict[str, Any], dict[str, dict[str, Any]]], dict[str, dict[str, Any]]] | None = None
+    #: the last config read: (the dict, its typed config), so check then run reads it once
+    _read: list[tuple[dict[str, Any], Any]] = field(default_factory=list, compare=False, repr=False)
+
+    async def run(self, ctl: Any, config: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Run the flow on `ctl` with `config`, read into the flow's Config when it has one."""
+        return await self.fn(ctl, self.read(config) if self.config_cls is not None else config)
 
     def roles_for(self, config: dict[str, Any], roles: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
         """The roles a run with `config` launches: `roles` (default: the flow's table) as the
@@ -48,10 +64,21 @@ class Flow:
         table = self.roles if roles is None else roles
         return table if self.pick_roles is None else self.pick_roles(config, table)
 
-    def check(self, config: dict[str, Any]) -> None:
+    def check(self, config: Mapping[str, Any]) -> None:
         """Raise ValueError naming the key when the flow's Config rejects `config`."""
         if self.config_cls is not None:
-            self.config_cls.read(config)
+            self.read(config)
+
+    def read(self, config: Mapping[str, Any]) -> Any:
+        """`config` read into the flow's Config (ValueError naming the key); a dict equal to the
+        one read last gives the same object, so a run checked before launch is not read again."""
+        if self.config_cls is None:
+            raise ValueError(f"flow {self.name!r} defines no Config: it takes its config as a dict")
+        if self._read and self._read[0][0] == config:
+            return self._read[0][1]
+        typed = self.config_cls.read(config)
+        self._read[:] = [(copy.deepcopy(dict(config)), typed)]
+        return typed
 
 
 def load_flow(name_or_path: str) -> Flow:

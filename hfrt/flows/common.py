@@ -1,330 +1,38 @@
-"""What the built-in RL flows share: their config dataclass, prompt batches made in the controller,
-per-stage timing with the start-early / await-late helper, and metric helpers.
+"""The names hfrt.flows.common used to hold, kept for code that imports them from here; new code
+imports from hfrt (the flow-author API) or from the module that owns each name.
 
-No torch: everything here handles futures, handles and plain numbers. It knows the flows' stages
-by name only; what each stage computes is the flow's business.
+FlowConfig and CALL_TIMEOUT_S live in hfrt.flows.config, StageTimer in hfrt.flows.timing, the
+metric helpers in hfrt.flows.metrics, prompt batches in hfrt.flows.batches, get_roles in
+hfrt.flows.trainer. This module defines nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import importlib.util
-import statistics
-import time
-from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from hfrt.flows.batches import non_tensor, prompts_handle
+from hfrt.flows.config import CALL_TIMEOUT_S, DATA_DEFAULTS, FlowConfig
+from hfrt.flows.metrics import (
+    MAX_OVER_RANKS,
+    reduce_rank_metrics,
+    reward_stats,
+    rollout_metrics,
+    step_metrics,
+    throughput,
+)
+from hfrt.flows.timing import StageTimer
+from hfrt.flows.trainer import get_roles
 
-from hfrt.control.recovery import RecoveryPolicy
-from hfrt.protocols import BatchHandle
-from hfrt.wire.loss_options import check_update_options
-
-C = TypeVar("C", bound="FlowConfig")
-#: how long one call of a flow may take before the flow gives up (a step on CPU takes seconds)
-CALL_TIMEOUT_S = 300.0
-#: the defaults a data file brings in place of the addition task's (a real model's answers are
-#: sentences, not one digit; a pretrained policy needs no entropy bonus to keep exploring); a
-#: setting given explicitly wins
-DATA_DEFAULTS: dict[str, Any] = {"max_new_tokens": 256, "entropy_coeff": 0.0, "kl_coef": 0.001, "prompts_per_step": 16}
-
-
-@dataclass(frozen=True)
-class FlowConfig:
-    """Settings every built-in RL flow reads (`--config FILE`, `--set key=value`).
-
-    steps: RL steps. prompts_per_step: prompts per step (each sampled `n` times where the flow
-    samples groups). seed: of the data order and of sampling (a step's sampling seed is fixed by
-    seed and step). data: a JSONL / Parquet file of prompts (see hfrt/flows/data.py); "" uses
-    the built-in addition task, whose largest addend is max_operand.
-    max_new_tokens / temperature: sampling. ppo_epochs / ppo_mini_batch_size: of both updates.
-    entropy_coeff: the actor's entropy bonus (keeps a small policy exploring).
-    policy_loss_mode: the actor's policy loss (vanilla, gspo, cispo, decoupled). tis_cap: truncated importance
-    sampling against the sampler's log-probs, weights capped at tis_cap (0: off).
-    actor_loss / critic_loss: more `update` options (hfrt.wire.loss_options), merged last into every
-    actor / critic update call, e.g. `--set actor_loss.clip_ratio_c=10`; checked before launch.
-    val_every: a greedy validation pass every N steps and after the last (0: none) over
-    val_prompts prompts of val_data (default: data's first rows, or held-out addition prompts);
-    with val_before_train (the default) also one before the first step (`val_before/*` in step
-    0's record; the summary shows the first and last validation accuracy).
-    With a data file the defaults of DATA_DEFAULTS apply (256 new tokens, no entropy bonus, PPO's
-    in-reward KL at 0.001, 16 prompts a step), and
-    the default reward scores its rows with the generic numeric reward (hfrt.flows.tasks).
-    checkpoint_every: a checkpoint every N steps and after the last (0: none).
-    export_hf: at the end, write the actor as a Hugging Face model folder, RUN_DIR/hf.
-    tensorboard: also write RUN_DIR/tensorboard. wandb_project: also log to W&B (needs wandb).
-    progress: "auto" (a bar on a terminal, nothing otherwise), "on" or "off". trace: write
-    RUN_DIR/trace.json (Chrome trace of every call).
-    run_dir / resume: set by `hfrt controller` (--run-dir, --resume); run_dir "" writes no file.
-    recovery: "on" relaunches a dead or hung reward / reference / cost daemon and retries the calls
-    that failed with it, and relaunches a dead actor / critic and rewinds to the last checkpoint
-    (hfrt.control.recovery; local, SSH and Slurm launchers, not --attach); recovery_max_restarts restarts of one daemon within
-    recovery_window_s seconds are allowed, one more ends the run.
-    """
-
-    steps: int = 150
-    prompts_per_step: int = 16
-    seed: int = 0
-    max_operand: int = 2
-    max_new_tokens: int = 2
-    temperature: float = 1.0
-    ppo_epochs: int = 1
-    ppo_mini_batch_size: int = 0
-    entropy_coeff: float = 0.01
-    policy_loss_mode: str = "vanilla"
-    tis_cap: float = 0.0
-    actor_loss: dict[str, Any] = dataclasses.field(default_factory=dict)
-    critic_loss: dict[str, Any] = dataclasses.field(default_factory=dict)
-    data: str = ""
-    val_data: str = ""
-    val_every: int = 0
-    val_prompts: int = 32
-    val_before_train: bool = True
-    checkpoint_every: int = 0
-    export_hf: bool = True
-    tensorboard: bool = True
-    wandb_project: str = ""
-    progress: str = "auto"
-    trace: bool = True
-    run_dir: str = ""
-    resume: bool = False
-    recovery: str = "off"
-    recovery_max_restarts: int = 3
-    recovery_window_s: float = 600.0
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "prompts_per_step", "max_new_tokens", "ppo_epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"config {name}={getattr(self, name)!r}: must be at least 1")
-        for name in ("ppo_mini_batch_size", "val_every", "val_prompts", "checkpoint_every", "max_operand"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"config {name}={getattr(self, name)!r}: must not be negative")
-        if self.temperature < 0:
-            raise ValueError(f"config temperature={self.temperature!r}: must not be negative")
-        if self.tis_cap < 0:
-            raise ValueError(f"config tis_cap={self.tis_cap!r}: must not be negative (0: off)")
-        self.check_update_options()
-        RecoveryPolicy.from_config({k: getattr(self, k) for k in ("recovery", "recovery_max_restarts", "recovery_window_s")})
-        if self.progress not in ("auto", "on", "off"):
-            raise ValueError(f"config progress={self.progress!r}: use auto, on or off")
-        if self.wandb_project and importlib.util.find_spec("wandb") is None:
-            raise ValueError(f"config wandb_project={self.wandb_project!r}: W&B logging needs wandb (pip install wandb)")
-        for name in ("data", "val_data"):
-            path = getattr(self, name)
-            if path and not Path(path).is_file():
-                raise ValueError(f"config {name}={path!r}: no such file")
-            if path:  # rows of the wrong shape, or none, refused before any daemon starts
-                from hfrt.flows.data import check_data_file
-                check_data_file(path, f"config {name}")
-
-    def actor_update_options(self) -> dict[str, Any]:
-        """Every actor.update option of this flow: the schedule, the entropy bonus, the policy
-        loss mode and TIS, then the flow's own (flow_actor_options), then the actor_loss table."""
-        base: dict[str, Any] = {
-            "ppo_epochs": self.ppo_epochs, "ppo_mini_batch_size": self.ppo_mini_batch_size,
-            "entropy_coeff": self.entropy_coeff, "policy_loss_mode": self.policy_loss_mode,
-        }
-        if self.tis_cap > 0:
-            base["tis_cap"] = self.tis_cap
-        return base | self.flow_actor_options() | dict(self.actor_loss)
-
-    def on_policy(self, rows: int) -> bool:
-        """Whether the actor's update over a rollout of `rows` rows is one optimizer step
-        (ppo_epochs 1, one mini-batch, after the actor_loss table): then its old log-probs are
-        its current ones and the flow skips the pass that computes them."""
-        options = self.actor_update_options()
-        mini = int(options.get("ppo_mini_batch_size", 0))
-        return int(options.get("ppo_epochs", 1)) == 1 and (mini == 0 or mini >= rows)
-
-    def critic_update_options(self) -> dict[str, Any]:
-        """Every critic.update option: the schedule, the flow's own, then the critic_loss table."""
-        base = {"ppo_epochs": self.ppo_epochs, "ppo_mini_batch_size": self.ppo_mini_batch_size}
-        return base | self.flow_critic_options() | dict(self.critic_loss)
-
-    def flow_actor_options(self) -> dict[str, Any]:
-        """A flow's own actor.update options (its config subclass overrides this)."""
-        return {}
-
-    def flow_critic_options(self) -> dict[str, Any]:
-        """A flow's own critic.update options (its config subclass overrides this)."""
-        return {}
-
-    def check_update_options(self) -> None:
-        """Refuse, before launch, update options the actor or critic would refuse: an unknown
-        key or a bad value, with every accepted option listed."""
-        for role, options in (("actor", self.actor_update_options()), ("critic", self.critic_update_options())):
-            try:
-                check_update_options(role, options)
-            except ValueError as err:
-                raise ValueError(f"config: {err} (from the flow's settings or its {role}_loss table)") from None
-
-    @classmethod
-    def read(cls: type[C], config: Mapping[str, Any]) -> C:
-        """The config from a flow's `config` dict: unknown keys and values of the wrong type are
-        errors naming the key, raised before any daemon is called."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(config) - set(fields))
-        if unknown:
-            raise ValueError(f"unknown config key(s) {unknown}; this flow reads {sorted(fields)}")
-        values: dict[str, Any] = {}
-        for key, raw in config.items():
-            kind = _field_type(fields[key])
-            if kind is dict:
-                raw = _table(key, raw)
-            if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
-                raw = float(raw)
-            if not isinstance(raw, kind) or (kind is not bool and isinstance(raw, bool)):
-                raise ValueError(f"config {key}={raw!r}: expected {kind.__name__}")
-            values[key] = raw
-        if values.get("data"):
-            values = {k: v for k, v in DATA_DEFAULTS.items() if k in fields} | values
-        return cls(**values)
-
-
-def _field_type(f: dataclasses.Field[Any]) -> type:
-    """The type a config field's values must have: its default's, or its default factory's."""
-    if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
-        return type(f.default_factory())
-    return type(f.default)
-
-
-def _table(key: str, raw: Any) -> dict[str, Any]:
-    """A config table (a dict with string keys), copied."""
-    if not isinstance(raw, Mapping) or not all(isinstance(k, str) for k in raw):
-        raise ValueError(f"config {key}={raw!r}: expected a table of option = value (e.g. --set {key}.NAME=VALUE)")
-    return dict(raw)
-
-
-def prompts_handle(columns: Mapping[str, list[Any]]) -> BatchHandle:
-    """A batch of non-tensor columns made in the controller: one shard that no daemon owns, so the
-    receiving ranks read their rows straight out of the handle."""
-    return BatchHandle.inline(dict(columns))
-
-
-def non_tensor(handle: BatchHandle, name: str) -> list[Any]:
-    """A non-tensor column of a batch handle (carried inline in its shards: no bytes move)."""
-    return [value for shard in handle.shards for value in shard.non_tensor.get(name, [])]
-
-
-class StageTimer:
-    """Wall time of each stage and call of one step, as `timing/<name>_s` metrics.
-
-    Overlap is start early, await late: calling an endpoint sends it at once and returns a future,
-    so independent calls made together run together, and `together` awaits them as one stage::
-
-        values, ref, scores = await timer.together(
-            "stage2", values=critic.compute_values(rollout),
-            ref_log_prob=reference.compute_log_prob(rollout), reward=reward.score(rollout))
-
-    records `timing/values_s`, `timing/ref_log_prob_s`, `timing/reward_s` (each call's own time)
-    and `timing/stage2_s` (the stage's wall time, about the slowest of them, not their sum).
-    """
-
-    def __init__(self) -> None:
-        self.timings: dict[str, float] = {}
-        self._start = time.perf_counter()
-
-    async def one(self, name: str, call: Awaitable[Any]) -> Any:
-        """Await one call as its own stage."""
-        start = time.perf_counter()
-        try:
-            return await call
-        finally:
-            self.timings[f"timing/{name}_s"] = time.perf_counter() - start
-
-    async def together(self, stage: str, **calls: Awaitable[Any]) -> list[Any]:
-        """Await calls already started, in keyword order; if one fails the others are cancelled."""
-        start = time.perf_counter()
-
-        async def timed(name: str, call: Awaitable[Any]) -> Any:
-            result = await call
-            self.timings[f"timing/{name}_s"] = time.perf_counter() - start
-            return result
-
-        tasks = [asyncio.ensure_future(timed(name, call)) for name, call in calls.items()]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            raise
-        finally:
-            self.timings[f"timing/{stage}_s"] = time.perf_counter() - start
-
-    def step_s(self) -> float:
-        return time.perf_counter() - self._start
-
-
-def reward_stats(scores: list[float]) -> dict[str, float]:
-    """reward/mean, max, min and accuracy (share of scores >= 1) of one step's samples."""
-    return {
-        "reward/mean": statistics.fmean(scores), "reward/max": max(scores), "reward/min": min(scores),
-        "reward/accuracy": sum(s >= 1.0 for s in scores) / len(scores),
-    }
-
-
-def rollout_metrics(meta: Mapping[str, Any]) -> dict[str, float]:
-    """The actor's generation timings and memory from a rollout's meta (under `rollout/`), and its
-    response-length statistics."""
-    out = {f"rollout/{k}": float(v) for k, v in meta.items() if k.startswith(("timing/", "memory/", "reshard/"))}
-    return out | {k: float(v) for k, v in meta.items() if k.startswith("response_length/") or k == "response_tokens"}
-
-
-def throughput(metrics: Mapping[str, Any], step_s: float) -> dict[str, float]:
-    """perf/tokens_per_s: response tokens generated per second of the whole step."""
-    tokens = float(metrics.get("response_tokens", 0.0))
-    return {"perf/tokens_per_s": tokens / step_s if step_s > 0 else 0.0}
-
-
-async def get_roles(ctl: Any, *names: str) -> dict[str, Any]:
-    """The role groups a flow needs, waited for together."""
-    groups = await asyncio.gather(*(ctl.role(name, timeout_s=CALL_TIMEOUT_S) for name in names))
-    return dict(zip(names, groups, strict=True))
-
-
-#: metric-name prefixes reduced by max over ranks: the slowest rank sets a step's time, the largest
-#: footprint its memory need
-MAX_OVER_RANKS = ("timing/", "memory/", "rollout/timing/", "rollout/memory/")
-
-
-def reduce_rank_metrics(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """One metrics dict from the dicts a split endpoint returned, one per data-parallel rank
-    (e.g. `actor.update`, `critic.update`).
-
-    The rule by kind of metric:
-    - timing/* and memory/* (also under rollout/): max over ranks — the slowest rank sets the
-      step's time, the largest footprint the memory a rank needs.
-    - everything else: mean over ranks. The daemons already reduce what they return over the
-      group (roles/updates.py::run_updates all-reduces loss terms, grad_norm is the global norm,
-      lr and optimizer_steps are the same on every rank), so every rank reports the same value
-      and the mean returns it unchanged; a sum would count an already-global value (a loss, an
-      optimizer-step count) once per rank.
-    Every rank must report the same keys (a missing key is an error naming it and the rank).
-    """
-    if not per_rank:
-        raise ValueError("reduce_rank_metrics: no per-rank metrics (a role group with no ranks?)")
-    keys = set(per_rank[0])
-    for rank, metrics in enumerate(per_rank):
-        if set(metrics) != keys:
-            diff = sorted(set(metrics) ^ keys)
-            raise ValueError(f"reduce_rank_metrics: rank {rank} reports keys that differ from rank 0's: {diff}")
-    out: dict[str, float] = {}
-    for key in per_rank[0]:
-        values = [float(metrics[key]) for metrics in per_rank]
-        out[key] = max(values) if key.startswith(MAX_OVER_RANKS) else statistics.fmean(values)
-    return out
-
-
-def step_metrics(timer: StageTimer, scores: BatchHandle, rollout: BatchHandle, *parts: Mapping[str, Any]) -> dict[str, Any]:
-    """A step's record: reward stats from the scores' `score` column (and `reward/errors`, the
-    samples the reward function failed on and scored its error_score), what each part (advantage,
-    update metrics) returned, rollout lengths and timings, stage timings and throughput."""
-    record: dict[str, Any] = reward_stats(non_tensor(scores, "score"))
-    errors = non_tensor(scores, "score_error")
-    record["reward/errors"] = float(sum(1 for message in errors if message))
-    for part in parts:
-        record.update(part)
-    record |= rollout_metrics(rollout.meta) | timer.timings
-    step_s = timer.step_s()
-    return record | {"timing/step_s": step_s} | throughput(record, step_s)
+__all__ = [
+    "CALL_TIMEOUT_S",
+    "DATA_DEFAULTS",
+    "MAX_OVER_RANKS",
+    "FlowConfig",
+    "StageTimer",
+    "get_roles",
+    "non_tensor",
+    "prompts_handle",
+    "reduce_rank_metrics",
+    "reward_stats",
+    "rollout_metrics",
+    "step_metrics",
+    "throughput",
+]

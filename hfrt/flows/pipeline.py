@@ -24,7 +24,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hfrt.flows.common import CALL_TIMEOUT_S, non_tensor
+from hfrt.flows.batches import non_tensor
+from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.protocols import BatchHandle
 
 #: start one rollout for a step from its prompts: `rollout.generate(prompts, ...)` with the step's seed

@@ -4,21 +4,24 @@ function, a validation pass every `val_every` steps, metrics per step, checkpoin
 checkpoint when recovery replaced an actor or critic daemon (hfrt.control.recovery), and the actor's
 export as a Hugging Face folder at the end.
 
-A flow supplies `step(step_index, prompts) -> metrics`; the loop supplies everything around it.
+A flow gets its role groups with `get_roles` and supplies `step(step_index, prompts) -> metrics`;
+the loop supplies everything around it.
 It knows role groups by name ("actor" for validation and the advantage state, "reward" for
 validation scores) and the FlowConfig fields; it knows nothing of what a step computes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from hfrt.control.recovery import RecoveryFailed
+from hfrt.flows.batches import non_tensor, prompts_handle
 from hfrt.flows.checkpoint import Checkpoint, load_checkpoint, resumable_checkpoint, save_checkpoint
-from hfrt.flows.common import CALL_TIMEOUT_S, FlowConfig, non_tensor, prompts_handle
+from hfrt.flows.config import CALL_TIMEOUT_S, FlowConfig
 from hfrt.flows.data import make_source, validation_rows
 from hfrt.flows.report import MetricsLog
 from hfrt.log import get_logger
@@ -26,6 +29,12 @@ from hfrt.protocols import BatchHandle
 from hfrt.wire.errors import HfrtError
 
 StepFn = Callable[[int, BatchHandle], Awaitable[dict[str, Any]]]
+
+
+async def get_roles(ctl: Any, *names: str) -> dict[str, Any]:
+    """The role groups a flow needs, waited for together."""
+    groups = await asyncio.gather(*(ctl.role(name, timeout_s=CALL_TIMEOUT_S) for name in names))
+    return dict(zip(names, groups, strict=True))
 
 
 class FlowState(Protocol):

@@ -17,7 +17,7 @@ import pytest
 
 from hfrt.deploy.launchers.base import DaemonSpec
 from hfrt.flows.agent.loop import AgentConfig, Conversation, Trajectory, assemble, run_agents
-from hfrt.flows.common import CALL_TIMEOUT_S
+from hfrt.flows.config import CALL_TIMEOUT_S
 
 TOOL_TEXT = "[42]"
 TOOL_IDS = [ord(c) - 30 for c in TOOL_TEXT]  # the tiny preset's byte vocabulary

@@ -17,7 +17,8 @@ import pytest
 
 from hfrt.deploy.launchers.base import DaemonSpec
 from hfrt.flows.agent.loop import AgentConfig, Conversation, assemble, run_agents
-from hfrt.flows.common import CALL_TIMEOUT_S, prompts_handle
+from hfrt.flows.batches import prompts_handle
+from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.wire.errors import RemoteError
 
 TOOL_TEXT = "[42]"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hfrt.flows.common import non_tensor, prompts_handle
+from hfrt.flows.batches import non_tensor, prompts_handle
 from hfrt.flows.recipes.grpo import actor_loss_options
 from hfrt.flows.recipes.reinforce_pp import ReinforcePPConfig
 from hfrt.flows.recipes.remax import BASELINE, ReMaxConfig, baseline_column, baseline_handle, keyed_prompts

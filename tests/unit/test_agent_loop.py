@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hfrt.flows.agent.loop import AgentConfig, AgentGenerationError, Conversation, run_agents, trajectory_columns
-from hfrt.flows.common import non_tensor
+from hfrt.flows.batches import non_tensor
 from hfrt.flows.recipes.agent_calc import calc_agent, calculator
 from hfrt.protocols import BatchHandle
 

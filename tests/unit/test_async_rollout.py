@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hfrt.flows.common import non_tensor
+from hfrt.flows.batches import non_tensor
 from hfrt.flows.pipeline import (
     RolloutError,
     RolloutPipeline,

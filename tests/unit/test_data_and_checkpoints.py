@@ -20,7 +20,7 @@ from hfrt.flows.checkpoint import (
     resumable_checkpoint,
     save_checkpoint,
 )
-from hfrt.flows.common import FlowConfig
+from hfrt.flows.config import FlowConfig
 from hfrt.flows.data import DatasetError, FileDataset, check_data_file, make_source, read_rows, validation_rows
 from hfrt.flows.report import MetricsLog
 from hfrt.flows.tasks import AdditionTask

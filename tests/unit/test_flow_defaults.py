@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hfrt.flows.common import DATA_DEFAULTS
+from hfrt.flows.config import DATA_DEFAULTS
 from hfrt.flows.recipes.grpo import GRPOFlowConfig
 from hfrt.flows.recipes.ppo import PPOConfig
 from hfrt.flows.tasks import numeric_reward, task_reward

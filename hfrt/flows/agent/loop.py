@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfrt.flows.agent.sandbox import SandboxLimits, SandboxResult, ToolError, call_tool, run_python
-from hfrt.flows.common import CALL_TIMEOUT_S, non_tensor, prompts_handle
+from hfrt.flows.batches import non_tensor, prompts_handle
+from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.protocols import BatchHandle
 
 AgentFn = Callable[["Conversation", dict[str, Any]], Awaitable[float]]

@@ -26,10 +26,12 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hfrt.flows.common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, reduce_rank_metrics, step_metrics
-from hfrt.flows.recipes.grpo import ROLES as GRPO_ROLES
-from hfrt.flows.recipes.grpo import GRPOConfig, actor_loss_options
-from hfrt.flows.trainer import Trainer, sampling_seed
+from hfrt.flows.batches import non_tensor
+from hfrt.flows.config import CALL_TIMEOUT_S
+from hfrt.flows.grpo_family import GRPO_ROLES, GRPOConfig, actor_loss_options
+from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
+from hfrt.flows.timing import StageTimer
+from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
 
 #: The embedded default: GRPO's roles. DAPO drops the KL term (kl_loss_coef 0); the reference is
@@ -82,7 +84,7 @@ class DAPOConfig(GRPOConfig):
 Config = DAPOConfig
 
 
-async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+async def flow(ctl: Any, config: DAPOConfig | dict[str, Any]) -> dict[str, Any]:
     cfg = DAPOConfig.read(config)
     roles = await get_roles(ctl, "actor", "reward", "reference")
     trainer = Trainer(ctl, cfg, roles)

@@ -8,16 +8,20 @@ The controller only moves handles. It knows role endpoints and their options, no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from hfrt.flows.common import CALL_TIMEOUT_S, FlowConfig, StageTimer, get_roles, reduce_rank_metrics, step_metrics
-from hfrt.flows.recipes.ppo import ROLES as PPO_ROLES
-from hfrt.flows.trainer import Trainer, sampling_seed
+from hfrt.flows.config import CALL_TIMEOUT_S
+from hfrt.flows.grpo_family import GRPO_ROLES, GRPOConfig, GRPOFlowConfig, actor_loss_options
+from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
+from hfrt.flows.timing import StageTimer
+from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
 
+#: re-exported: GRPO's configs and loss options (hfrt.flows.grpo_family) were defined here once
+__all__ = ["ROLES", "STAGES", "Config", "GRPOConfig", "GRPOFlowConfig", "actor_loss_options", "flow", "grpo_step"]
+
 #: The embedded default: PPO's roles without the critic.
-ROLES: dict[str, dict[str, Any]] = {name: s for name, s in PPO_ROLES.items() if name != "critic"}
+ROLES: dict[str, dict[str, Any]] = GRPO_ROLES
 #: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
 #: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
 STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
@@ -28,44 +32,10 @@ STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class GRPOConfig(FlowConfig):
-    """FlowConfig plus n (samples per prompt), norm_adv_by_std (false: Dr.GRPO), and the KL loss
-    (kl_loss_coef, kl_loss_type; coefficient 0 turns it off) with its loss_agg_mode."""
-
-    prompts_per_step: int = 8
-    n: int = 8
-    norm_adv_by_std: bool = True
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    loss_agg_mode: str = "token-mean"
-
-    def flow_actor_options(self) -> dict[str, Any]:
-        """KL as a loss term (no critic) and the loss aggregation."""
-        return {
-            "use_kl_loss": self.kl_loss_coef > 0, "kl_loss_coef": self.kl_loss_coef,
-            "kl_loss_type": self.kl_loss_type, "loss_agg_mode": self.loss_agg_mode,
-        }
-
-
-@dataclass(frozen=True)
-class GRPOFlowConfig(GRPOConfig):
-    """The `grpo` flow's own defaults; GRPOConfig's stay as they are for the flows built on it
-    (rloo, reinforce_pp, remax, dapo). On the addition task with the tiny model (150 steps, 2 CPU
-    cores, four seeds each), std-normalised advantages on 8 prompts × 8 samples collapsed the policy on
-    two seeds of four (last-quarter mean reward 0.10 and 0.20): they give a group whose samples
-    differ only by the 0.1 form credit the same push as one with a right answer. Dr.GRPO's plain
-    differences (norm_adv_by_std=false) on 16 prompts × 8 samples never collapsed (0.35-0.78, mean
-    0.57; 0.40 is "always answer 2", the most common sum), at about the same time per step."""
-
-    prompts_per_step: int = 16
-    norm_adv_by_std: bool = False
-
-
 Config = GRPOFlowConfig
 
 
-async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+async def flow(ctl: Any, config: GRPOFlowConfig | dict[str, Any]) -> dict[str, Any]:
     cfg = GRPOFlowConfig.read(config)
     roles = await get_roles(ctl, "actor", "reference", "reward")
     return await Trainer(ctl, cfg, roles).run(lambda step, prompts: grpo_step(cfg, step, prompts, **roles))
@@ -91,9 +61,3 @@ async def grpo_step(cfg: GRPOConfig, step: int, prompts: BatchHandle, *, actor: 
     # Stage 3: actor training (no critic)
     actor_ranks = await t.one("update", actor.update(rollout, *old, ref, adv, **actor_loss_options(cfg), **kw))
     return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))
-
-
-def actor_loss_options(cfg: GRPOConfig) -> dict[str, Any]:
-    """The actor update's options for GRPO-style flows (KL as a loss term, no critic), with the
-    config's policy loss mode, TIS and actor_loss table (checked before launch)."""
-    return cfg.actor_update_options()

@@ -11,19 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hfrt.flows.common import CALL_TIMEOUT_S, FlowConfig, StageTimer, get_roles, reduce_rank_metrics, step_metrics
-from hfrt.flows.tasks import REWARD
-from hfrt.flows.trainer import Trainer, sampling_seed
+from hfrt.flows.config import CALL_TIMEOUT_S
+from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
+from hfrt.flows.ppo_family import ENGINE, PPO_ROLES, PPOConfig
+from hfrt.flows.timing import StageTimer
+from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
 
-ENGINE = {"micro_batch_size": 32, "optim": {"lr": 2e-3}}
+#: re-exported: PPOConfig and the role table (hfrt.flows.ppo_family) were defined here once
+__all__ = ["ENGINE", "ROLES", "STAGES", "Config", "PPOConfig", "PPOFlowConfig", "flow", "ppo_step"]
+
 #: The embedded default: one local daemon per role, the `tiny` preset, the task's rule reward.
-ROLES: dict[str, dict[str, Any]] = {
-    "actor": {"impl": "actor", "options": {"model": "tiny", "engine": ENGINE, "sampling": {"top_k": 0}}},
-    "critic": {"impl": "critic", "options": {"model": "tiny", "engine": ENGINE}},
-    "reference": {"impl": "reference", "options": {"model": "tiny", "engine": {"micro_batch_size": 32}}},
-    "reward": {"impl": "reward", "options": {"kind": "function", "function": REWARD}},
-}
+ROLES: dict[str, dict[str, Any]] = PPO_ROLES
 #: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
 #: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
 STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
@@ -32,29 +31,6 @@ STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
     ("old_log_prob", {"actor": ("forward",)}),
     ("update", {"critic": ("train",), "actor": ("train",)}),
 )
-
-
-@dataclass(frozen=True)
-class PPOConfig(FlowConfig):
-    """FlowConfig plus GAE (gamma, lam) and the in-reward KL (kl_coef, kl_ctrl fixed|adaptive,
-    target_kl, kl_horizon; kl_coef 0 turns it off)."""
-
-    gamma: float = 1.0
-    lam: float = 0.95
-    kl_coef: float = 0.001
-    kl_ctrl: str = "fixed"
-    target_kl: float = 0.1
-    kl_horizon: float = 10000.0
-    cliprange_value: float = 0.5
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.kl_ctrl not in ("fixed", "adaptive"):
-            raise ValueError(f"config kl_ctrl={self.kl_ctrl!r}: use fixed or adaptive")
-
-    def flow_critic_options(self) -> dict[str, Any]:
-        """The value clip."""
-        return {"cliprange_value": self.cliprange_value}
 
 
 @dataclass(frozen=True)
@@ -75,7 +51,7 @@ class PPOFlowConfig(PPOConfig):
 Config = PPOFlowConfig
 
 
-async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+async def flow(ctl: Any, config: PPOFlowConfig | dict[str, Any]) -> dict[str, Any]:
     cfg = PPOFlowConfig.read(config)
     roles = await get_roles(ctl, "actor", "critic", "reference", "reward")
     trainer = Trainer(ctl, cfg, roles, trained=("actor", "critic"))

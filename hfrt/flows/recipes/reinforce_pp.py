@@ -4,7 +4,7 @@ whitened over the whole batch as its advantage; one sample per prompt by default
 `baseline=true` switches to REINFORCE++-baseline: n >= 2 samples per prompt, each sample's score
 minus its prompt's mean score, whitened over the batch.
 
-The stages are RLOO's (rloo.py's `rloo_step`): generate → (reference log-probs ∥ reward scores)
+The stages are RLOO's (`rloo_step`, hfrt.flows.grpo_family): generate → (reference log-probs ∥ reward scores)
 → old log-probs → advantages (on the actor's rank 0) → actor update; only the estimator differs.
 verl's REINFORCE++ example puts KL in a loss term instead (kl_loss_coef, kl_loss_type=mse); set
 kl_coef=0 and kl_loss_coef > 0 for that. The controller only moves handles and knows nothing of
@@ -16,11 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hfrt.flows.recipes.rloo import ROLES as RLOO_ROLES
-from hfrt.flows.recipes.rloo import RLOOConfig, rloo_step, train
+from hfrt.flows.grpo_family import GRPO_ROLES, RLOOConfig, rloo_step, train
 
 #: The embedded default: actor, reference and reward (no critic).
-ROLES: dict[str, dict[str, Any]] = RLOO_ROLES
+ROLES: dict[str, dict[str, Any]] = GRPO_ROLES
 #: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
 #: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
 STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
@@ -50,6 +49,6 @@ class ReinforcePPConfig(RLOOConfig):
 Config = ReinforcePPConfig
 
 
-async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+async def flow(ctl: Any, config: ReinforcePPConfig | dict[str, Any]) -> dict[str, Any]:
     # RLOO's stages; cfg.advantage_options() names the REINFORCE++ estimator
     return await train(ctl, ReinforcePPConfig.read(config), rloo_step)

@@ -21,14 +21,14 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hfrt.flows.common import StageTimer, non_tensor, prompts_handle, reduce_rank_metrics, step_metrics
-from hfrt.flows.recipes.grpo import actor_loss_options
-from hfrt.flows.recipes.rloo import KW, RLOOConfig, experience, sample, train
-from hfrt.flows.recipes.rloo import ROLES as RLOO_ROLES
+from hfrt.flows.batches import non_tensor, prompts_handle
+from hfrt.flows.grpo_family import GRPO_ROLES, KW, RLOOConfig, actor_loss_options, experience, sample, train
+from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
+from hfrt.flows.timing import StageTimer
 from hfrt.protocols import BatchHandle
 
 #: The embedded default: actor, reference and reward (no critic).
-ROLES: dict[str, dict[str, Any]] = RLOO_ROLES
+ROLES: dict[str, dict[str, Any]] = GRPO_ROLES
 #: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
 #: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
 STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
@@ -56,7 +56,7 @@ class ReMaxConfig(RLOOConfig):
 Config = ReMaxConfig
 
 
-async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+async def flow(ctl: Any, config: ReMaxConfig | dict[str, Any]) -> dict[str, Any]:
     return await train(ctl, ReMaxConfig.read(config), remax_step)
 
 

@@ -21,11 +21,13 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from hfrt.flows.common import CALL_TIMEOUT_S, StageTimer, get_roles, non_tensor, reduce_rank_metrics, step_metrics
-from hfrt.flows.recipes.ppo import ROLES as PPO_ROLES
-from hfrt.flows.recipes.ppo import PPOConfig
+from hfrt.flows.batches import non_tensor
+from hfrt.flows.config import CALL_TIMEOUT_S
+from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
+from hfrt.flows.ppo_family import PPO_ROLES, PPOConfig
 from hfrt.flows.tasks import COST
-from hfrt.flows.trainer import Trainer, sampling_seed
+from hfrt.flows.timing import StageTimer
+from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
 
 #: The cost model's output columns (the reward daemon's token_column / score_column options).
@@ -85,7 +87,7 @@ class LagrangeMultiplier:
         self.value = float(state["lambda"])
 
 
-async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
+async def flow(ctl: Any, config: SafeRLHFConfig | dict[str, Any]) -> dict[str, Any]:
     cfg = SafeRLHFConfig.read(config)
     roles = await get_roles(ctl, "actor", "critic", "reference", "reward", "cost")
     lam = LagrangeMultiplier(cfg.lambda_init, cfg.lambda_lr, cfg.cost_limit)

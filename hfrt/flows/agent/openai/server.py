@@ -29,7 +29,7 @@ from hfrt.flows.agent.openai.api import (
 )
 from hfrt.flows.agent.openai.http_json import HttpError, JsonHttpServer, Request, Response
 from hfrt.flows.agent.openai.sessions import Session, SessionCall, build_trajectory
-from hfrt.flows.common import CALL_TIMEOUT_S
+from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.log import get_logger
 from hfrt.wire.errors import CallTimeout, DaemonGone, RemoteError
 

@@ -1,0 +1,233 @@
+"""FlowConfig, the settings every built-in RL flow reads, and how a flow's config dict becomes it
+(read once, checked before any daemon starts).
+
+No torch, no roles: it knows setting names, their types and limits, and which update options
+they turn into; it does not know what a flow does with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hfrt.control.recovery import RecoveryPolicy
+from hfrt.wire.loss_options import check_update_options
+
+C = TypeVar("C", bound="FlowConfig")
+#: actor_loss options that are another spelling of a setting: (table, option) → the setting it sets.
+#: Resolved in one place, FlowConfig.__post_init__ (giving both with different values is an error).
+ALIASES: dict[tuple[str, str], str] = {("actor_loss", "policy_loss_mode"): "policy_loss_mode"}
+#: how long one call of a flow may take before the flow gives up (a step on CPU takes seconds)
+CALL_TIMEOUT_S = 300.0
+#: the defaults a data file brings in place of the addition task's (a real model's answers are
+#: sentences, not one digit; a pretrained policy needs no entropy bonus to keep exploring); a
+#: setting given explicitly wins
+DATA_DEFAULTS: dict[str, Any] = {"max_new_tokens": 256, "entropy_coeff": 0.0, "kl_coef": 0.001, "prompts_per_step": 16}
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """Settings every built-in RL flow reads (`--config FILE`, `--set key=value`).
+
+    steps: RL steps. prompts_per_step: prompts per step (each sampled `n` times where the flow
+    samples groups). seed: of the data order and of sampling (a step's sampling seed is fixed by
+    seed and step). data: a JSONL / Parquet file of prompts (see hfrt/flows/data.py); "" uses
+    the built-in addition task, whose largest addend is max_operand.
+    max_new_tokens / temperature: sampling. ppo_epochs / ppo_mini_batch_size: of both updates.
+    entropy_coeff: the actor's entropy bonus (keeps a small policy exploring).
+    policy_loss_mode: the actor's policy loss (vanilla, gspo, cispo, decoupled); the one place to set
+    it (`actor_loss.policy_loss_mode`, the older spelling, is read into it: see ALIASES). tis_cap:
+    truncated importance sampling against the sampler's log-probs, weights capped at tis_cap (0: off).
+    actor_loss / critic_loss: more `update` options (hfrt.wire.loss_options), merged last into every
+    actor / critic update call, e.g. `--set actor_loss.clip_ratio_c=10`; checked before launch.
+    val_every: a greedy validation pass every N steps and after the last (0: none) over
+    val_prompts prompts of val_data (default: data's first rows, or held-out addition prompts);
+    with val_before_train (the default) also one before the first step (`val_before/*` in step
+    0's record; the summary shows the first and last validation accuracy).
+    With a data file the defaults of DATA_DEFAULTS apply (256 new tokens, no entropy bonus, PPO's
+    in-reward KL at 0.001, 16 prompts a step), and
+    the default reward scores its rows with the generic numeric reward (hfrt.flows.tasks).
+    checkpoint_every: a checkpoint every N steps and after the last (0: none).
+    export_hf: at the end, write the actor as a Hugging Face model folder, RUN_DIR/hf.
+    tensorboard: also write RUN_DIR/tensorboard. wandb_project: also log to W&B (needs wandb).
+    progress: "auto" (a bar on a terminal, nothing otherwise), "on" or "off". trace: write
+    RUN_DIR/trace.json (Chrome trace of every call).
+    run_dir / resume: set by `hfrt controller` (--run-dir, --resume); run_dir "" writes no file.
+    recovery: "on" relaunches a dead or hung reward / reference / cost daemon and retries the calls
+    that failed with it, and relaunches a dead actor / critic and rewinds to the last checkpoint
+    (hfrt.control.recovery; local, SSH and Slurm launchers, not --attach); recovery_max_restarts restarts of one daemon within
+    recovery_window_s seconds are allowed, one more ends the run.
+    """
+
+    steps: int = 150
+    prompts_per_step: int = 16
+    seed: int = 0
+    max_operand: int = 2
+    max_new_tokens: int = 2
+    temperature: float = 1.0
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int = 0
+    entropy_coeff: float = 0.01
+    policy_loss_mode: str = "vanilla"
+    tis_cap: float = 0.0
+    actor_loss: dict[str, Any] = dataclasses.field(default_factory=dict)
+    critic_loss: dict[str, Any] = dataclasses.field(default_factory=dict)
+    data: str = ""
+    val_data: str = ""
+    val_every: int = 0
+    val_prompts: int = 32
+    val_before_train: bool = True
+    checkpoint_every: int = 0
+    export_hf: bool = True
+    tensorboard: bool = True
+    wandb_project: str = ""
+    progress: str = "auto"
+    trace: bool = True
+    run_dir: str = ""
+    resume: bool = False
+    recovery: str = "off"
+    recovery_max_restarts: int = 3
+    recovery_window_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        self._resolve_aliases()
+        for name in ("steps", "prompts_per_step", "max_new_tokens", "ppo_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"config {name}={getattr(self, name)!r}: must be at least 1")
+        for name in ("ppo_mini_batch_size", "val_every", "val_prompts", "checkpoint_every", "max_operand"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"config {name}={getattr(self, name)!r}: must not be negative")
+        if self.temperature < 0:
+            raise ValueError(f"config temperature={self.temperature!r}: must not be negative")
+        if self.tis_cap < 0:
+            raise ValueError(f"config tis_cap={self.tis_cap!r}: must not be negative (0: off)")
+        self.check_update_options()
+        self.recovery_policy()
+        if self.progress not in ("auto", "on", "off"):
+            raise ValueError(f"config progress={self.progress!r}: use auto, on or off")
+        if self.wandb_project and importlib.util.find_spec("wandb") is None:
+            raise ValueError(f"config wandb_project={self.wandb_project!r}: W&B logging needs wandb (pip install wandb)")
+        for name in ("data", "val_data"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"config {name}={path!r}: no such file")
+            if path:  # rows of the wrong shape, or none, refused before any daemon starts
+                from hfrt.flows.data import check_data_file
+                check_data_file(path, f"config {name}")
+
+    def _resolve_aliases(self) -> None:
+        """Move each ALIASES option out of its table into the setting it spells (the only place
+        either spelling is read); both given with different values is an error naming them."""
+        for (table, option), name in ALIASES.items():
+            options = dict(getattr(self, table))
+            if option not in options:
+                continue
+            value = options.pop(option)
+            default = next(f.default for f in dataclasses.fields(self) if f.name == name)
+            if getattr(self, name) not in (default, value):
+                raise ValueError(
+                    f"config {table}.{option}={value!r} and {name}={getattr(self, name)!r}: the same setting "
+                    f"given twice; set {name} only")
+            object.__setattr__(self, name, value)
+            object.__setattr__(self, table, options)
+
+    def recovery_policy(self) -> RecoveryPolicy:
+        """The recovery settings (recovery, recovery_max_restarts, recovery_window_s) as the
+        controller's policy; ValueError naming the key when one is bad."""
+        keys = ("recovery", "recovery_max_restarts", "recovery_window_s")
+        return RecoveryPolicy.from_config({k: getattr(self, k) for k in keys})
+
+    def actor_update_options(self) -> dict[str, Any]:
+        """Every actor.update option of this flow: the schedule, the entropy bonus, the policy
+        loss mode and TIS, then the flow's own (flow_actor_options), then the actor_loss table."""
+        base: dict[str, Any] = {
+            "ppo_epochs": self.ppo_epochs, "ppo_mini_batch_size": self.ppo_mini_batch_size,
+            "entropy_coeff": self.entropy_coeff, "policy_loss_mode": self.policy_loss_mode,
+        }
+        if self.tis_cap > 0:
+            base["tis_cap"] = self.tis_cap
+        return base | self.flow_actor_options() | dict(self.actor_loss)
+
+    def on_policy(self, rows: int) -> bool:
+        """Whether the actor's update over a rollout of `rows` rows is one optimizer step
+        (ppo_epochs 1, one mini-batch, after the actor_loss table): then its old log-probs are
+        its current ones and the flow skips the pass that computes them."""
+        options = self.actor_update_options()
+        mini = int(options.get("ppo_mini_batch_size", 0))
+        return int(options.get("ppo_epochs", 1)) == 1 and (mini == 0 or mini >= rows)
+
+    def critic_update_options(self) -> dict[str, Any]:
+        """Every critic.update option: the schedule, the flow's own, then the critic_loss table."""
+        base = {"ppo_epochs": self.ppo_epochs, "ppo_mini_batch_size": self.ppo_mini_batch_size}
+        return base | self.flow_critic_options() | dict(self.critic_loss)
+
+    def flow_actor_options(self) -> dict[str, Any]:
+        """A flow's own actor.update options (its config subclass overrides this)."""
+        return {}
+
+    def flow_critic_options(self) -> dict[str, Any]:
+        """A flow's own critic.update options (its config subclass overrides this)."""
+        return {}
+
+    def check_update_options(self) -> None:
+        """Refuse, before launch, update options the actor or critic would refuse: an unknown
+        key or a bad value, with every accepted option listed."""
+        for role, options in (("actor", self.actor_update_options()), ("critic", self.critic_update_options())):
+            try:
+                check_update_options(role, options)
+            except ValueError as err:
+                raise ValueError(f"config: {err} (from the flow's settings or its {role}_loss table)") from None
+
+    @classmethod
+    def read(cls: type[C], config: Mapping[str, Any] | FlowConfig) -> C:
+        """The config from a flow's `config` dict: unknown keys and values of the wrong type are
+        errors naming the key, raised before any daemon is called. A config already read (what
+        hfrt.flows.Flow hands a flow that defines Config) is returned as it is when it is a `cls`,
+        and read again from its dict when it is another flow's."""
+        if isinstance(config, cls):
+            return config
+        if isinstance(config, FlowConfig):
+            config = config.source
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(config) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown config key(s) {unknown}; this flow reads {sorted(fields)}")
+        values: dict[str, Any] = {}
+        for key, raw in config.items():
+            kind = _field_type(fields[key])
+            if kind is dict:
+                raw = _table(key, raw)
+            if kind is float and isinstance(raw, int) and not isinstance(raw, bool):
+                raw = float(raw)
+            if not isinstance(raw, kind) or (kind is not bool and isinstance(raw, bool)):
+                raise ValueError(f"config {key}={raw!r}: expected {kind.__name__}")
+            values[key] = raw
+        if values.get("data"):
+            values = {k: v for k, v in DATA_DEFAULTS.items() if k in fields} | values
+        out = cls(**values)
+        object.__setattr__(out, "_source", dict(config))
+        return out
+
+    @property
+    def source(self) -> dict[str, Any]:
+        """The dict this config was read from (its fields' values when it was built directly)."""
+        source = getattr(self, "_source", None)
+        return dict(source) if source is not None else {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _field_type(f: dataclasses.Field[Any]) -> type:
+    """The type a config field's values must have: its default's, or its default factory's."""
+    if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+        return type(f.default_factory())
+    return type(f.default)
+
+
+def _table(key: str, raw: Any) -> dict[str, Any]:
+    """A config table (a dict with string keys), copied."""
+    if not isinstance(raw, Mapping) or not all(isinstance(k, str) for k in raw):
+        raise ValueError(f"config {key}={raw!r}: expected a table of option = value (e.g. --set {key}.NAME=VALUE)")
+    return dict(raw)

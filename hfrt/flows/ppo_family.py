@@ -1,0 +1,46 @@
+"""What the critic-based recipes (ppo, safe_rlhf) share: their embedded default roles and
+PPOConfig (GAE, the in-reward KL, the value clip).
+
+No torch: settings and role tables. It knows option names the actor and critic read; it knows no
+step and no engine (a recipe's step lives in its recipe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hfrt.flows.config import FlowConfig
+from hfrt.flows.tasks import REWARD
+
+ENGINE = {"micro_batch_size": 32, "optim": {"lr": 2e-3}}
+#: The embedded default: one local daemon per role, the `tiny` preset, the task's rule reward.
+PPO_ROLES: dict[str, dict[str, Any]] = {
+    "actor": {"impl": "actor", "options": {"model": "tiny", "engine": ENGINE, "sampling": {"top_k": 0}}},
+    "critic": {"impl": "critic", "options": {"model": "tiny", "engine": ENGINE}},
+    "reference": {"impl": "reference", "options": {"model": "tiny", "engine": {"micro_batch_size": 32}}},
+    "reward": {"impl": "reward", "options": {"kind": "function", "function": REWARD}},
+}
+
+
+@dataclass(frozen=True)
+class PPOConfig(FlowConfig):
+    """FlowConfig plus GAE (gamma, lam) and the in-reward KL (kl_coef, kl_ctrl fixed|adaptive,
+    target_kl, kl_horizon; kl_coef 0 turns it off)."""
+
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.001
+    kl_ctrl: str = "fixed"
+    target_kl: float = 0.1
+    kl_horizon: float = 10000.0
+    cliprange_value: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kl_ctrl not in ("fixed", "adaptive"):
+            raise ValueError(f"config kl_ctrl={self.kl_ctrl!r}: use fixed or adaptive")
+
+    def flow_critic_options(self) -> dict[str, Any]:
+        """The value clip."""
+        return {"cliprange_value": self.cliprange_value}
