@@ -55,3 +55,41 @@ def test_the_ppo_flows_defaults_are_the_ones_that_learn() -> None:
     cfg = ppo.Config.read({})
     assert (cfg.steps, cfg.prompts_per_step, cfg.kl_coef, cfg.val_every, cfg.val_before_train) == (500, 64, 0.1, 100, True)
     assert ppo.PPOConfig.read({}).kl_coef == 0.001  # the base (Safe-RLHF's) keeps verl's
+
+
+def test_the_flow_reads_its_config_once_and_hands_it_over() -> None:
+    """Flow.check reads the dict into the flow's Config; Flow.run hands the flow that very object
+    (and a flow calling Config.read on it gets it back); a flow without Config gets the dict."""
+    import asyncio
+
+    from hfrt.flows import Flow, load_flow
+
+    seen: list[object] = []
+
+    async def record(ctl: object, config: object) -> dict[str, object]:
+        seen.append(config)
+        return {}
+
+    grpo = load_flow("grpo")
+    flow = Flow("grpo-like", record, grpo.roles, grpo.config_cls)
+    config = {"steps": 3, "n": 4, "run_dir": ""}
+    flow.check(config)
+    asyncio.run(flow.run(None, dict(config)))
+    assert isinstance(seen[0], GRPOFlowConfig) and seen[0] is flow.read(config)
+    assert GRPOFlowConfig.read(seen[0]) is seen[0] and seen[0].n == 4
+    asyncio.run(flow.run(None, {**config, "n": 2}))  # another dict: read again
+    assert seen[1].n == 2
+    asyncio.run(Flow("plain", record).run(None, {"rounds": 5}))
+    assert seen[2] == {"rounds": 5}
+
+
+def test_policy_loss_mode_is_one_setting_with_the_actor_loss_spelling_as_its_alias() -> None:
+    import pytest
+
+    cfg = GRPOFlowConfig.read({"actor_loss": {"policy_loss_mode": "gspo", "clip_ratio_c": 5.0}})
+    assert cfg.policy_loss_mode == "gspo" and "policy_loss_mode" not in cfg.actor_loss
+    assert cfg.actor_update_options()["policy_loss_mode"] == "gspo" and cfg.actor_update_options()["clip_ratio_c"] == 5.0
+    same = GRPOFlowConfig.read({"policy_loss_mode": "gspo", "actor_loss": {"policy_loss_mode": "gspo"}})
+    assert same.actor_update_options() == GRPOFlowConfig.read({"policy_loss_mode": "gspo"}).actor_update_options()
+    with pytest.raises(ValueError, match="the same setting given twice; set policy_loss_mode only"):
+        GRPOFlowConfig.read({"policy_loss_mode": "cispo", "actor_loss": {"policy_loss_mode": "gspo"}})

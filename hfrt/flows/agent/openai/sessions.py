@@ -47,7 +47,7 @@ class Session:
 
 def first_difference(a: list[int], b: list[int]) -> int:
     """The first position where a and b differ (the shorter length when one is a prefix of the other)."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return min(len(a), len(b))
