@@ -60,7 +60,8 @@ def run(cmd: list[str] | str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def check_summary(out: subprocess.CompletedProcess[str], what: str) -> dict[str, Any]:
     """A controller run ended well: exit 0 and a JSON summary with no bulk bytes through the controller."""
     assert out.returncode == 0, f"{what} exited {out.returncode}:\n{out.stderr[-4000:]}"
-    summary = json.loads(out.stdout)
+    start = 0 if out.stdout.startswith("{") else out.stdout.rfind("\n{") + 1  # a flow may print before it
+    summary = json.loads(out.stdout[start:])
     assert isinstance(summary, dict) and summary, f"{what}: no summary on stdout"
     stats = summary.get("stats", summary)
     assert stats.get("controller_bulk_bytes", 0) == 0, f"{what}: tensor bytes went through the controller"
