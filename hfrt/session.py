@@ -1,38 +1,47 @@
-"""Running a flow: start (or attach to) daemons, run the flow's coroutine, stop what we started.
-
-This is the composition root of `hfrt controller`: it wires a Controller, a launcher and a flow.
-It knows nothing of what the flow computes. The attach file it writes/reads is JSON:
+"""The one composition root: a Session wires a Controller (with its recovery layer), the daemons a
+launcher starts for it — locally or from a cluster spec — or daemons already running (attach), a
+flow, the run folder's trace, and how it all ends (stop the daemons, or leave them for a later
+controller). `hfrt controller`, `hfrt launch`, `hfrt serve-openai` and the benchmarks all run
+through it. It knows nothing of what the flow computes, and reaches deploy only through its face
+(`hfrt.deploy`: specs, placement, the launcher interface). The attach file it writes/reads is JSON:
 {"address": "tcp://host:port", "key_file": "...", "roles": {"role": world_size}, "heartbeat_s": s,
  "bind": "tcp://0.0.0.0:port", "cleanup": [["scancel", "123"]], "settings": {"role": {...}}} — bind
 (what a controller listens on, default: address), cleanup (commands `hfrt stop` runs after the
 daemons exit) and settings (each role's impl / world_size / dp_size / options the daemons were
 started with, so `--attach` can tell a setting they already have from one they lack) are optional.
-Cluster runs (`--cluster SPEC`, `hfrt launch`) go through hfrt.deploy.cluster.ClusterSession.
 One process at a time writes a run folder: `hfrt controller` and `hfrt launch` hold RunDirLock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hfrt.control.controller import Controller
 from hfrt.control.recovery import Recovery, RecoveryPolicy
 from hfrt.control.trace import CallTrace
-from hfrt.deploy.launchers.base import DaemonSpec, expand
-from hfrt.deploy.launchers.local import LocalLauncher
+from hfrt.deploy import (
+    ClusterSpec,
+    DaemonSpec,
+    Launcher,
+    LaunchError,
+    LocalLauncher,
+    cluster,
+    expand,
+    place,
+    run_command,
+)
 from hfrt.flows import Flow
 from hfrt.log import get_logger
 from hfrt.protocols import check_heartbeat_s, load_key, new_key, write_key_file
-
-if TYPE_CHECKING:
-    from hfrt.deploy.cluster import ClusterSession
-    from hfrt.deploy.spec import ClusterSpec
+from hfrt.wire.errors import DaemonGone, ProtocolMismatch
 
 
 @dataclass(frozen=True)
@@ -165,59 +174,220 @@ def save_trace(trace: CallTrace | None, run_dir: Path) -> dict[str, str]:
     return {"trace": str(path)} if path is not None else {}
 
 
-async def run_flow(
-    flow: Flow,
-    *,
-    run_dir: Path,
-    config: dict[str, Any],
-    roles: dict[str, dict[str, Any]] | None = None,
-    attach: Attach | None = None,
-    keep_daemons: bool = False,
-    heartbeat_s: float = 2.0,
-    orphan_timeout_s: float = 30.0,
-) -> dict[str, Any]:
-    """Run `flow` once and return its summary (plus where things are)."""
-    log = get_logger(part="run", flow=flow.name)
-    policy = RecoveryPolicy.from_config(config)
-    if policy.enabled and attach is not None:
-        raise ValueError("config recovery=on: only daemons this controller starts can be relaunched, not --attach ones")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if attach is not None:
-        key, address, heartbeat_s = load_key(attach.key_file), attach.bind_address, attach.heartbeat_s
-    else:
+class Session:
+    """A controller and its daemons for one run; use as an async context manager:
+
+        async with Session.local(roles, run_dir=run_dir, policy=policy) as session:
+            summary = await session.run(flow, config)
+
+    Entering binds the controller, starts the daemons (a launcher's), and — for a cluster —
+    waits until every one has said hello (LaunchError naming the node otherwise). Leaving shuts
+    the daemons down and stops the launcher, or, with `keep_daemons`, leaves them running and
+    writes RUN_DIR/attach.json for a later `--attach`. Build one with `local`, `on_cluster` or
+    `attached`.
+    """
+
+    def __init__(
+        self, *, run_dir: Path, key: bytes, bind: str, heartbeat_s: float, specs: list[DaemonSpec],
+        launcher: Launcher | None = None, key_file: Path | None = None, policy: RecoveryPolicy = RecoveryPolicy(),
+        advertise: Callable[[str], str] = lambda bound: bound, hello_timeout_s: float | None = None,
+        keep_daemons: bool = False, settings: dict[str, dict[str, Any]] | None = None,
+        missing: Callable[[set[str], float, str], str] | None = None,
+    ) -> None:
+        if policy.enabled and launcher is None:
+            raise ValueError("config recovery=on: only daemons this controller starts can be relaunched, not --attach ones")
+        self.run_dir, self.key, self.key_file, self.specs, self.launcher = run_dir, key, key_file, specs, launcher
+        self.heartbeat_s, self.hello_timeout_s, self.keep_daemons = heartbeat_s, hello_timeout_s, keep_daemons
+        self.settings = settings or {}
+        self._advertise, self._missing = advertise, missing
+        self.recovery = Recovery(launcher, policy) if policy.enabled else None  # type: ignore[arg-type]
+        self.controller = Controller(bind, key, heartbeat_s=heartbeat_s, recovery=self.recovery)
+        self.address = ""  # what daemons dial (the bound address, as they can reach it)
+        self.attach_file: Path | None = None
+        self._log = get_logger(part="run")
+
+    # -- the three ways to get daemons ---------------------------------------------------------
+
+    @classmethod
+    def local(
+        cls, roles: dict[str, dict[str, Any]], *, run_dir: Path, policy: RecoveryPolicy = RecoveryPolicy(),
+        keep_daemons: bool = False, heartbeat_s: float = 2.0, orphan_timeout_s: float = 30.0,
+    ) -> Session:
+        """Daemons for `roles` as subprocesses of this machine (a fixed port when they are kept)."""
         key = new_key()
-        key_file = write_key_file(run_dir / "cluster.key", key)
-        address = free_tcp_address() if keep_daemons else "tcp://127.0.0.1:0"
-    async with Controller(address, key, heartbeat_s=heartbeat_s) as ctl:
-        launcher = recovery = None
-        if attach is None:
-            launcher = LocalLauncher(
-                heartbeat_s=heartbeat_s,
-                orphan_timeout_s=max(orphan_timeout_s, 600.0) if keep_daemons else orphan_timeout_s,
-                log_dir=run_dir / "logs",
-            )
-            recovery = Recovery(ctl, launcher, policy) if policy.enabled else None
-            on_exit = recovery.on_exit if recovery is not None else ctl.mark_gone
-            await launcher.start(specs_for(roles or flow.roles), controller=ctl.address, key=key, on_exit=on_exit)
-        summary: dict[str, Any] = {}
-        trace = start_trace(ctl, config, run_dir)
+        key_file = write_key_file(_made(run_dir) / "cluster.key", key)
+        launcher = LocalLauncher(
+            heartbeat_s=heartbeat_s, log_dir=run_dir / "logs",
+            orphan_timeout_s=max(orphan_timeout_s, 600.0) if keep_daemons else orphan_timeout_s,
+        )
+        return cls(
+            run_dir=run_dir, key=key, key_file=key_file, bind=free_tcp_address() if keep_daemons else "tcp://127.0.0.1:0",
+            heartbeat_s=heartbeat_s, specs=specs_for(roles), launcher=launcher, policy=policy,
+            keep_daemons=keep_daemons, settings=roles,
+        )
+
+    @classmethod
+    def on_cluster(
+        cls, spec: ClusterSpec, *, run_dir: Path, policy: RecoveryPolicy = RecoveryPolicy(),
+        keep_daemons: bool = False, orphan_timeout_s: float | None = None,
+    ) -> Session:
+        """The spec's daemons, placed on its nodes by its launcher (local, ssh or slurm)."""
+        key = new_key()
+        key_file = write_key_file(_made(run_dir) / "cluster.key", key)
+        placed = place(spec)
+        launch_id = cluster.new_launch_id(spec)
+        launcher = cluster.launcher_for(spec, placed, run_dir=run_dir, launch_id=launch_id, key_file=key_file,
+                                        orphan_timeout_s=orphan_timeout_s)
+        host = cluster.advertise_host(spec)
+        settings = {name: {"impl": r.impl, "world_size": r.world_size, "dp_size": r.dp_size, "options": r.options}
+                    for name, r in spec.roles.items()}
+        where = {p.identity: p.where() for p in placed}
+        return cls(
+            run_dir=run_dir, key=key, key_file=key_file, bind=f"tcp://{cluster.bind_host(spec)}:{spec.controller.port}",
+            heartbeat_s=spec.daemons.heartbeat_s, specs=[p.spec for p in placed], launcher=launcher, policy=policy,
+            advertise=lambda bound: cluster.advertised(bound, host), hello_timeout_s=spec.daemons.hello_timeout_s,
+            keep_daemons=keep_daemons, settings=settings,
+            missing=lambda up, timeout, address: cluster.missing_message(spec, where, up, timeout, address),
+        )
+
+    @classmethod
+    def attached(cls, attach: Attach, *, run_dir: Path, policy: RecoveryPolicy = RecoveryPolicy()) -> Session:
+        """Daemons already running (an attach file): nothing is started, and they are left running."""
+        session = cls(run_dir=run_dir, key=load_key(attach.key_file), bind=attach.bind_address,
+                      heartbeat_s=attach.heartbeat_s, specs=[], policy=policy, keep_daemons=True)
+        _made(run_dir)
+        return session
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Session:
+        await self.controller.start()
+        self.address = self._advertise(self.controller.address)
+        if self.launcher is None:
+            return self
         try:
-            summary = dict(await flow.run(ctl, with_run_dir(config, run_dir)) or {})
+            on_exit = self.recovery.on_exit if self.recovery is not None else self.controller.mark_gone
+            await self.launcher.start(self.specs, controller=self.address, key=self.key, on_exit=on_exit)
+            if self.hello_timeout_s is not None:
+                await self.rendezvous(self.hello_timeout_s)
+        except BaseException:
+            await self._teardown()
+            raise
+        self._log.info("daemons_started", daemons=len(self.specs), address=self.address)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.launcher is None:
+            await self.controller.close()
+        elif self.keep_daemons:
+            try:
+                self.attach_file = await self._detach()
+            finally:
+                await self.controller.close()
+        else:
+            await self._teardown()
+
+    async def run(self, flow: Flow, config: dict[str, Any]) -> dict[str, Any]:
+        """Run `flow` once on this session's daemons and return its summary, plus where the trace
+        went and (recovery on) each replacement's time; an attach file is added on leaving."""
+        trace = start_trace(self.controller, config, self.run_dir)
+        summary: dict[str, Any] = {}
+        written: dict[str, Any] = {}
+        try:
+            summary = dict(await flow.run(self.controller, with_run_dir(config, self.run_dir)) or {})
         finally:
-            summary |= save_trace(trace, run_dir)
-            if recovery is not None:
-                await recovery.close()
-                summary |= {"recovery_replace_s": [round(s, 2) for s in recovery.stats.replace_s]}
-            if launcher is not None and not keep_daemons:
-                await ctl.shutdown_daemons()
-                await launcher.stop()
-        if keep_daemons and attach is None:
-            table = roles or flow.roles
-            counts = {name: int(s.get("world_size", 1)) for name, s in table.items()}
-            path = Attach(ctl.address, str(key_file), counts, heartbeat_s, settings=table).write(run_dir / "attach.json")
-            summary["attach"] = str(path)
-            log.info("daemons_kept", attach=str(path))
+            written |= save_trace(trace, self.run_dir)
+            if self.recovery is not None:
+                await self.recovery.close()
+                written |= {"recovery_replace_s": [round(s, 2) for s in self.recovery.stats.replace_s]}
+        return summary | written
+
+    async def rendezvous(self, timeout: float) -> None:
+        """Wait until every started daemon has said hello; LaunchError naming the missing ones."""
+        roles = list(dict.fromkeys(s.role for s in self.specs))
+        waits = [asyncio.ensure_future(self.controller.role(r, timeout_s=timeout)) for r in roles]
+        try:
+            await asyncio.gather(*waits)
+        except (DaemonGone, ProtocolMismatch) as exc:
+            raise LaunchError(f"launch failed: {exc}") from None
+        except TimeoutError:
+            up = {d.identity for d in self.controller.daemons() if d.alive}
+            if self._missing is None:
+                raise
+            raise LaunchError(self._missing(up, timeout, self.address)) from None
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def _teardown(self) -> None:
+        try:
+            await self.controller.shutdown_daemons(wait_s=5.0)
+            if self.launcher is not None:
+                await self.launcher.stop(timeout_s=10.0)
+        finally:
+            await self.controller.close()
+
+    async def _detach(self) -> Path:
+        assert self.launcher is not None and self.key_file is not None
+        cleanup = await self.launcher.detach()
+        counts = {name: int(s.get("world_size", 1)) for name, s in self.settings.items()}
+        bind = self.controller.address if self.address != self.controller.address else ""
+        attach = Attach(self.address, str(self.key_file), counts, self.heartbeat_s, bind, cleanup, self.settings)
+        path = attach.write(self.run_dir / "attach.json")
+        self._log.info("daemons_kept", attach=str(path))
+        return path
+
+
+def _made(run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+# -- what the CLI and benchmarks call ---------------------------------------------------------
+
+
+async def run_flow(
+    flow: Flow, *, run_dir: Path, config: dict[str, Any], roles: dict[str, dict[str, Any]] | None = None,
+    attach: Attach | None = None, keep_daemons: bool = False, heartbeat_s: float = 2.0, orphan_timeout_s: float = 30.0,
+) -> dict[str, Any]:
+    """Run `flow` once on local daemons (or attached ones) and return its summary."""
+    policy = RecoveryPolicy.from_config(config)
+    if attach is not None:
+        session = Session.attached(attach, run_dir=run_dir, policy=policy)
+    else:
+        session = Session.local(roles or flow.roles, run_dir=run_dir, policy=policy, keep_daemons=keep_daemons,
+                                heartbeat_s=heartbeat_s, orphan_timeout_s=orphan_timeout_s)
+    return await _run(session, flow, config)
+
+
+async def run_on_cluster(
+    flow: Flow, spec: ClusterSpec, *, run_dir: Path, config: dict[str, Any], keep_daemons: bool = False
+) -> dict[str, Any]:
+    """Launch the spec's daemons, run `flow` once, then stop them (or keep them: see launch_cluster)."""
+    if flow.roles:
+        spec.check_roles(flow.roles_for(config), f"flow {flow.name!r}")
+    policy = RecoveryPolicy.from_config(config)
+    orphan = max(spec.daemons.orphan_timeout_s, 600.0) if keep_daemons else None
+    return await _run(Session.on_cluster(spec, run_dir=run_dir, policy=policy, keep_daemons=keep_daemons,
+                                         orphan_timeout_s=orphan), flow, config)
+
+
+async def _run(session: Session, flow: Flow, config: dict[str, Any]) -> dict[str, Any]:
+    async with session:
+        summary = await session.run(flow, config)
+    if session.attach_file is not None:
+        summary["attach"] = str(session.attach_file)
     return summary
+
+
+async def launch_cluster(spec: ClusterSpec, *, run_dir: Path, orphan_timeout_s: float = 600.0) -> Path:
+    """Start the spec's daemons, wait until all said hello, leave them running; returns attach.json."""
+    session = Session.on_cluster(spec, run_dir=run_dir, keep_daemons=True, orphan_timeout_s=orphan_timeout_s)
+    async with session:
+        pass
+    assert session.attach_file is not None
+    return session.attach_file
 
 
 async def stop_daemons(attach: Attach, wait_s: float = 10.0) -> list[str]:
@@ -236,73 +406,8 @@ async def stop_daemons(attach: Attach, wait_s: float = 10.0) -> list[str]:
 
 async def run_cleanup(commands: list[list[str]]) -> None:
     """Run an attach file's cleanup commands (e.g. scancel of an allocation the launcher made)."""
-    from hfrt.deploy.launchers.proc import run_command
-
     log = get_logger(part="stop")
     for argv in commands:
         code, _, err = await run_command(argv)
         if code != 0:
             log.warning("cleanup_failed", command=argv, error=err.strip())
-
-
-# -- clusters (spec files) --------------------------------------------------------------------
-
-
-async def run_on_cluster(
-    flow: Flow, cluster: ClusterSpec, *, run_dir: Path, config: dict[str, Any], keep_daemons: bool = False
-) -> dict[str, Any]:
-    """Launch the spec's daemons, run `flow` once, then stop them (or keep them: see launch_cluster)."""
-    from hfrt.deploy.cluster import ClusterSession
-
-    if flow.roles:
-        cluster.check_roles(flow.roles_for(config), f"flow {flow.name!r}")
-    policy = RecoveryPolicy.from_config(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    key = new_key()
-    key_file = write_key_file(run_dir / "cluster.key", key)
-    orphan = max(cluster.daemons.orphan_timeout_s, 600.0) if keep_daemons else None
-    session = ClusterSession(cluster, run_dir=run_dir, key=key, key_file=key_file, orphan_timeout_s=orphan)
-    recovery = None
-    if policy.enabled:  # every launcher relaunches (local process, ssh session, slurm step)
-        recovery = Recovery(session.controller, session.launcher, policy)  # type: ignore[arg-type]
-        session.on_exit = recovery.on_exit
-    async with session:
-        trace = start_trace(session.controller, config, run_dir)
-        summary: dict[str, Any] = {}
-        try:
-            summary = dict(await flow.run(session.controller, with_run_dir(config, run_dir)) or {})
-        finally:
-            written: dict[str, Any] = dict(save_trace(trace, run_dir))
-            if recovery is not None:
-                await recovery.close()
-                written |= {"recovery_replace_s": [round(s, 2) for s in recovery.stats.replace_s]}
-        summary |= written
-        if keep_daemons:
-            summary["attach"] = str(await _detach(session))
-    return summary
-
-
-async def launch_cluster(cluster: ClusterSpec, *, run_dir: Path, orphan_timeout_s: float = 600.0) -> Path:
-    """Start the spec's daemons, wait until all said hello, leave them running; returns attach.json."""
-    from hfrt.deploy.cluster import ClusterSession
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    key = new_key()
-    key_file = write_key_file(run_dir / "cluster.key", key)
-    async with ClusterSession(cluster, run_dir=run_dir, key=key, key_file=key_file, orphan_timeout_s=orphan_timeout_s) as session:
-        return await _detach(session)
-
-
-async def _detach(session: ClusterSession) -> Path:
-    cleanup = await session.detach()
-    roles = {name: role.world_size for name, role in session.cluster.roles.items()}
-    settings = {
-        name: {"impl": r.impl, "world_size": r.world_size, "dp_size": r.dp_size, "options": r.options}
-        for name, r in session.cluster.roles.items()
-    }
-    attach = Attach(
-        session.address, str(session.key_file), roles, session.cluster.daemons.heartbeat_s, session.bind, cleanup, settings
-    )
-    path = attach.write(session.run_dir / "attach.json")
-    get_logger(part="run").info("daemons_detached", attach=str(path), launch_id=session.launch_id)
-    return path

@@ -13,6 +13,9 @@ from typing import Any, Protocol
 
 #: Called with (daemon identity, reason) when a launched daemon's process ends on its own.
 OnExit = Callable[[str, str], None]
+#: What Relauncher.relaunch returns when it cannot know the new process's pid (a Slurm step):
+#: the controller's recovery then accepts the first hello from a pid other than the dead daemon's.
+PID_UNKNOWN = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +90,7 @@ class Relauncher(Launcher, Protocol):
         """Kill daemon `identity` if it still runs, frozen or not (its exit is not reported to
         on_exit), make sure its /dev/shm files go, start a fresh process from the same spec, and
         return that pid (the one its hello will carry), or 0 when the launcher cannot know it
-        (hfrt.control.recovery.PID_UNKNOWN: a Slurm step's pid is known only from its hello)."""
+        (PID_UNKNOWN: a Slurm step's pid is known only from its hello)."""
 
 
 def placed_for(placed: dict[str, Any], spec: DaemonSpec) -> Any:

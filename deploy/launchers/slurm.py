@@ -25,8 +25,7 @@ import shlex
 from pathlib import Path
 from typing import IO, Any
 
-from hfrt.control.recovery import PID_UNKNOWN
-from hfrt.deploy.launchers.base import DaemonSpec, LaunchError, OnExit, placed_for
+from hfrt.deploy.launchers.base import PID_UNKNOWN, DaemonSpec, LaunchError, OnExit, placed_for
 from hfrt.deploy.launchers.proc import end_processes, exit_reason, run_command, with_tail
 from hfrt.deploy.placement import Placed
 from hfrt.deploy.spec import ClusterSpec

@@ -14,13 +14,13 @@ import asyncio
 import functools
 import secrets
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
+from hfrt.control.daemons import DaemonInfo, GoneListener
+from hfrt.control.group import CallLayer, RoleGroup
 from hfrt.control.lifetimes import HandleTracker
 from hfrt.control.tensor_plane import TensorPlaneControl
 from hfrt.control.trace import MAX_SPANS, CallTrace
@@ -46,12 +46,6 @@ from hfrt.wire import shm
 from hfrt.wire.channel import Channel
 from hfrt.wire.errors import CallTimeout, DaemonGone, ProtocolMismatch, RemoteError
 
-if TYPE_CHECKING:
-    from hfrt.control.recovery import Recovery
-
-#: Called with (daemon, reason, expected) when a daemon that said hello is declared gone.
-GoneListener = Callable[["DaemonInfo", str, bool], None]
-
 #: A daemon silent for this many heartbeat intervals is declared dead. Daemons beat twice per
 #: interval, so a live one is silent for at most half an interval plus its own scheduling delays;
 #: the check is timed to each daemon's deadline, so a death is declared 1.75 intervals after the
@@ -63,34 +57,6 @@ LATE_AFTER = 0.1
 SETTLE = 0.05
 #: Longest sleep of the watcher between judgements, in intervals (new daemons, changed deadlines).
 MAX_NAP = 0.5
-
-@dataclass(slots=True)
-class DaemonInfo:
-    """What the controller knows of one connected daemon (from its Hello, plus liveness)."""
-
-    identity: str
-    role: str
-    rank: int
-    world_size: int
-    dp_rank: int
-    dp_size: int
-    pid: int
-    host: str
-    impl: str
-    endpoints: dict[str, dict[str, Any]]
-    last_seen: float
-    alive: bool = True
-    gone_reason: str = ""
-    meta: dict[str, Any] = field(default_factory=dict)
-    #: the ZeroMQ routing id of the daemon's command socket (identity, encoded once)
-    route: bytes = field(default=b"", init=False)
-
-    def describe(self) -> str:
-        return f"{self.role}[{self.rank}] ({self.host} pid {self.pid})"
-
-    def __post_init__(self) -> None:
-        self.route = self.identity.encode()
-
 
 class _Pending:
     __slots__ = ("daemon", "endpoint", "future", "timer", "sent")
@@ -110,6 +76,8 @@ class Controller(TensorPlaneControl):
     heartbeat_s: the interval daemons must beat at (told to them in Welcome).
     default_timeout_s: per-call timeout when the call gives none (None: wait forever, but a dead
         daemon still fails the call).
+    recovery: the call layer every role group routes its calls through (hfrt.control.recovery's
+        Recovery; None: calls go straight out). It is attached to this controller's registry here.
     """
 
     def __init__(
@@ -120,6 +88,7 @@ class Controller(TensorPlaneControl):
         heartbeat_s: float = 2.0,
         limits: Limits | None = None,
         default_timeout_s: float | None = None,
+        recovery: CallLayer | None = None,
     ) -> None:
         self.requested_address = address
         self.address = address
@@ -142,10 +111,12 @@ class Controller(TensorPlaneControl):
         self._log = get_logger(part="controller", session=self.session)
         #: spans of the calls sent since record_calls() (None: not recording)
         self.trace: CallTrace | None = None
-        #: the retry layer role groups route calls through (hfrt.control.recovery; None: recovery off)
-        self.recovery: Recovery | None = None
         #: told of every daemon declared gone, before the calls pending on it fail
         self.gone_listeners: list[GoneListener] = []
+        #: the call layer role groups route calls through (None: recovery off)
+        self.recovery = recovery
+        if recovery is not None:
+            recovery.attach(self)
         self._stats: dict[str, int] = {
             "calls_sent": 0,
             "replies": 0,
@@ -217,8 +188,6 @@ class Controller(TensorPlaneControl):
 
     async def role(self, name: str, *, timeout_s: float = 120.0) -> Any:
         """Wait until every rank of role `name` has said hello and return its RoleGroup."""
-        from hfrt.control.group import RoleGroup
-
         deadline = time.monotonic() + timeout_s
         while True:
             self._raise_if_failed(name)

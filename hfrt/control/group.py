@@ -2,29 +2,80 @@
 
 A RoleGroup is a view of one role's ranks; an EndpointRef turns a call into per-rank messages by
 the endpoint's declared dispatch mode and combines the per-rank futures. Calling sends at once and
-returns a future: start early, await late (with recovery on, a task that may retry once: see
-hfrt.control.recovery). Knows the controller's submit() and dispatch rules;
-knows nothing of sockets or of what the endpoints do.
+returns a future: start early, await late. A call layer (`CallLayer`, hfrt.control.recovery's
+Recovery), when the controller has one, sits between a group and the controller's submit(): the
+future it returns may send the call once more. Knows the controller's submit() and dispatch
+rules; knows nothing of sockets or of what the endpoints do.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
 
+from hfrt.control.daemons import DaemonInfo, Registry
 from hfrt.control.dispatch import RankSlot, collect, dispatch
 from hfrt.wire.endpoints import Dispatch
 from hfrt.wire.errors import UnknownEndpoint
 
-if TYPE_CHECKING:
-    from hfrt.control.controller import Controller, DaemonInfo
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """How a call was delivered, so a call layer can deliver it again exactly so.
+
+    adverb: "dispatch" (the endpoint's declared mode), "call" (every rank) or "call_one".
+    rank: the rank of a call_one. timeout_s: the call's deadline (None: the controller's default).
+    """
+
+    adverb: Literal["dispatch", "call", "call_one"]
+    rank: int = 0
+    timeout_s: float | None = None
+
+    def with_deadline(self, deadline: float) -> Delivery:
+        """This delivery with its timeout lowered to `deadline` (kept when already lower)."""
+        return replace(self, timeout_s=min(deadline, self.timeout_s or deadline))
+
+
+class CallLayer(Protocol):
+    """What sits between role groups and the controller's submit() (hfrt.control.recovery.Recovery).
+
+    The controller is constructed with one and attaches it to its registry; groups send every
+    call through `call`; the controller asks `hung` before it times a call out. The rest is what
+    flows use: restart hooks, the trainer's rewind after a stateful role was replaced, metrics.
+    """
+
+    def attach(self, registry: Registry) -> None: ...
+
+    def call(self, ref: EndpointRef, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]: ...
+
+    def hung(self, info: DaemonInfo) -> bool: ...
+
+    def on_restart(self, role: str, callback: Callable[[list[str]], Any]) -> None: ...
+
+    async def wait_lost_state(self) -> dict[str, str]: ...
+
+    async def settle(self, groups: list[RoleGroup]) -> None: ...
+
+    def rewound(self, lost_s: float) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+class Caller(Protocol):
+    """What a role group needs of the controller: its submit() and its call layer."""
+
+    recovery: CallLayer | None
+
+    def submit(self, info: DaemonInfo, endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
+               timeout_s: float | None = None, reply: bool = True) -> asyncio.Future[Any]: ...
 
 
 class RoleGroup:
     """All ranks of one role, in rank order. Endpoints are looked up in the table the daemons sent."""
 
-    def __init__(self, controller: Controller, name: str, daemons: Sequence[DaemonInfo]) -> None:
+    def __init__(self, controller: Caller, name: str, daemons: Sequence[DaemonInfo]) -> None:
         self._controller = controller
         self.name = name
         self.daemons = list(daemons)
@@ -77,33 +128,33 @@ class EndpointRef:
         self.mode = mode
 
     def __call__(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
-        return self._invoke(("dispatch", 0, timeout_s), args, kwargs)
+        return self._invoke(Delivery("dispatch", 0, timeout_s), args, kwargs)
 
     def call(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[list[Any]]:
-        return self._invoke(("call", 0, timeout_s), args, kwargs)
+        return self._invoke(Delivery("call", 0, timeout_s), args, kwargs)
 
     def call_one(self, rank: int, /, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
         if all(d.rank != rank for d in self.group.daemons):
             raise IndexError(f"role {self.group.name!r} has no rank {rank} (world_size {self.group.world_size})")
-        return self._invoke(("call_one", rank, timeout_s), args, kwargs)
+        return self._invoke(Delivery("call_one", rank, timeout_s), args, kwargs)
 
-    def resend(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+    def resend(self, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
         """Deliver a call again exactly as `how` says (hfrt.control.recovery remakes lost handles with it)."""
         return self._invoke(how, args, kwargs)
 
-    def resend_now(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+    def resend_now(self, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
         """Deliver a call as `how` says, without the retry layer (hfrt.control.recovery sets its deadline)."""
         return self._send(how, args, kwargs)
 
-    def _invoke(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+    def _invoke(self, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
         """Send now; with recovery on, the returned future is a task that may send once more (hfrt.control.recovery)."""
         recovery = self.group._controller.recovery
         if recovery is None:
             return self._send(how, args, kwargs)
         return recovery.call(self, how, args, kwargs)
 
-    def _send(self, how: tuple[str, int, float | None], args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
-        kind, rank, timeout_s = how
+    def _send(self, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        kind, rank, timeout_s = how.adverb, how.rank, how.timeout_s
         group = self.group
         if kind == "call":
             return _combine([self._submit(d, list(args), kwargs, timeout_s) for d in group.daemons], list)

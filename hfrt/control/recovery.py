@@ -27,19 +27,15 @@ import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from hfrt.control.daemons import DaemonInfo, Registry
+from hfrt.control.group import Delivery, EndpointRef, RoleGroup
 from hfrt.log import get_logger
 from hfrt.protocols import BatchHandle
 from hfrt.wire import shm
 from hfrt.wire.errors import DaemonGone, HfrtError, RemoteError
 
-if TYPE_CHECKING:
-    from hfrt.control.controller import Controller, DaemonInfo
-    from hfrt.control.group import EndpointRef, RoleGroup
-
-#: How a call was delivered: (adverb: "dispatch" | "call" | "call_one", rank for call_one, timeout_s).
-How = tuple[str, int, "float | None"]
 #: Calls of one endpoint that must have finished before its hang deadline applies; recent ones kept.
 HANG_SAMPLES, RECENT = 3, 20
 #: Roles whose daemons hold no state a step depends on beyond their options (model path, reward
@@ -62,7 +58,8 @@ class Relauncher(Protocol):
 
 
 #: What Relauncher.relaunch returns when it cannot know the new process's pid (a Slurm step):
-#: recovery then accepts the first hello from a pid other than the dead daemon's.
+#: recovery then accepts the first hello from a pid other than the dead daemon's. The same value
+#: as hfrt.deploy.launchers.base.PID_UNKNOWN (the launchers' side of this contract).
 PID_UNKNOWN = 0
 
 
@@ -113,7 +110,7 @@ class _Recipe:
     """How a handle was made: the call to re-run, and the daemons (identity → pid) that made it."""
 
     ref: EndpointRef
-    how: How
+    how: Delivery
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     makers: dict[str, int]
@@ -131,8 +128,10 @@ class RecoveryStats:
 class Recovery:
     """The supervisor and the retry layer, for one controller; see the module docstring."""
 
-    def __init__(self, ctl: Controller, launcher: Relauncher, policy: RecoveryPolicy) -> None:
-        self.ctl, self.launcher, self.policy = ctl, launcher, policy
+    def __init__(self, launcher: Relauncher, policy: RecoveryPolicy) -> None:
+        """Make the layer; the controller constructed with it (`Controller(..., recovery=r)`)
+        attaches it to its registry."""
+        self.launcher, self.policy = launcher, policy
         self.stats = RecoveryStats()
         self.failure: RecoveryFailed | None = None
         self.closing = False
@@ -148,8 +147,11 @@ class Recovery:
         self._fresh: dict[str, list[str]] = {}  # role → identities replaced in this round (for hooks)
         self._groups: weakref.WeakSet[RoleGroup] = weakref.WeakSet()  # groups calls went through
         self._log = get_logger(part="recovery")
-        ctl.recovery = self
-        ctl.gone_listeners.append(self.on_gone)
+
+    def attach(self, registry: Registry) -> None:
+        """Watch `registry` (the controller this layer was given to): hear of every death."""
+        self.ctl = registry
+        registry.gone_listeners.append(self.on_gone)
 
     # -- supervisor ----------------------------------------------------------------------------
 
@@ -309,7 +311,7 @@ class Recovery:
 
     # -- call layer ----------------------------------------------------------------------------
 
-    def call(self, ref: EndpointRef, how: How, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+    def call(self, ref: EndpointRef, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
         """Send the call now (as the group would without recovery) and return a task for its result:
         if it failed with a daemon that recovery replaces, or read a handle such a daemon made, the
         task waits for the replacement, remakes stale handles, and sends it once more."""
@@ -320,7 +322,7 @@ class Recovery:
         task.add_done_callback(lambda t: first.cancel() if t.cancelled() else None)  # cancelled before it ran
         return task
 
-    async def _finish(self, ref: EndpointRef, how: How, args: tuple[Any, ...], kwargs: dict[str, Any],
+    async def _finish(self, ref: EndpointRef, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any],
                       first: asyncio.Future[Any], sent: float) -> Any:
         makers = self._makers(ref.group)
         try:
@@ -344,14 +346,14 @@ class Recovery:
             weakref.finalize(result, self._lineage.pop, id(result), None)  # forgotten with the handle
         return result
 
-    def _deadline(self, ref: EndpointRef, how: How) -> How:
+    def _deadline(self, ref: EndpointRef, how: Delivery) -> Delivery:
         """`how` with its timeout lowered to the endpoint's hang deadline, for a recoverable or
         stateful role whose endpoint has finished HANG_SAMPLES calls."""
         recent = self._recent.get((ref.group.name, ref.name), ())
         if not self._watched(ref.group.name) or len(recent) < HANG_SAMPLES:
             return how
         deadline = max(self.policy.hang_floor_s, self.policy.hang_factor * max(recent))
-        return (how[0], how[1], min(deadline, how[2] or deadline))
+        return how.with_deadline(deadline)
 
     def hung(self, info: DaemonInfo) -> bool:
         """Whether a call to `info` that timed out means its daemon hangs (the controller then

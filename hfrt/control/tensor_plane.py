@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from hfrt.wire.errors import DaemonGone
 
 if TYPE_CHECKING:
-    from hfrt.control.controller import DaemonInfo
+    from hfrt.control.daemons import DaemonInfo
     from hfrt.control.lifetimes import HandleTracker
 
 

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from hfrt.control.controller import Controller
+from hfrt.control.group import RoleGroup
 from hfrt.control.recovery import RecoveryFailed
 from hfrt.flows.batches import non_tensor, prompts_handle
 from hfrt.flows.checkpoint import Checkpoint, load_checkpoint, resumable_checkpoint, save_checkpoint
@@ -51,7 +53,7 @@ class Trainer:
 
     def __init__(
         self,
-        ctl: Any,
+        ctl: Controller,
         cfg: FlowConfig,
         roles: Mapping[str, Any],
         *,
@@ -106,7 +108,7 @@ class Trainer:
         if due(cfg.val_every, step, cfg.steps):
             record |= await self.validate()
         record["controller_bulk_bytes"] = self.ctl.stats()["controller_bulk_bytes"]
-        if getattr(self.ctl, "recovery", None) is not None:
+        if self.ctl.recovery is not None:
             record |= self.ctl.recovery.metrics()
         log.write(record)
         if due(cfg.checkpoint_every, step, cfg.steps):
@@ -117,7 +119,7 @@ class Trainer:
         """After a stateful role's daemon was replaced (hfrt.control.recovery), reload the last checkpoint
         into every trained role, rewind the data and the metrics to it, and return True; without
         recovery or such a death, False (the error stands); without a checkpoint, RecoveryFailed."""
-        recovery = getattr(self.ctl, "recovery", None)
+        recovery = self.ctl.recovery
         if isinstance(exc, RecoveryFailed):
             return False
         lost = await recovery.wait_lost_state() if recovery is not None else {}
@@ -130,7 +132,7 @@ class Trainer:
                 "to reload (set checkpoint_every)") from exc
         failed_at = time.monotonic()
         get_logger(part="trainer").warning("rewinding", step=step, to_step=found.checkpoint.step, lost=lost, error=str(exc).splitlines()[0])
-        await recovery.settle([g for g in self.roles.values() if hasattr(g, "refresh")])
+        await recovery.settle([g for g in self.roles.values() if isinstance(g, RoleGroup)])
         await self._load(found.checkpoint, log)
         recovery.rewound(time.monotonic() - failed_at)
         self.rewinds.append([step, found.checkpoint.step])

@@ -40,18 +40,15 @@ class Cluster:
     def __init__(self, tmp: Path, *, recovery: bool = True, heartbeat_s: float = 2.0, max_restarts: int = 3,
                  hang_floor_s: float = 60.0, stateful: frozenset[str] = frozenset({"actor", "critic"})) -> None:
         self.key = new_key()
-        self.ctl = Controller("tcp://127.0.0.1:0", self.key, heartbeat_s=heartbeat_s)
         self.launcher = LocalLauncher(heartbeat_s=heartbeat_s, orphan_timeout_s=10.0, log_dir=tmp / "logs")
         self.policy = RecoveryPolicy(recovery, max_restarts, 600.0, 60.0, frozenset({"maker"}), stateful=stateful,
                                      hang_floor_s=hang_floor_s)
-        self.recovery: Recovery | None = None
+        self.recovery = Recovery(self.launcher, self.policy) if self.policy.enabled else None
+        self.ctl = Controller("tcp://127.0.0.1:0", self.key, heartbeat_s=heartbeat_s, recovery=self.recovery)
 
     async def __aenter__(self) -> Cluster:
         await self.ctl.start()
-        on_exit: OnExit = self.ctl.mark_gone
-        if self.policy.enabled:
-            self.recovery = Recovery(self.ctl, self.launcher, self.policy)
-            on_exit = self.recovery.on_exit
+        on_exit: OnExit = self.recovery.on_exit if self.recovery is not None else self.ctl.mark_gone
         specs = [DaemonSpec("maker", impl="probe"), DaemonSpec("user", impl="probe")]
         await self.launcher.start(specs, controller=self.ctl.address, key=self.key, on_exit=on_exit)
         STARTED_PIDS.update(p.pid for p in self.launcher.processes.values())
@@ -192,8 +189,9 @@ def test_on_restart_makes_a_role_recoverable(tmp_path: Path) -> None:
     async def noop(replaced: list[str]) -> None:
         return None
 
-    ctl = Controller("tcp://127.0.0.1:0", new_key())
-    recovery = Recovery(ctl, LocalLauncher(), RecoveryPolicy(True))
+    recovery = Recovery(LocalLauncher(), RecoveryPolicy(True))
+    ctl = Controller("tcp://127.0.0.1:0", new_key(), recovery=recovery)
+    assert ctl.recovery is recovery and recovery.ctl is ctl
     assert "rollout" not in recovery.roles
     recovery.on_restart("rollout", noop)
     assert "rollout" in recovery.roles
