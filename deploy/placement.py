@@ -6,20 +6,23 @@ colocated roles share devices rank for rank, and tensor-parallel groups stay ins
 tp_size divides the devices per node. Each daemon's environment carries the torch.distributed
 rendezvous of its role group (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT: roles read it when no dist_master option is given), HFRT_NODE, HFRT_NODE_ADDR (the
-node's address from the spec), HFRT_DEVICE, HFRT_TP_SIZE and HFRT_PP_SIZE, and
-CUDA_VISIBLE_DEVICES on cuda nodes. The data-parallel size goes on the daemon's --dp-size.
+node's address from the spec), HFRT_DEVICE, and CUDA_VISIBLE_DEVICES on cuda nodes. The
+data-parallel size goes on the daemon's --dp-size; a tp_size or pp_size above 1 goes into the
+daemon's options as `parallel` {tp, pp}, under what the role's own options.parallel sets.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from hfrt.deploy.launchers.base import DaemonSpec
 from hfrt.deploy.spec import ClusterSpec, Node, RolePlacement
 
 #: Environment set by placement; never secret, so launchers may put it on a command line.
 RENDEZVOUS_VARS = (
-    "HFRT_NODE", "HFRT_NODE_ADDR", "HFRT_DEVICE", "HFRT_TP_SIZE", "HFRT_PP_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "HFRT_NODE", "HFRT_NODE_ADDR", "HFRT_DEVICE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
 )
 
@@ -73,7 +76,6 @@ def _place_role(cluster: ClusterSpec, role: RolePlacement, port: int) -> list[Pl
         env = {"OMP_NUM_THREADS": str(role.cpus), "MKL_NUM_THREADS": str(role.cpus), **cluster.env, **role.env}
         env.update({
             "HFRT_NODE": node.name, "HFRT_NODE_ADDR": node.address, "HFRT_DEVICE": str(device),
-            "HFRT_TP_SIZE": str(role.tp_size), "HFRT_PP_SIZE": str(role.pp_size),
             "RANK": str(rank), "WORLD_SIZE": str(role.world_size),
             "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(per_node[node_name]),
             "MASTER_ADDR": master.address, "MASTER_PORT": str(port),
@@ -81,10 +83,21 @@ def _place_role(cluster: ClusterSpec, role: RolePlacement, port: int) -> list[Pl
         if node.device_type == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = str(device)
         spec = DaemonSpec(
-            role.name, rank, role.world_size, role.impl, dp_size=role.dp_size, options=dict(role.options), env=env
+            role.name, rank, role.world_size, role.impl, dp_size=role.dp_size, options=layout_options(role), env=env
         )
         placed.append(Placed(spec, node, device, master))
     return placed
+
+
+def layout_options(role: RolePlacement) -> dict[str, Any]:
+    """The role's options with its tp_size / pp_size as `parallel` {tp, pp} when either is above 1
+    (what a tensor/pipeline-parallel role reads); a size the role's options.parallel sets wins."""
+    options = dict(role.options)
+    own = options.get("parallel")
+    if role.tp_size * role.pp_size == 1 or not (own is None or isinstance(own, Mapping)):
+        return options  # a malformed options.parallel is left for the role to refuse by name
+    options["parallel"] = {"tp": role.tp_size, "pp": role.pp_size, **(own or {})}
+    return options
 
 
 def moved(placed: Placed, node: Node, device: int) -> Placed:

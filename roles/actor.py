@@ -4,25 +4,22 @@ memory released after.
 
 Options (beyond roles/common.py's): `generator` ("hf" | "vllm"), `sampling` (SamplingParams
 defaults), `vllm` (VLLMConfig fields but model_dir), `parallel` {tp, pp} (training layout; dp
-follows from world_size; default the placement's HFRT_TP_SIZE / HFRT_PP_SIZE) and
+follows from world_size; on a cluster placement fills it from the spec's tp_size / pp_size) and
 `generation.parallel` {tp, pp} (default: the training sizes): with either above 1 the actor trains
-on the TP engine and generates with a TP model at the generation layout, filled by micro-DP
-resharding (roles/parallel, hybrid.ReshardHybrid); `generate` splits rows by generation dp. Endpoints take Batches whose extra positional
-Batches (same rows) are merged in, so a flow can pass `(rollout, old_log_probs, advantages)`
-without a daemon-side join. It knows the endpoint contract and nothing of the algorithm: the flow
-gives the loss options and computes advantages elsewhere.
+on the TP engine and generates at the generation layout (roles/actor_layout.py); `generate` splits
+rows by generation dp. Endpoints take Batches whose extra positional Batches (same rows) are merged
+in, so a flow can pass `(rollout, old_log_probs, advantages)` without a daemon-side join. It knows
+the endpoint contract and nothing of the algorithm: the flow gives the loss options.
 
 Phases: `generate` is one round trip (weights pushed, sample, generation memory released). The
-agent loop's turns (`generate_turn`, roles/agent_turns.py) leave the daemon in the generation
+agent loop's turns (`generate_turn`, roles/mixins/agent_turns.py) leave the daemon in the generation
 phase, so a multi-turn round pushes the weights once, not once per turn; every endpoint that
 reads or changes the training weights first returns to the training phase (`in_training_phase`).
 """
-
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,10 +29,9 @@ import torch
 
 from hfrt.daemon.base import Daemon, DaemonContext
 from hfrt.daemon.batch import Batch
+from hfrt.roles.actor_layout import build_hybrid, check_vllm_layout, read_layouts, with_layout
 from hfrt.roles.common import (
-    CheckpointEndpoints,
     ModelOptions,
-    build_dataclass,
     build_engine,
     check_backend,
     check_generation_options,
@@ -46,14 +42,21 @@ from hfrt.roles.common import (
     role_errors,
     sampling_params,
 )
-from hfrt.roles.generation.batches import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
-from hfrt.roles.generation.hf import GenerationEngine, HFGenerationEngine, SamplingParams
-from hfrt.roles.generation.hybrid import HybridEngine, ReshardHybrid
+from hfrt.roles.generation.batches import (
+    decode_responses,
+    encode_prompt,
+    fixed_width,
+    length_stats,
+    rollout_batch,
+    with_uids,
+)
+from hfrt.roles.generation.hf import SamplingParams
+from hfrt.roles.generation.hybrid import compare_weights, generation_parameters
 from hfrt.roles.losses import LossScale, PolicyLossConfig, agg_loss, kl_penalty, policy_loss, zero_masked
-from hfrt.roles.mixins.advantage import AdvantageEndpoints  # compute_advantages (RANK0), in its own module
-from hfrt.roles.mixins.agent_turns import AgentTurns  # generate_turn, assemble_trajectories: the agent loop's turns
-from hfrt.roles.mixins.weight_sync import WeightPublisher  # publish_weights (REPLICATE), for rollout daemons
-from hfrt.roles.models import ModelConfig, export_model_dir, load_model, load_tokenizer, resolve_model_dir
+from hfrt.roles.mixins.advantage import Advantages
+from hfrt.roles.mixins.agent_turns import AgentTurns
+from hfrt.roles.mixins.weight_sync import publish
+from hfrt.roles.models import export_model_dir, load_tokenizer, resolve_model_dir
 from hfrt.roles.rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
 from hfrt.roles.training.engines import ForwardOutput, LossFn
 from hfrt.roles.training.updates import MakeLoss, accumulate, forward_equal, require_one_step, run_updates
@@ -69,9 +72,9 @@ def in_training_phase(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap an actor endpoint so the daemon is back in the training phase before it runs
     (ActorDaemon._to_train: the generation engine asleep, its memory free; a no-op when already
     there). Every endpoint that reads or changes the training weights, or needs the generation
-    engine's memory, takes it; the endpoint record `@endpoint` put on `fn` carries over, so it
-    also wraps an inherited endpoint in a class body (`save = in_training_phase(Checkpoint.save)`).
-    Only for endpoints every rank receives (REPLICATE, SPLIT): a phase change can be collective."""
+    engine's memory, takes it, under its `@endpoint` (functools.wraps keeps the signature the
+    endpoint record reads). Only for endpoints every rank receives (REPLICATE, SPLIT): a phase
+    change can be collective."""
 
     @functools.wraps(fn)
     def run(self: ActorDaemon, *args: Any, **kwargs: Any) -> Any:
@@ -120,11 +123,12 @@ def actor_loss(cfg: ActorLoss) -> MakeLoss:
     return make
 
 
-class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, AgentTurns, Daemon):
-    """Endpoints: generate, compute_log_prob, update (SPLIT); save, load, export_hf, weight_sync_report,
-    publish_weights, weight_version, hybrid_phase (REPLICATE); generate_turn (SPLIT_GENERATION) and
-    assemble_trajectories (SPLIT), from roles/agent_turns.py; compute_advantages, advantage_state,
-    load_advantage_state (RANK0, from roles/advantage.py).
+class ActorDaemon(AgentTurns, Daemon):
+    """Endpoints: generate (SPLIT_GENERATION), compute_log_prob, update (SPLIT); save, load,
+    export_hf, weight_sync_report, publish_weights, weight_version, hybrid_phase (REPLICATE);
+    compute_advantages, advantage_state, load_advantage_state (RANK0, roles/mixins/advantage.py);
+    generate_turn (SPLIT_GENERATION) and assemble_trajectories (SPLIT), the AgentTurns endpoints
+    (roles/mixins/agent_turns.py) over the hooks below.
 
     Weight version: the number of optimizer steps the training engine has applied (engine.steps),
     so it changes exactly when the weights do and a checkpoint load restores it; with one optimizer
@@ -136,11 +140,6 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Agen
     #: round trip; the RANK0 endpoints (advantages) touch no engine and never change phase
     GENERATION_SIDE = frozenset({"generate_turn", "assemble_trajectories"})
     PHASE_FREE = frozenset({"generate", "describe", "weight_version", "hybrid_phase"})
-
-    # inherited endpoints that read the training weights: back in the training phase first
-    save = in_training_phase(CheckpointEndpoints.save)
-    load = in_training_phase(CheckpointEndpoints.load)
-    publish_weights = in_training_phase(WeightPublisher.publish_weights)
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
@@ -155,48 +154,18 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Agen
         with role_errors(self.context):
             ctx = self.context
             self.check_config(ctx)
+            self.advantages = Advantages()
             self.layouts = read_layouts(ctx)
             self.opts = ModelOptions.read(with_layout(ctx.options, self.layouts), trainable=True)
             self._joined = prepare_process(ctx, needs_group=needs_group(ctx, self.opts.engine))
             self.tokenizer = load_tokenizer(self.opts.model, self.opts.seed)
             self.sampling = sampling_params(ctx.options.get("sampling"))
-            kind = str(ctx.options.get("generator", "hf"))
-            self.engine = build_engine(ctx, self.opts, extra_copies=1 if kind == "hf" else 0)
-            self.hybrid: HybridEngine
-            if self.layouts is not None and kind == "vllm":
-                # each rank one vLLM rank at the generation tp (external_launcher), fed full blocks
-                self.generator = self._generation_engine(kind, self.layouts[1])
-                self.hybrid = HybridEngine(self.engine, self.generator)
-            elif self.layouts is not None:
-                self.hybrid = self._resharding_hybrid(*self.layouts)
-                self.generator = self.hybrid.gen
-            else:
-                self.generator = self._generation_engine(kind)
-                self.hybrid = HybridEngine(self.engine, self.generator)
+            hf_copy = str(ctx.options.get("generator", "hf")) == "hf"
+            self.engine = build_engine(ctx, self.opts, extra_copies=1 if hf_copy else 0)
+            self.hybrid = build_hybrid(ctx, self.engine, self.tokenizer, self.opts, self.layouts)
+            self.generator = self.hybrid.gen
             self.generator.sleep()  # the daemon starts in the training phase
             self.transitions = {"to_generate": 0, "to_train": 0}  # phase changes that did work
-
-    def _resharding_hybrid(self, train: Any, gen: Any) -> ReshardHybrid:
-        """Generation at its own layout: a TP model in this rank's generation TP group, filled by
-        micro-DP resharding from the training engine's pieces (roles/parallel)."""
-        from hfrt.roles.training.parallel import layout as L
-        from hfrt.roles.training.parallel import tp_model
-        from hfrt.roles.training.parallel.reshard import Resharder
-        from hfrt.roles.training.parallel.shard import ModelShape
-
-        config = self.engine.model.config
-        groups = L.new_groups(train, gen, self.context.rank)
-        shapes = {n: tuple(shape) for n, (shape, _) in self.engine.layout.full_shapes.items()}  # type: ignore[attr-defined]
-        resharder = Resharder(train, gen, self.context.rank, shapes, ModelShape.of(config), groups)
-        dtype = getattr(torch, self.opts.dtype)
-        pp_group, pp_ranks = gen_pp_group(train, gen, self.context.rank)
-        # the group's ranks in generation-tp order: a strided group need not be ascending
-        model = tp_model.empty_parallel(
-            config, tp_group=groups.gen_tp, tp_ranks=groups.gen_tp_ranks, pp_group=pp_group, pp_ranks=pp_ranks, dtype=dtype
-        )
-        tok = self.tokenizer
-        generator = HFGenerationEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        return ReshardHybrid(self.engine, generator, resharder)
 
     def dp_axes(self) -> dict[str, list[int]]:
         """Training rows by training dp, generation rows by generation dp (Dispatch.SPLIT_GENERATION)."""
@@ -209,22 +178,6 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Agen
 
     def _generation_dp_rank(self) -> int:
         return self.dp_axes().get("generation", [self.context.dp_rank])[0]
-
-    def _generation_engine(self, kind: str, gen_layout: Any = None) -> GenerationEngine:
-        tok = self.tokenizer
-        if kind == "hf":
-            copy = load_model(ModelConfig(self.opts.model, self.opts.dtype, seed=self.opts.seed))
-            return HFGenerationEngine(copy, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        if kind == "vllm":
-            from hfrt.roles.generation.vllm_engine import VLLMConfig, VLLMGenerationEngine
-
-            fields = dict(self.context.options.get("vllm") or {})
-            fields.setdefault("seed", self.opts.seed)
-            fields["model_dir"] = str(resolve_model_dir(self.opts.model, self.opts.seed))
-            if gen_layout is not None and gen_layout.tp > 1:
-                fields["tensor_parallel_size"], fields["data_parallel_size"] = gen_layout.tp, gen_layout.dp
-            return VLLMGenerationEngine(build_dataclass(VLLMConfig, fields, "vllm"), pad_token_id=tok.pad_token_id)
-        raise ValueError(f"unknown generator {kind!r}: use hf or vllm")
 
     async def teardown(self) -> None:
         close_group(getattr(self, "_joined", False))
@@ -381,123 +334,47 @@ class ActorDaemon(WeightPublisher, AdvantageEndpoints, CheckpointEndpoints, Agen
         gathered training weights (diagnostic; gathers the weights twice)."""
         self._to_generate()
         try:
-            return compare_weights(self.engine.state_dict_for_generation(), self._generation_parameters())
+            return compare_weights(self.engine.state_dict_for_generation(), generation_parameters(self.generator))
         finally:
             self._to_train()
 
-    def _generation_parameters(self) -> dict[str, torch.Tensor] | None:
-        if isinstance(self.generator, HFGenerationEngine):
-            return dict(self.generator.model.named_parameters())
-        return None  # vLLM fuses and renames parameters: only checksums compare
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    @in_training_phase
+    def save(self, path: str) -> str:
+        """Write a checkpoint folder (each rank its part; replaced atomically); returns its path."""
+        return str(self.engine.save(path))
 
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    @in_training_phase
+    def load(self, path: str) -> dict[str, int]:
+        self.engine.load(path)
+        return {"steps": self.engine.steps}
 
-def read_layouts(context: DaemonContext) -> tuple[Any, Any] | None:
-    """(training, generation) Layouts from options.parallel {tp, pp} (default: the placement's
-    HFRT_TP_SIZE / HFRT_PP_SIZE, else 1) and options.generation.parallel {tp, pp} (default: the
-    training sizes); None when both are 1 × 1 (the data-parallel actor). ValueError names the
-    option that does not fit the world size or the other layout."""
-    from hfrt.roles.training.parallel.layout import Layout, check_pair
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    @in_training_phase
+    def publish_weights(self, version: int, bucket_mb: float = 64.0, corrupt_buckets: list[int] | None = None) -> dict[str, Any]:
+        """Pack the current full weights into buckets of about `bucket_mb` MiB, kept in this
+        daemon's tensor store (rank 0; every rank takes part in gathering), with a checksum each,
+        for rollout daemons to load (roles/mixins/weight_sync.py). Returns {"version", "buckets":
+        [{"index", "layout", "checksum", "nbytes", "data"}], "timing/publish_s"}; `data` leaves as a
+        TensorHandle. `corrupt_buckets` flips one byte of those buckets after their checksum is
+        taken (fault injection for tests: the receiver must name them)."""
+        return publish(self.engine, self.context.rank, version, bucket_mb, corrupt_buckets)
 
-    where = f"roles.{context.role}.options"
-    par = _table(context.options.get("parallel"), f"{where}.parallel")
-    tp = int(par.get("tp", os.environ.get("HFRT_TP_SIZE", 1)))
-    pp = int(par.get("pp", os.environ.get("HFRT_PP_SIZE", 1)))
-    gen_opts = _table(_table(context.options.get("generation"), f"{where}.generation").get("parallel"), f"{where}.generation.parallel")
-    tp_g, pp_g = int(gen_opts.get("tp", tp)), int(gen_opts.get("pp", pp))
-    if tp * pp == 1 and tp_g * pp_g == 1:
-        return None
-    train = Layout.for_world(context.world_size, tp, pp, f"{where}.parallel")
-    gen = Layout.for_world(context.world_size, tp_g, pp_g, f"{where}.generation.parallel")
-    check_pair(train, gen)
-    return train, gen
+    # -- advantages: rank 0 over the whole batch; no engine, so no phase change ----------------
 
+    @endpoint(dispatch=Dispatch.RANK0)
+    def compute_advantages(self, batch: Batch, *extra: Batch, estimator: str = "gae", **params: Any) -> Batch:
+        """`advantages`, `returns` and `token_level_rewards` of the whole batch by `estimator`
+        (Advantages.compute; options: AdvantageParams)."""
+        return self.advantages.compute(batch, *extra, estimator=estimator, **params)
 
-def gen_pp_group(train: Any, gen: Any, rank: int) -> tuple[Any, list[int] | None]:
-    """This rank's generation pipeline group and its ranks in stage order, (None, None) when the
-    generation layout has one stage. Collective when pp_g > 1: every rank creates every group."""
-    if gen.pp == 1:
-        return None, None
-    import torch.distributed as dist
+    @endpoint(dispatch=Dispatch.RANK0)
+    def advantage_state(self) -> dict[str, Any]:
+        """The in-reward KL controller's state (for run checkpoints): {} before its first use."""
+        return self.advantages.state()
 
-    from hfrt.roles.training.parallel.layout import gen_pp_groups
-
-    mine: tuple[Any, list[int] | None] = (None, None)
-    for ranks in gen_pp_groups(train, gen):
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            mine = (group, ranks)
-    return mine
-
-
-def check_vllm_layout(train: Any, gen: Any, where: str) -> None:
-    """generator 'vllm' at a generation layout (tensor parallel only: hfrt does not run vLLM's
-    pipeline stages, refused here). vLLM's external_launcher orders its ranks TP
-    innermost over the whole world (TP rank = rank % tp, DP rank = rank // tp), so the generation
-    TP groups must be sets of consecutive ranks; strided groups (e.g. t4p1d1 → t2p1d2, whose
-    groups are [0, 2] and [1, 3]) are refused. vLLM gets full checkpoint tensors one block at a
-    time and keeps its TP slice itself: its loaders narrow full tensors
-    (model_executor/layers/linear.py weight_loader) into fused per-rank qkv_proj / gate_up_proj and
-    a vocabulary padded to a multiple of 64 (VocabParallelEmbedding), which hfrt's micro-DP pieces
-    do not match, so the transition moves each block whole (not micro-DP resharding)."""
-    from hfrt.roles.training.parallel.layout import gen_coords
-
-    if gen.pp > 1:
-        raise ValueError(f"{where}: pp={gen.pp} with generator 'vllm' is not built (vLLM runs at a generation tp only); use generator 'hf'")
-    for rank in range(train.world):
-        g, _ = gen_coords(train, gen, rank)
-        if g.dp != rank // gen.tp:  # the tp order within a group is vLLM's own (full tensors come in)
-            raise ValueError(
-                f"{where}: {train} → {gen} puts rank {rank} in generation dp group {g.dp}; vLLM's "
-                f"external_launcher puts it in {rank // gen.tp} (TP groups of consecutive ranks). "
-                f"Use generator 'hf' for this layout pair"
-            )
-
-
-def with_layout(options: Mapping[str, Any], layouts: tuple[Any, Any] | None) -> dict[str, Any]:
-    """options with engine.tp / engine.pp from the training layout (backend 'tp' unless fsdp2)."""
-    out = dict(options)
-    if layouts is None:
-        return out
-    train = layouts[0]
-    engine = dict(out.get("engine") or {})
-    if engine.get("backend", "local") not in ("tp", "fsdp2"):
-        engine["backend"] = "tp"
-    engine.update(tp=train.tp, pp=train.pp)
-    out["engine"] = engine
-    return out
-
-
-def _table(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{where} must be a table, e.g. {{tp = 2, pp = 1}}; got {value!r}")
-    return dict(value)
-
-
-def length_stats(response_mask: torch.Tensor, max_new_tokens: int) -> dict[str, float]:
-    """Response length mean / max / min over every rank's rows, the tokens generated, and the
-    share of responses cut at max_new_tokens."""
-    lengths = response_mask.long().sum(-1).double()
-    rows, tokens, clipped = all_reduce([len(lengths), float(lengths.sum()), float((lengths >= max_new_tokens).sum())], "sum")
-    [longest] = all_reduce([float(lengths.max()) if len(lengths) else 0.0], "max")
-    [shortest] = all_reduce([float(lengths.min()) if len(lengths) else float(max_new_tokens)], "min")
-    return {
-        "response_length/mean": tokens / max(rows, 1), "response_length/max": longest,
-        "response_length/min": shortest, "response_length/clip_ratio": clipped / max(rows, 1),
-        "response_tokens": tokens,
-    }
-
-
-def compare_weights(train: Any, generation: dict[str, torch.Tensor] | None) -> dict[str, Any]:
-    """Max |difference| per parameter name (when names match) and fp64 checksums of both sides."""
-    max_diff, compared, train_sum = 0.0, 0, 0.0
-    for bucket in train:
-        for name, tensor in bucket.items():
-            train_sum += float(tensor.double().sum())
-            if generation is not None:
-                other = generation[name].detach().to(tensor.device).double()
-                max_diff = max(max_diff, float((other - tensor.double()).abs().max()))
-                compared += 1
-    gen_sum = None if generation is None else sum(float(p.detach().double().sum()) for p in generation.values())
-    return {"max_abs_diff": max_diff, "compared": compared, "train_checksum": train_sum, "generation_checksum": gen_sum}
+    @endpoint(dispatch=Dispatch.RANK0)
+    def load_advantage_state(self, state: dict[str, Any]) -> None:
+        """Restore what advantage_state returned."""
+        self.advantages.load_state(state)

@@ -41,6 +41,9 @@ COMMON_OPTIONS = frozenset(
     {"model", "dtype", "engine", "seed", "threads", "dist_master", "memory_limit_mb",
      "transfer", "stage_in_shm", "inline_max_bytes"}
 )
+#: Options a cluster placement may write for any role (hfrt.deploy.placement: `parallel` from the
+#: spec's tp_size / pp_size); a role that does not read them ignores them rather than refusing.
+PLACEMENT_OPTIONS = frozenset({"parallel"})
 SHARDED_BACKENDS = ("fsdp2", "deepspeed", "tp")
 
 
@@ -58,7 +61,7 @@ class ModelDoesNotFit(RuntimeError):
 def check_options(context: DaemonContext, known: Iterable[str]) -> None:
     """Refuse option names the role does not read (a typo would otherwise be silently ignored)."""
     allowed = COMMON_OPTIONS | set(known)
-    unknown = sorted(set(context.options) - allowed)
+    unknown = sorted(set(context.options) - allowed - PLACEMENT_OPTIONS)
     if unknown:
         raise ValueError(f"unknown option(s) {unknown}; this role reads {sorted(allowed)}")
 

@@ -19,7 +19,6 @@ import torch
 from hfrt.daemon.base import Daemon, DaemonContext
 from hfrt.daemon.batch import Batch
 from hfrt.roles.common import (
-    build_dataclass,
     check_generation_options,
     check_options,
     close_group,
@@ -27,12 +26,20 @@ from hfrt.roles.common import (
     role_errors,
     sampling_params,
 )
-from hfrt.roles.generation.batches import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
-from hfrt.roles.generation.hf import GenerationEngine, HFGenerationEngine, SamplingParams
+from hfrt.roles.generation.batches import (
+    decode_responses,
+    encode_prompt,
+    fixed_width,
+    length_stats,
+    rollout_batch,
+    with_uids,
+)
+from hfrt.roles.generation.build import generation_engine
+from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
 from hfrt.roles.mixins.agent_turns import AgentTurns
 from hfrt.roles.mixins.partial_rollout import NO_VERSION, PartialRollouts
 from hfrt.roles.mixins.weight_sync import WeightSyncError, apply_sync
-from hfrt.roles.models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
+from hfrt.roles.models import load_tokenizer
 from hfrt.roles.rows import all_reduce, check_rows, merge
 from hfrt.wire.endpoints import Dispatch, endpoint
 
@@ -64,21 +71,12 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
             self._joined = prepare_process(ctx, needs_group=ctx.world_size > 1)
             self.tokenizer = load_tokenizer(self.model, self.seed)
             self.sampling = sampling_params(ctx.options.get("sampling"))
-            self.engine = self._engine(str(ctx.options.get("generator", "hf")))
+            self.engine = generation_engine(
+                str(ctx.options.get("generator", "hf")), model=self.model, dtype=self.dtype, seed=self.seed,
+                tokenizer=self.tokenizer, vllm=ctx.options.get("vllm"),
+            )
             self.version = INITIAL_VERSION
             self.broken: str | None = None  # why the weights are not usable (a failed sync)
-
-    def _engine(self, kind: str) -> GenerationEngine:
-        tok = self.tokenizer
-        if kind == "hf":
-            model = load_model(ModelConfig(self.model, self.dtype, seed=self.seed))
-            return HFGenerationEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-        from hfrt.roles.generation.vllm_engine import VLLMConfig, VLLMGenerationEngine
-
-        fields = dict(self.context.options.get("vllm") or {})
-        fields.setdefault("seed", self.seed)
-        fields["model_dir"] = str(resolve_model_dir(self.model, self.seed))
-        return VLLMGenerationEngine(build_dataclass(VLLMConfig, fields, "vllm"), pad_token_id=tok.pad_token_id)
 
     async def teardown(self) -> None:
         close_group(getattr(self, "_joined", False))
@@ -153,8 +151,6 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
         record = fixed_width(out, prompt_width=int(width), response_width=params.max_new_tokens,
                              pad_id=self.tokenizer.pad_token_id, n=params.n)
         texts = decode_responses(self.tokenizer, record["responses"], record["response_mask"])
-        from hfrt.roles.actor import length_stats
-
         [elapsed] = all_reduce([elapsed], "max")
         meta = {"temperature": params.temperature, "n": params.n, "timing/generate_s": elapsed,
                 "weight_version": self.version} | length_stats(record["response_mask"], params.max_new_tokens)

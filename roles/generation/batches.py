@@ -1,6 +1,6 @@
 """Between a prompts Batch and a generation engine: prompt tokenisation, and the actor's rollout
 Batch built from an engine's output — fixed widths, decoded responses, the input's other columns
-carried to every sample.
+carried to every sample, and the response-length figures over the role's ranks.
 
 Fixed widths: every rank of an actor group pads prompts to the group's widest prompt and
 responses to `max_new_tokens`, so the shards of one rollout stack into one batch wherever they
@@ -17,6 +17,7 @@ import torch
 
 from hfrt.daemon.batch import Batch
 from hfrt.roles.generation.hf import assemble
+from hfrt.roles.rows import all_reduce
 
 #: Tensor columns of a rollout (the sampler's log-probs are `rollout_log_probs`).
 ROLLOUT_COLUMNS = (
@@ -91,3 +92,17 @@ def rollout_batch(
     tensors = {**{k: v for k, v in carried.tensors.items() if k not in own}, **record}
     non_tensor = {**{k: v for k, v in carried.non_tensor.items() if k not in own}, "response": texts}
     return Batch(tensors, non_tensor, {**prompts.meta, **meta})
+
+
+def length_stats(response_mask: torch.Tensor, max_new_tokens: int) -> dict[str, float]:
+    """Response length mean / max / min over every rank's rows, the tokens generated, and the
+    share of responses cut at max_new_tokens (collective over the role's group)."""
+    lengths = response_mask.long().sum(-1).double()
+    rows, tokens, clipped = all_reduce([len(lengths), float(lengths.sum()), float((lengths >= max_new_tokens).sum())], "sum")
+    [longest] = all_reduce([float(lengths.max()) if len(lengths) else 0.0], "max")
+    [shortest] = all_reduce([float(lengths.min()) if len(lengths) else float(max_new_tokens)], "min")
+    return {
+        "response_length/mean": tokens / max(rows, 1), "response_length/max": longest,
+        "response_length/min": shortest, "response_length/clip_ratio": clipped / max(rows, 1),
+        "response_tokens": tokens,
+    }

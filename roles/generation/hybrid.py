@@ -3,8 +3,9 @@
 Before a rollout it wakes the generation engine and streams the training engine's full weights
 into it one block at a time (never a second gathered copy of the whole model at once); after
 the rollout it puts the generation engine to sleep so its memory is free for training. Each
-transition is timed and its peak resident memory sampled. It knows nothing of losses, of the
-wire, or of which backends it joins: only the TrainEngine and GenerationEngine interfaces.
+transition is timed and its peak resident memory sampled; `compare_weights` checks a push. It
+knows nothing of losses, of the wire, or of which backends it joins: only the TrainEngine and
+GenerationEngine interfaces.
 
 Typical use in the actor daemon's `generate` endpoint:
 
@@ -21,12 +22,12 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from hfrt.roles.generation.hf import GenerationEngine, SamplingParams
+from hfrt.roles.generation.hf import GenerationEngine, HFGenerationEngine, SamplingParams
 from hfrt.roles.training.engines.base import TrainEngine
 
 
@@ -218,3 +219,25 @@ def _cuda_memory() -> dict[str, Any]:
     if not torch.cuda.is_available():
         return {}
     return {"memory/cuda_max_allocated_mb": torch.cuda.max_memory_allocated() / 2**20}
+
+
+def generation_parameters(gen: GenerationEngine) -> dict[str, torch.Tensor] | None:
+    """The generation engine's parameters by name; None for vLLM (it fuses and renames them, so
+    only checksums compare)."""
+    if isinstance(gen, HFGenerationEngine):
+        return dict(gen.model.named_parameters())
+    return None
+
+
+def compare_weights(train: Iterable[dict[str, torch.Tensor]], generation: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+    """Max |difference| per parameter name (when names match) and fp64 checksums of both sides."""
+    max_diff, compared, train_sum = 0.0, 0, 0.0
+    for bucket in train:
+        for name, tensor in bucket.items():
+            train_sum += float(tensor.double().sum())
+            if generation is not None:
+                other = generation[name].detach().to(tensor.device).double()
+                max_diff = max(max_diff, float((other - tensor.double()).abs().max()))
+                compared += 1
+    gen_sum = None if generation is None else sum(float(p.detach().double().sum()) for p in generation.values())
+    return {"max_abs_diff": max_diff, "compared": compared, "train_checksum": train_sum, "generation_checksum": gen_sum}

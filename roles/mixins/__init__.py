@@ -1,2 +1,3 @@
-"""Endpoint groups several role daemons share (advantages, agent turns, partial rollouts, weight sync), mixed into their classes.
-"""
+"""What several role daemons share around their endpoints: endpoint groups mixed into a daemon
+with hooks it implements (agent turns, partial rollouts), and components a daemon holds behind
+endpoints it declares itself (advantages, weight sync)."""

@@ -1,16 +1,16 @@
-"""Advantage computation as a role endpoint (a mixin the actor daemon inherits): rank 0 of the
-role pulls the whole batch — small [B, R] columns — so batch-wide statistics (whitening, group
-means over prompts split across ranks) are exact, and the controller never sees a tensor.
+"""Advantage computation for a role endpoint: a component the actor daemon holds (`Advantages`),
+whose `compute` runs on rank 0 of the role over the whole batch — small [B, R] columns — so
+batch-wide statistics (whitening, group means over prompts split across ranks) are exact, and the
+controller never sees a tensor.
 
-It knows the estimators of hfrt.roles.losses and the column names of a rollout; it knows nothing of the
-role it is mixed into, of engines or of the flow that calls it. The in-reward KL controller is
+It knows the estimators of hfrt.roles.losses and the column names of a rollout; it knows nothing of
+the daemon that holds it, of engines or of the flow that calls it. The in-reward KL controller is
 the one piece of state: made on the first call that asks for it, updated on every such call.
 
 Before the estimator the scores may be shaped, each at the last response token: a cost column
 weighted by −cost_coef (Safe-RLHF's Lagrangian reward, the flow owns λ) and DAPO's soft overlong
 penalty on the response length.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,7 +35,6 @@ from hfrt.roles.losses import (
 )
 from hfrt.roles.reward_fns import token_level_rewards
 from hfrt.roles.rows import merge, take
-from hfrt.wire.endpoints import Dispatch, endpoint
 
 ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
 
@@ -148,13 +147,14 @@ def summary(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, fl
     return {f"{name}/mean": float(picked.mean()), f"{name}/max": float(picked.max()), f"{name}/min": float(picked.min())}
 
 
-class AdvantageEndpoints:
-    """Mixin: `compute_advantages` (RANK0). The host class must be a hfrt Daemon."""
+class Advantages:
+    """What the actor's RANK0 endpoints compute_advantages, advantage_state and
+    load_advantage_state do, with the in-reward KL controller they share."""
 
-    _kl_controller: FixedKLController | AdaptiveKLController | None = None
+    def __init__(self) -> None:
+        self._kl_controller: FixedKLController | AdaptiveKLController | None = None
 
-    @endpoint(dispatch=Dispatch.RANK0)
-    def compute_advantages(self, batch: Batch, *extra: Batch, estimator: str = "gae", **params: Any) -> Batch:
+    def compute(self, batch: Batch, *extra: Batch, estimator: str = "gae", **params: Any) -> Batch:
         """`advantages`, `returns` and `token_level_rewards` [B, R] (0 where response_mask is 0)
         for the whole batch, by `estimator` (see ESTIMATORS; options: AdvantageParams). Meta
         `metrics`: advantage / return / reward stats, `kl/mean` when old and reference log-probs
@@ -177,18 +177,16 @@ class AdvantageEndpoints:
         tensors = {"advantages": advantages, "returns": returns, "token_level_rewards": rewards * mask}
         return Batch(tensors, meta={"metrics": metrics})
 
-    @endpoint(dispatch=Dispatch.RANK0)
-    def advantage_state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         """The in-reward KL controller's state (for run checkpoints): {} before its first use."""
         ctrl = self._kl_controller
         if ctrl is None:
             return {}
         return {"kind": "adaptive" if isinstance(ctrl, AdaptiveKLController) else "fixed", "value": ctrl.value}
 
-    @endpoint(dispatch=Dispatch.RANK0)
-    def load_advantage_state(self, state: dict[str, Any]) -> None:
-        """Restore what advantage_state returned; the controller's other settings come from the
-        next call's options, its current coefficient from here."""
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore what `state` returned; the controller's other settings come from the next
+        call's options, its current coefficient from here."""
         if not state:
             self._kl_controller = None
             return

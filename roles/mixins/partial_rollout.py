@@ -20,7 +20,14 @@ import torch
 
 from hfrt.daemon.batch import Batch
 from hfrt.roles.common import sampling_params
-from hfrt.roles.generation.batches import decode_responses, encode_prompt, fixed_width, rollout_batch, with_uids
+from hfrt.roles.generation.batches import (
+    decode_responses,
+    encode_prompt,
+    fixed_width,
+    length_stats,
+    rollout_batch,
+    with_uids,
+)
 from hfrt.roles.generation.hf import SamplingParams
 from hfrt.roles.mixins.agent_turns import pad_rows
 from hfrt.roles.rows import all_reduce, check_rows, merge
@@ -182,8 +189,6 @@ class PartialRollouts:
         rows.segments += 1
 
     def _finish(self, rows: PartialRows) -> Batch:
-        from hfrt.roles.actor import length_stats
-
         pad_id = int(self.tokenizer.pad_token_id)
         record = partial_record(rows, pad_id)
         texts = decode_responses(self.tokenizer, record["responses"], record["response_mask"])

@@ -1,6 +1,6 @@
 """Versioned, bucketed weight sync from a trainer's ranks to generation-only daemons, daemon side.
 
-The publisher (a trainer rank, `WeightPublisher.publish_weights`) packs the full weights, one
+The publisher (a trainer rank's `publish_weights` endpoint, via `publish`) packs the full weights, one
 bucket of whole tensors at a time, into flat byte buffers that stay in its tensor store; the flow
 passes their handles on, and each receiver pulls them daemon-to-daemon (shm / gloo on CPU, CUDA
 IPC / NCCL on GPU), checks every bucket's checksum on the bytes it received and again on what its
@@ -15,8 +15,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-
-from hfrt.wire.endpoints import Dispatch, endpoint
 
 #: words per checksum chunk: 65536 int32 words × weights < 2^16 keep each chunk's sum below 2^63
 _CHUNK = 1 << 16
@@ -80,35 +78,29 @@ def describe_bucket(index: int, count: int, layout: list[list[Any]]) -> str:
     return f"bucket {index} of {count} ({shown}; {sum(row[4] for row in layout)} bytes)"
 
 
-class WeightPublisher:
-    """`publish_weights`, mixed into a trainer role whose training engine is `self.engine`."""
-
-    engine: Any
-    context: Any
-
-    @endpoint(dispatch=Dispatch.REPLICATE)
-    def publish_weights(self, version: int, bucket_mb: float = 64.0, corrupt_buckets: list[int] | None = None) -> dict[str, Any]:
-        """Pack the current full weights into buckets of about `bucket_mb` MiB, kept in this
-        daemon's tensor store (rank 0; every rank takes part in gathering), with a checksum each.
-        Returns {"version", "buckets": [{"index", "layout", "checksum", "nbytes", "data"}], "timing/publish_s"};
-        `data` leaves as a TensorHandle. `corrupt_buckets` flips one byte of those buckets after
-        their checksum is taken (fault injection for tests: the receiver must name them)."""
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            raise ValueError(f"publish_weights: version must be an int >= 0, got {version!r}")
-        if not bucket_mb > 0:
-            raise ValueError(f"publish_weights: bucket_mb must be > 0, got {bucket_mb!r}")
-        start = time.perf_counter()
-        buckets: list[dict[str, Any]] = []
-        if self.context.rank != 0:  # take part in gathering (collective on sharded backends), keep nothing
-            for _ in self.engine.state_dict_for_generation():
-                pass
-            return {"version": version, "buckets": buckets, "timing/publish_s": time.perf_counter() - start}
-        for index, (flat, layout) in enumerate(pack_buckets(self.engine.state_dict_for_generation(), int(bucket_mb * 2**20))):
-            record = {"index": index, "layout": layout, "checksum": bucket_checksum(flat), "nbytes": flat.numel()}
-            if corrupt_buckets and index in corrupt_buckets:
-                flat[flat.numel() // 2] ^= 0xFF
-            buckets.append(record | {"data": flat})
+def publish(
+    engine: Any, rank: int, version: int, bucket_mb: float = 64.0, corrupt_buckets: list[int] | None = None
+) -> dict[str, Any]:
+    """What a trainer's `publish_weights` endpoint returns: the current full weights of `engine` (a
+    training engine) packed into buckets of about `bucket_mb` MiB, kept by rank 0 (every rank
+    takes part in gathering), with a checksum each. `corrupt_buckets` flips one byte of those
+    buckets after their checksum is taken (fault injection for tests: the receiver must name them)."""
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise ValueError(f"publish_weights: version must be an int >= 0, got {version!r}")
+    if not bucket_mb > 0:
+        raise ValueError(f"publish_weights: bucket_mb must be > 0, got {bucket_mb!r}")
+    start = time.perf_counter()
+    buckets: list[dict[str, Any]] = []
+    if rank != 0:  # take part in gathering (collective on sharded backends), keep nothing
+        for _ in engine.state_dict_for_generation():
+            pass
         return {"version": version, "buckets": buckets, "timing/publish_s": time.perf_counter() - start}
+    for index, (flat, layout) in enumerate(pack_buckets(engine.state_dict_for_generation(), int(bucket_mb * 2**20))):
+        record = {"index": index, "layout": layout, "checksum": bucket_checksum(flat), "nbytes": flat.numel()}
+        if corrupt_buckets and index in corrupt_buckets:
+            flat[flat.numel() // 2] ^= 0xFF
+        buckets.append(record | {"data": flat})
+    return {"version": version, "buckets": buckets, "timing/publish_s": time.perf_counter() - start}
 
 
 def apply_sync(

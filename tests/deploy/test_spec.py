@@ -90,7 +90,8 @@ world_size = 2
     actor = c.roles["actor"]
     assert (actor.world_size, actor.dp_size, actor.tp_size) == (4, 2, 2)
     actor1 = next(p for p in placed if p.identity == "actor:1")
-    assert actor1.spec.dp_size == 2 and actor1.spec.env["HFRT_TP_SIZE"] == "2" and not actor1.spec.options
+    assert actor1.spec.dp_size == 2 and actor1.spec.options == {"parallel": {"tp": 2, "pp": 1}}
+    assert "HFRT_TP_SIZE" not in actor1.spec.env and not critic[0].spec.options  # the layout travels as options
 
 
 def test_one_pool_per_role_on_device_subsets() -> None:

@@ -19,7 +19,7 @@ from hfrt.flows.recipes.safe_rlhf import LagrangeMultiplier, SafeRLHFConfig
 from hfrt.flows.tasks import addition_cost
 from hfrt.protocols import BatchHandle
 from hfrt.protocols.handles import Shard, TensorHandle
-from hfrt.roles.mixins.advantage import AdvantageEndpoints, overlong_penalty
+from hfrt.roles.mixins.advantage import Advantages, overlong_penalty
 
 from .test_flows import run_flow
 
@@ -99,7 +99,7 @@ def test_compute_advantages_subtracts_weighted_costs() -> None:
     mask = torch.tensor([[1, 1], [1, 0]])
     scores = Batch({"token_level_scores": torch.tensor([[0.0, 1.0], [0.5, 0.0]]), "response_mask": mask})
     costs = Batch({"token_level_costs": torch.tensor([[0.0, 1.0], [0.0, 0.0]])})
-    out = AdvantageEndpoints().compute_advantages(
+    out = Advantages().compute(
         scores, costs, Batch({"values": torch.zeros(2, 2)}), estimator="gae", cost_column="token_level_costs", cost_coef=1.5)
     assert out["token_level_rewards"].flatten().tolist() == pytest.approx([0.0, -0.5, 0.5, 0.0])
     assert out.meta["metrics"]["cost/token_sum_mean"] == pytest.approx(0.5)
@@ -151,7 +151,7 @@ def test_overlong_penalty_by_hand() -> None:
         overlong_penalty(torch.tensor([1]), max_len=4, buffer_len=5, factor=1.0)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     rollout = Batch({"response_mask": mask, "token_level_scores": torch.zeros(2, 4)}, {"uid": ["a", "a"]})
-    out = AdvantageEndpoints().compute_advantages(
+    out = Advantages().compute(
         rollout, estimator="grpo", overlong_buffer_len=2, overlong_penalty_factor=1.0, max_response_len=4)
     assert out["token_level_rewards"].flatten().tolist() == pytest.approx([0, 0, -0.5, 0, 0, 0, 0, -1.0])
     assert out.meta["metrics"]["overlong/penalty_mean"] == pytest.approx(-0.75)

@@ -12,8 +12,8 @@ import torch
 
 
 def _hybrid(engine: Any, train: Any, gen: Any, rank: int) -> Any:
-    """What the actor's _resharding_hybrid builds, on the tiny preset."""
-    from hfrt.roles.actor import gen_pp_group
+    """What the actor's build_hybrid builds at a generation layout (actor_layout._resharding_hybrid), on the tiny preset."""
+    from hfrt.roles.actor_layout import gen_pp_group
     from hfrt.roles.generation.hf import HFGenerationEngine
     from hfrt.roles.generation.hybrid import ReshardHybrid
     from hfrt.roles.models import load_tokenizer

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hfrt.daemon.base import DaemonContext
-from hfrt.roles.actor import ActorDaemon, read_layouts, with_layout
+from hfrt.roles.actor import ActorDaemon
+from hfrt.roles.actor_layout import read_layouts, with_layout
 from hfrt.roles.training.parallel.layout import Layout
 
 
@@ -15,14 +16,13 @@ def ctx(world: int = 4, **options: object) -> DaemonContext:
 
 
 def test_layouts_from_options_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("HFRT_TP_SIZE", raising=False)
-    monkeypatch.delenv("HFRT_PP_SIZE", raising=False)
+    monkeypatch.setenv("HFRT_TP_SIZE", "4")  # the environment no longer carries the layout
     assert read_layouts(ctx()) is None
     layouts = read_layouts(ctx(parallel={"tp": 2, "pp": 1}, generation={"parallel": {"tp": 1}}))
     assert layouts == (Layout(2, 1, 2), Layout(1, 1, 4))
     assert read_layouts(ctx(parallel={"tp": 2})) == (Layout(2, 1, 2), Layout(2, 1, 2))  # generation follows
-    monkeypatch.setenv("HFRT_TP_SIZE", "4")  # the cluster spec's tp_size
-    assert read_layouts(ctx(generation={"parallel": {"tp": 2}})) == (Layout(4, 1, 1), Layout(2, 1, 2))
+    # a cluster spec's tp_size arrives as options.parallel (hfrt.deploy.placement)
+    assert read_layouts(ctx(parallel={"tp": 4, "pp": 1}, generation={"parallel": {"tp": 2}})) == (Layout(4, 1, 1), Layout(2, 1, 2))
     engine = with_layout({"engine": {"backend": "local", "micro_batch_size": 2}}, layouts)["engine"]
     assert engine == {"backend": "tp", "micro_batch_size": 2, "tp": 2, "pp": 1}
     assert with_layout({"engine": {"backend": "fsdp2"}}, layouts)["engine"]["backend"] == "fsdp2"
@@ -42,3 +42,19 @@ def test_bad_parallel_options_name_the_option() -> None:
     ActorDaemon.check_config(ctx(parallel={"tp": 2}, generator="vllm"))
     with pytest.raises(ValueError, match="consecutive ranks"):
         ActorDaemon.check_config(ctx(parallel={"tp": 4}, generation={"parallel": {"tp": 2}}, generator="vllm"))
+
+
+
+def test_placement_passes_the_layout_as_options_and_the_users_parallel_wins() -> None:
+    from hfrt.deploy.placement import layout_options
+    from hfrt.deploy.spec import RolePlacement
+
+    def role(tp: int, pp: int = 1, **options: object) -> RolePlacement:
+        return RolePlacement("actor", "pool", "actor", 4, 4 // (tp * pp), tp, pp, options=dict(options))
+
+    assert layout_options(role(1)) == {}
+    assert layout_options(role(2, model="tiny")) == {"model": "tiny", "parallel": {"tp": 2, "pp": 1}}
+    assert layout_options(role(2, 2, parallel={"tp": 4})) == {"parallel": {"tp": 4, "pp": 2}}
+    assert layout_options(role(2, parallel=2)) == {"parallel": 2}  # left for the actor to refuse by name
+    assert read_layouts(ctx(**layout_options(role(2)))) == (Layout(2, 1, 2), Layout(2, 1, 2))
+    assert read_layouts(ctx(**layout_options(role(2, parallel={"tp": 4})))) == (Layout(4, 1, 1), Layout(4, 1, 1))

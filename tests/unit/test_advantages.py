@@ -149,45 +149,45 @@ def test_kl_controllers() -> None:
 
 def test_compute_advantages_endpoint_in_process() -> None:
     from hfrt.daemon.batch import Batch
-    from hfrt.roles.mixins.advantage import AdvantageEndpoints
+    from hfrt.roles.mixins.advantage import Advantages
 
     rollout = Batch({"response_mask": OUT_MASK, "token_level_scores": OUT_REWARDS}, {"uid": list(INDEX)})
     logp = Batch({"old_log_probs": torch.zeros(6, 2), "ref_log_prob": torch.full((6, 2), -0.5)})
-    out = AdvantageEndpoints().compute_advantages(rollout, logp, estimator="grpo", norm_adv_by_std=False)
+    out = Advantages().compute(rollout, logp, estimator="grpo", norm_adv_by_std=False)
     close(out["advantages"], (T([0.0, -1.0, 1.0, 3.0, 0.0, 0.0])[:, None] * OUT_MASK).tolist())
     metrics = out.meta["metrics"]
     assert metrics["kl/mean"] == pytest.approx(0.5) and metrics["advantages/max"] == pytest.approx(3.0)
 
-    host = AdvantageEndpoints()
+    host = Advantages()
     values = Batch({"values": torch.zeros(6, 2)})
-    out = host.compute_advantages(rollout, logp, values, use_kl_in_reward=True, kl_coef=0.1, kl_ctrl="adaptive", target_kl=1.0, horizon=60)
+    out = host.compute(rollout, logp, values, use_kl_in_reward=True, kl_coef=0.1, kl_ctrl="adaptive", target_kl=1.0, horizon=60)
     # in-reward KL (k1 = .5 per token) lowers every token's reward by .05; gae returns = reward-to-go
     assert out["token_level_rewards"][0].tolist() == pytest.approx([-0.05, 0.95])
     assert out["returns"][0].tolist() == pytest.approx([0.9, 0.95])
     assert out.meta["metrics"]["actor/reward_kl_penalty_coeff"] == 0.1
     assert host._kl_controller is not None and host._kl_controller.value == pytest.approx(0.1 * (1 - 0.2 * 6 / 60))
     with pytest.raises(ValueError, match="unknown advantage estimator"):
-        host.compute_advantages(rollout, estimator="nope")
+        host.compute(rollout, estimator="nope")
     with pytest.raises(ValueError, match="unknown field"):
-        host.compute_advantages(rollout, estimator="grpo", gama=1.0)
+        host.compute(rollout, estimator="grpo", gama=1.0)
 
 
 def test_advantage_state_survives_a_checkpoint() -> None:
     """The in-reward KL controller's coefficient goes into state.json and comes back exactly."""
     from hfrt.daemon.batch import Batch
-    from hfrt.roles.mixins.advantage import AdvantageEndpoints
+    from hfrt.roles.mixins.advantage import Advantages
 
     rollout = Batch({"response_mask": OUT_MASK, "token_level_scores": OUT_REWARDS}, {"uid": list(INDEX)})
     logp = Batch({"old_log_probs": torch.zeros(6, 2), "ref_log_prob": torch.full((6, 2), -0.5)})
     opts = {"estimator": "grpo", "use_kl_in_reward": True, "kl_coef": 0.1, "kl_ctrl": "adaptive", "target_kl": 1.0, "horizon": 60}
-    first = AdvantageEndpoints()
-    assert first.advantage_state() == {}
-    first.compute_advantages(rollout, logp, **opts)
-    saved = first.advantage_state()
+    first = Advantages()
+    assert first.state() == {}
+    first.compute(rollout, logp, **opts)
+    saved = first.state()
     assert saved == {"kind": "adaptive", "value": pytest.approx(0.1 * (1 - 0.2 * 6 / 60))}
-    resumed = AdvantageEndpoints()
-    resumed.load_advantage_state(saved)
-    a = first.compute_advantages(rollout, logp, **opts).meta["metrics"]["actor/reward_kl_penalty_coeff"]
-    b = resumed.compute_advantages(rollout, logp, **opts).meta["metrics"]["actor/reward_kl_penalty_coeff"]
+    resumed = Advantages()
+    resumed.load_state(saved)
+    a = first.compute(rollout, logp, **opts).meta["metrics"]["actor/reward_kl_penalty_coeff"]
+    b = resumed.compute(rollout, logp, **opts).meta["metrics"]["actor/reward_kl_penalty_coeff"]
     assert a == b == saved["value"]  # not the initial 0.1: the resumed run goes on from the saved coefficient
-    assert first.advantage_state() == resumed.advantage_state()
+    assert first.state() == resumed.state()
