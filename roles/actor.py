@@ -192,8 +192,8 @@ class ActorDaemon(AgentTurns, Daemon):
     @endpoint(dispatch=Dispatch.SPLIT_GENERATION)
     def generate(self, batch: Batch, *extra: Batch, **sampling: Any) -> Batch:
         """Sample responses for the `prompt` column (strings, chats or token ids); keyword
-        arguments override the `sampling` option for this call. See roles/rollout.py for the
-        output; meta holds the transition timings and peak memory (max over ranks)."""
+        arguments override the `sampling` option for this call. See roles/generation/batches.py
+        for the output; meta holds the transition timings and peak memory (max over ranks)."""
         prompts = with_uids(merge(batch, extra))
         check_rows(len(prompts), "actor.generate")
         params = sampling_params(self.sampling, **sampling)
@@ -246,7 +246,7 @@ class ActorDaemon(AgentTurns, Daemon):
         """The policy version this actor samples with: its optimizer steps so far (class docstring)."""
         return int(self.engine.steps)
 
-    # -- agent turns: the AgentTurns hooks (roles/agent_turns.py) ------------------------------
+    # -- agent turns: the AgentTurns hooks (roles/mixins/agent_turns.py) -----------------------
 
     def _turn_prepare(self, params: SamplingParams) -> tuple[SamplingParams, dict[str, float]]:
         """To the generation phase (weights pushed on the first turn after a training-side call;

@@ -49,8 +49,8 @@ INITIAL_VERSION = -1
 
 class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
     """Endpoints: generate (SPLIT); load_weights, weight_version (REPLICATE); generate_partial
-    (SPLIT, roles/partial_rollout.py: a rollout in segments that a weight sync can interrupt);
-    generate_turn and assemble_trajectories (SPLIT, roles/agent_turns.py: multi-turn agent rollouts)."""
+    (SPLIT, roles/mixins/partial_rollout.py: a rollout in segments that a weight sync can interrupt);
+    generate_turn and assemble_trajectories (SPLIT, roles/mixins/agent_turns.py: multi-turn agent rollouts)."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm"})
 
@@ -85,7 +85,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
 
     @endpoint(dispatch=Dispatch.REPLICATE, raw_handles=True)
     def load_weights(self, sync: dict[str, Any]) -> dict[str, Any]:
-        """Load a version published by `publish_weights` (roles/weight_sync.py): buckets pulled
+        """Load a version published by `publish_weights` (roles/mixins/weight_sync.py): buckets pulled
         daemon-to-daemon one at a time, each checksum checked on arrival and on what the engine
         then holds. A failed sync leaves this daemon refusing to generate until the next good one."""
         where = f"rollout daemon {self.context.identity}"
@@ -111,7 +111,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
         """The policy version this daemon generates with (-1 before the first sync)."""
         return self.version
 
-    # -- agent turns: the AgentTurns hooks (roles/agent_turns.py) -----------------------------
+    # -- agent turns: the AgentTurns hooks (roles/mixins/agent_turns.py) ----------------------
 
     def _turn_prepare(self, params: SamplingParams) -> tuple[SamplingParams, dict[str, float]]:
         if self.broken is not None:
@@ -130,10 +130,10 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def generate(self, batch: Batch, *extra: Batch, **sampling: Any) -> Batch:
-        """Sample responses for the `prompt` column, as the actor's `generate` does (roles/rollout.py
-        layout), plus `weight_version` (and `weight_version_max`, the same here) per row and in meta,
-        tensor `token_versions` [N, R] (this version on every response token, -1 on padding), and
-        meta timing/generate_s."""
+        """Sample responses for the `prompt` column, as the actor's `generate` does
+        (roles/generation/batches.py layout), plus `weight_version` (and `weight_version_max`, the
+        same here) per row and in meta, tensor `token_versions` [N, R] (this version on every
+        response token, -1 on padding), and meta timing/generate_s."""
         if self.broken is not None:
             raise WeightSyncError(f"rollout daemon {self.context.identity} holds no valid weights: {self.broken}")
         prompts = with_uids(merge(batch, extra))

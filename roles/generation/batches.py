@@ -51,7 +51,7 @@ def _right(t: torch.Tensor, width: int, value: float) -> torch.Tensor:
 def fixed_width(
     out: Mapping[str, torch.Tensor], *, prompt_width: int, response_width: int, pad_id: int, n: int
 ) -> dict[str, torch.Tensor]:
-    """A generation engine's output (roles/generate.py layout) padded to the given widths, with
+    """A generation engine's output (roles/generation/hf.py layout) padded to the given widths, with
     the sampler's log-probs renamed `rollout_log_probs` and the rank-local prompt_index dropped."""
     width = out["prompts"].shape[1]
     prompt_mask = out["attention_mask"][:, :width]

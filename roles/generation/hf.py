@@ -3,7 +3,7 @@
 A generation engine turns prompt token ids into sampled responses with the sampler's per-token
 log-probs, accepts weights pushed one bucket at a time, and can release its memory between
 rollouts (sleep / wake). It knows nothing of training engines, sharding or RL losses; the
-hybrid engine (roles/hybrid.py) connects the two. The vLLM engine lives in roles/vllm_engine.py.
+hybrid engine (hybrid.py) connects the two. The vLLM engine lives in vllm_engine.py.
 
 Output layout (verl's), N = len(prompts) × n rows, samples of one prompt contiguous:
   prompts [N, P] (left-padded), responses [N, R] (right-padded with pad id),

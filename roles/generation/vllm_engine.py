@@ -5,7 +5,7 @@ weight pushes are plain tensor copies, never serialised. Weights go in through t
 `reload_weights` (layer-wise in-place reload: each vLLM layer is re-processed as soon as all its
 checkpoint tensors arrived), fed by an iterator that pulls one training block at a time. Sleep
 mode frees weights and KV cache between rollouts where the platform supports it (CUDA); on CPU
-vLLM ignores it. It knows nothing of training engines or RL; see roles/generate.py for the
+vLLM ignores it. It knows nothing of training engines or RL; see roles/generation/hf.py for the
 output layout and the GenerationEngine contract.
 """
 

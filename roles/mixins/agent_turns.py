@@ -1,7 +1,7 @@
 """Daemon-side endpoints of multi-turn agent rollouts, mixed into any role that generates (the rollout
 role, and the actor on its hybrid engine): one sampled turn for many conversations at once (token
 ids in, sampled token ids and their log-probs out), and the assembly of finished trajectories into
-the rollout Batch layout (roles/rollout.py) the actor trains on.
+the rollout Batch layout (roles/generation/batches.py) the actor trains on.
 
 Token-in/token-out: a conversation travels as the token ids it holds so far; text is tokenised
 here only for what is appended (a prompt, a tool's output), never for what the policy sampled.
@@ -161,7 +161,7 @@ class AgentTurns:
     @endpoint(dispatch=Dispatch.SPLIT)
     def assemble_trajectories(self, batch: Batch, *extra: Batch, prompt_width: int = 0, response_width: int = 0) -> Batch:
         """Trajectories (non-tensor `prompt_ids`, `response_ids`, `response_gen_mask` 1 on sampled
-        tokens, `response_log_probs`) as a rollout Batch: the roles/rollout.py tensor columns, padded
+        tokens, `response_log_probs`) as a rollout Batch: the roles/generation/batches.py tensor columns, padded
         to the group's widest (at least the given widths), `response` text of the whole response,
         and every other column carried. Every data-parallel rank must get at least one trajectory
         (the training endpoints need rows on every rank too); all ranks refuse together otherwise."""

@@ -69,7 +69,7 @@ def stop_set(params: SamplingParams, eos_token_id: int | None) -> set[int]:
 
 
 def partial_record(rows: PartialRows, pad_id: int) -> dict[str, torch.Tensor]:
-    """The rollout tensor columns (roles/rollout.py layout) of finished rows, plus token_versions."""
+    """The rollout tensor columns (roles/generation/batches.py layout) of finished rows, plus token_versions."""
     params = rows.params
     out = {
         "prompts": pad_rows(rows.prompt_ids, max(len(p) for p in rows.prompt_ids), pad_id, left=True, dtype=torch.long),
