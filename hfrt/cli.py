@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("controller", help="run an algorithm script (flow) against role daemons")
     c.add_argument("--flow", required=True, help="built-in flow (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf, dapo, grpo_async, agent_calc, ping) or a .py file defining `async def flow(ctl, config)`")
     c.add_argument("--role", action="append", default=[], metavar="NAME=IMPL[:RANKS]", help="override the flow's roles, e.g. echo=echo:4 (repeatable)")
-    c.add_argument("--config", metavar="FILE", help="flow settings and role overrides (TOML or YAML); see README 'Configuring a run'")
+    c.add_argument("--config", metavar="FILE", help="flow settings and role overrides (TOML or YAML); see docs/configuration.md")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one setting (dots nest: roles.actor.options.engine.optim.lr=1e-3); VALUE parsed as JSON when it can be (repeatable)")
     c.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint (its config.json, then --config/--set)")
     c.add_argument("--attach", metavar="FILE", help="run against daemons already up, described by an attach.json")
@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--log-format", default="console", choices=["console", "json"], help="log line format")
 
     la = sub.add_parser("launch", help="start the daemons a cluster spec places, wait for them, write attach.json")
-    la.add_argument("spec", help="cluster + placement spec (TOML); see README 'Deploying on clusters'")
+    la.add_argument("spec", help="cluster + placement spec (TOML); see docs/deploy.md")
     la.add_argument("--run-dir", help="where the key, logs and attach.json go (default: runs/launch-NAME-TIMESTAMP)")
     la.add_argument("--orphan-timeout", type=float, default=600.0, help="daemons exit after this many seconds without a controller")
     la.add_argument("--log-level", default="warning", help="debug, info, warning or error")

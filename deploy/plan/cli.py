@@ -24,7 +24,7 @@ GB = 1e9
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", help="PLAN.toml: flow, models, workload, cluster (see README 'Planning a device mapping')")
+    p.add_argument("plan", help="PLAN.toml: flow, models, workload, cluster (see docs/plan.md)")
     p.add_argument("--out", metavar="SPEC", help="write the best mapping as a cluster spec TOML (for --cluster / hfrt launch)")
     p.add_argument("--rank", type=int, default=1, metavar="N", help="with --out: write the N-th best mapping instead (1 = best)")
     p.add_argument("--top", type=int, default=0, metavar="K", help="how many mappings to show (default: the PLAN's top, else 5)")

@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 
+from hfrt.control import liveness
 from hfrt.control.daemons import DaemonInfo, GoneListener
 from hfrt.control.group import CallLayer, RoleGroup
 from hfrt.control.lifetimes import HandleTracker
@@ -46,17 +47,6 @@ from hfrt.wire import shm
 from hfrt.wire.channel import Channel
 from hfrt.wire.errors import CallTimeout, DaemonGone, ProtocolMismatch, RemoteError
 
-#: A daemon silent for this many heartbeat intervals is declared dead. Daemons beat twice per
-#: interval, so a live one is silent for at most half an interval plus its own scheduling delays;
-#: the check is timed to each daemon's deadline, so a death is declared 1.75 intervals after the
-#: last beat (plus the controller's own lateness), within the 2 intervals the protocol promises.
-DEAD_AFTER = 1.75
-#: A watcher that wakes more than this many intervals late was not running itself: it reads what
-#: waits on its socket, lets ZeroMQ's I/O thread catch up for SETTLE intervals, and only then judges.
-LATE_AFTER = 0.1
-SETTLE = 0.05
-#: Longest sleep of the watcher between judgements, in intervals (new daemons, changed deadlines).
-MAX_NAP = 0.5
 
 class _Pending:
     __slots__ = ("daemon", "endpoint", "future", "timer", "sent")
@@ -150,7 +140,8 @@ class Controller(TensorPlaneControl):
         self._channel = Channel(sock, self._on_frames, self._loop, routed=True, limits=self._limits)
         self._channel.on_unroutable = self._on_unroutable
         self._channel.on_dropped = self._on_dropped
-        self._watcher = self._loop.create_task(self._watch_liveness(), name="hfrt-liveness")
+        watch = liveness.watch(lambda: list(self._daemons.values()), self.heartbeat_s, self._read_waiting, self.mark_gone)
+        self._watcher = self._loop.create_task(watch, name="hfrt-liveness")
         self._log.info("controller_listening", address=self.address)
         return self
 
@@ -459,42 +450,12 @@ class Controller(TensorPlaneControl):
         identity = ident.decode("utf-8", "replace")
         self.mark_gone(identity, f"exited: {msg.reason} (code {msg.exit_code})", expected=msg.exit_code == 0)
 
-    # -- liveness -----------------------------------------------------------------------------
-
-    async def _watch_liveness(self) -> None:
-        """Declare daemons dead after DEAD_AFTER silent heartbeat intervals (runs until close).
-
-        It wakes at the earliest deadline (last heard + DEAD_AFTER intervals) and, before judging,
-        reads everything already waiting on the socket. When it woke late, this process was busy
-        or descheduled: heartbeats may sit unread in the kernel or in ZeroMQ, and that is no
-        daemon's fault, so it reads again after a short settle before judging.
-        """
-        hb = self.heartbeat_s
-        while True:
-            planned = min(self._next_deadline(), self._loop.time() + MAX_NAP * hb)
-            await asyncio.sleep(max(0.0, planned - self._loop.time()))
-            late = self._loop.time() - planned
-            self._read_waiting()
-            if late > LATE_AFTER * hb:
-                await asyncio.sleep(SETTLE * hb)
-                self._read_waiting()
-            self._judge_silence()
-
-    def _next_deadline(self) -> float:
-        limit = DEAD_AFTER * self.heartbeat_s
-        return min((d.last_seen + limit for d in self._daemons.values() if d.alive), default=float("inf"))
+    # -- liveness (hfrt.control.liveness judges; this reads the socket for it) ----------------
 
     def _read_waiting(self) -> None:
         """Hand over every message already waiting on the socket (heartbeats among them)."""
         if self._channel is not None:
             self._channel.drain_all()
-
-    def _judge_silence(self) -> None:
-        now = self._loop.time()
-        limit = DEAD_AFTER * self.heartbeat_s
-        for info in list(self._daemons.values()):
-            if info.alive and now - info.last_seen > limit:
-                self.mark_gone(info.identity, f"no heartbeat for {now - info.last_seen:.2f}s")
 
     # -- outgoing -----------------------------------------------------------------------------
 

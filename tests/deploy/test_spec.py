@@ -12,7 +12,7 @@ from hfrt.deploy import ClusterSpec, SpecError, load_spec, parse_spec, place
 
 pytestmark = pytest.mark.timeout(30)
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DEPLOY_DOC = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
 
 TWO_NODES = """
 launcher = "ssh"
@@ -201,16 +201,16 @@ def test_user_env_stays_apart_from_the_rendezvous_env() -> None:
     assert "HF_TOKEN" not in p.rendezvous_env() and p.rendezvous_env()["RANK"] == "0"
 
 
-def test_readme_cluster_examples_are_valid_specs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_docs_cluster_examples_are_valid_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     import hfrt.roles as roles
 
     for name in ("actor", "critic", "reference", "reward"):  # the role daemons issue 5 registers
         monkeypatch.setitem(roles.BUILTIN, name, roles.BUILTIN.get(name, f"hfrt.roles.{name}:Daemon"))
-    blocks = [b for b in re.findall(r"```toml\n(.*?)```", README.read_text(), re.S) if "[[nodes]]" in b]
-    assert len(blocks) >= 2, "README should show an SSH and a Slurm spec"
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", DEPLOY_DOC.read_text(), re.S) if "[[nodes]]" in b]
+    assert len(blocks) >= 2, "docs/deploy.md should show an SSH and a Slurm spec"
     launchers = set()
     for block in blocks:
-        cluster = parse_spec(tomllib.loads(block), "README.md")
+        cluster = parse_spec(tomllib.loads(block), "docs/deploy.md")
         launchers.add(cluster.launcher)
         assert len(place(cluster)) == sum(r.world_size for r in cluster.roles.values())
     assert launchers == {"ssh", "slurm"}

@@ -119,11 +119,11 @@ def test_controller_writes_the_resolved_config(tmp_path: Path) -> None:
     assert saved["flow"] == {"rounds": 5} and saved["roles"]["echo"]["world_size"] == 2
 
 
-def test_readme_run_config_example(tmp_path: Path) -> None:
-    """The README's run.toml is a valid configuration for the ppo flow (its data file aside)."""
+def test_docs_run_config_example(tmp_path: Path) -> None:
+    """docs/configuration.md's run.toml is a valid configuration for the ppo flow (its data file aside)."""
     import re
 
-    readme = Path(__file__).resolve().parents[2] / "README.md"
+    readme = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
     [block] = [b for b in re.findall(r"```toml\n(.*?)```", readme.read_text(), re.S) if "# run.toml" in b]
     (tmp_path / "run.toml").write_text(block)
     flow = load_flow("ppo")
