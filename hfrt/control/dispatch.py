@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfrt.protocols import BatchHandle
-from hfrt.wire.endpoints import Dispatch
+from hfrt.wire.endpoints import Dispatch, chunk_bounds
 
 #: Values a split dispatch cuts by rows: lists, and distributed batch handles (cut without moving bytes).
 Splittable = (list, BatchHandle)
@@ -52,17 +52,6 @@ class RankSlot:
         if "dp" in axes:
             dp_rank, dp_size = (int(v) for v in axes.pop("dp"))
         return RankSlot(rank, dp_rank, dp_size, tuple((n, int(v[0]), int(v[1])) for n, v in sorted(axes.items())))
-
-
-def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """Split range(n) into `parts` contiguous [start, stop) ranges, the first n % parts one longer."""
-    base, extra = divmod(n, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        stop = start + base + (1 if i < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
 
 
 def _split_length(endpoint: str, args: Sequence[Any], kwargs: dict[str, Any]) -> int | None:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar, overload
 
 import torch
 
-from hfrt.control.dispatch import chunk_bounds
+from hfrt.wire.endpoints import chunk_bounds
 
 V = TypeVar("V")
 

@@ -119,3 +119,15 @@ def endpoint_table(cls: type) -> dict[str, tuple[EndpointSpec, Callable[..., Any
             if isinstance(spec, EndpointSpec):
                 table[spec.name] = (spec, value)
     return table
+
+
+def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """How split rows divide over ranks, the same on both sides of the wire: range(n) as `parts`
+    contiguous [start, stop) ranges, the first n % parts one longer."""
+    base, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds

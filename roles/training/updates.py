@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from hfrt.control.dispatch import chunk_bounds
 from hfrt.roles.losses import LossScale
 from hfrt.roles.rows import Tensors, all_reduce, equal_rows, reduce_metrics, unpad
 from hfrt.roles.training.engines import ForwardOutput, LossFn, TrainEngine
+from hfrt.wire.endpoints import chunk_bounds
 from hfrt.wire.loss_options import UpdateSchedule as UpdateSchedule  # declared with the loss options
 
 #: make_loss(scale, shares) → the loss function of one mini-batch

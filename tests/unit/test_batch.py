@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hfrt.control.dispatch import chunk_bounds
 from hfrt.daemon.batch import Batch
+from hfrt.wire.endpoints import chunk_bounds
 
 fast = settings(max_examples=60, deadline=None)
 

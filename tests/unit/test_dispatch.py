@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hfrt.control.dispatch import RankSlot, chunk_bounds, collect, dispatch
+from hfrt.control.dispatch import RankSlot, collect, dispatch
 from hfrt.daemon.base import Daemon, DaemonContext
-from hfrt.wire.endpoints import Dispatch, endpoint, endpoint_table
+from hfrt.wire.endpoints import Dispatch, chunk_bounds, endpoint, endpoint_table
 
 
 @given(st.integers(0, 200), st.integers(1, 9))
