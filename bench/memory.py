@@ -20,9 +20,8 @@ from typing import Any
 
 from hfrt.bench.common import add_output_flags, emit, machine
 from hfrt.flows import Flow
-from hfrt.flows.common import get_roles
 from hfrt.flows.recipes import ppo
-from hfrt.flows.trainer import Trainer
+from hfrt.flows.trainer import Trainer, get_roles
 from hfrt.log import configure as configure_logging
 from hfrt.session import run_flow
 from hfrt.wire.loop import run

@@ -2,8 +2,8 @@
 role daemons with msgpack commands over ZeroMQ. This is the public face; the rest is detail.
 
 Two audiences: role authors (`Daemon`, `endpoint`, `Dispatch`) and flow authors (`Trainer`,
-`FlowConfig`, `get_roles`, `StageTimer`, `step_metrics`, the errors). Importing it never imports
-torch.
+`FlowConfig`, `get_roles`, `StageTimer`, `step_metrics`, `reduce_rank_metrics`,
+`sampling_seed`, the errors). Importing it never imports torch.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from hfrt.control.controller import Controller
 from hfrt.control.recovery import RecoveryFailed
 from hfrt.daemon.base import Daemon, DaemonContext
 from hfrt.flows.config import FlowConfig
-from hfrt.flows.metrics import step_metrics
+from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
 from hfrt.flows.timing import StageTimer
-from hfrt.flows.trainer import Trainer, get_roles
+from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle, TensorHandle
 from hfrt.wire.endpoints import Dispatch, endpoint
 from hfrt.wire.errors import CallTimeout, DaemonGone, HfrtError, ProtocolMismatch, RemoteError, UnknownEndpoint
@@ -38,5 +38,7 @@ __all__ = [
     "UnknownEndpoint",
     "endpoint",
     "get_roles",
+    "reduce_rank_metrics",
+    "sampling_seed",
     "step_metrics",
 ]

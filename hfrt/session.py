@@ -39,6 +39,7 @@ from hfrt.deploy import (
     run_command,
 )
 from hfrt.flows import Flow
+from hfrt.flows.config import FlowConfig
 from hfrt.log import get_logger
 from hfrt.protocols import check_heartbeat_s, load_key, new_key, write_key_file
 from hfrt.wire.errors import DaemonGone, ProtocolMismatch
@@ -253,6 +254,8 @@ class Session:
     @classmethod
     def attached(cls, attach: Attach, *, run_dir: Path, policy: RecoveryPolicy = RecoveryPolicy()) -> Session:
         """Daemons already running (an attach file): nothing is started, and they are left running."""
+        if policy.enabled:
+            raise ValueError("config recovery=on: only daemons this controller starts can be relaunched, not --attach ones")
         session = cls(run_dir=run_dir, key=load_key(attach.key_file), bind=attach.bind_address,
                       heartbeat_s=attach.heartbeat_s, specs=[], policy=policy, keep_daemons=True)
         _made(run_dir)
@@ -352,7 +355,7 @@ async def run_flow(
     attach: Attach | None = None, keep_daemons: bool = False, heartbeat_s: float = 2.0, orphan_timeout_s: float = 30.0,
 ) -> dict[str, Any]:
     """Run `flow` once on local daemons (or attached ones) and return its summary."""
-    policy = RecoveryPolicy.from_config(config)
+    policy = recovery_policy(flow, config)
     if attach is not None:
         session = Session.attached(attach, run_dir=run_dir, policy=policy)
     else:
@@ -367,10 +370,17 @@ async def run_on_cluster(
     """Launch the spec's daemons, run `flow` once, then stop them (or keep them: see launch_cluster)."""
     if flow.roles:
         spec.check_roles(flow.roles_for(config), f"flow {flow.name!r}")
-    policy = RecoveryPolicy.from_config(config)
+    policy = recovery_policy(flow, config)
     orphan = max(spec.daemons.orphan_timeout_s, 600.0) if keep_daemons else None
     return await _run(Session.on_cluster(spec, run_dir=run_dir, policy=policy, keep_daemons=keep_daemons,
                                          orphan_timeout_s=orphan), flow, config)
+
+
+def recovery_policy(flow: Flow, config: dict[str, Any]) -> RecoveryPolicy:
+    """The run's recovery settings: from the flow's config as the flow reads it (read once, see
+    hfrt.flows.Flow), or from the plain dict for a flow without a FlowConfig."""
+    typed = flow.read(config) if flow.config_cls is not None else None
+    return typed.recovery_policy() if isinstance(typed, FlowConfig) else RecoveryPolicy.from_config(config)
 
 
 async def _run(session: Session, flow: Flow, config: dict[str, Any]) -> dict[str, Any]:

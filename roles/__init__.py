@@ -1,6 +1,8 @@
 """Role daemon implementations and the lookup from an implementation name to its Daemon class.
 
 Built-in names map to classes here; anything else is "package.module:Class" or "path/file.py:Class".
+roles/ imports hfrt.daemon, hfrt.wire, protocols, torch and the model libraries; never the
+controller side (hfrt.control, hfrt.flows), deploy or bench.
 """
 
 from __future__ import annotations

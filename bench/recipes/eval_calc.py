@@ -22,9 +22,9 @@ from typing import Any
 
 from hfrt.flows import Flow
 from hfrt.flows.agent.loop import AgentConfig, Trajectory, run_agents
-from hfrt.flows.common import get_roles
 from hfrt.flows.data import DatasetError, read_rows
 from hfrt.flows.recipes.agent_calc import calc_agent
+from hfrt.flows.trainer import get_roles
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:

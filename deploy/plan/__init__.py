@@ -1,2 +1,3 @@
 """`hfrt plan`: the HybridFlow paper's Algorithm 1 (auto device mapping) — cost model, search, PLAN.toml, spec writing, calibration.
+Pure arithmetic over specs and flows' STAGES: imports hfrt.flows (to read STAGES) and deploy/spec; no torch, no controller.
 """

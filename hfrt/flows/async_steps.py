@@ -74,7 +74,7 @@ class PipelinedSteps:
         self.pipeline = RolloutPipeline(sync, cfg.staleness(), self._generate, self._next_prompts, steps=cfg.steps)
         self._prompts_per_step = cfg.prompts_per_step
         self._started = False
-        recovery = getattr(trainer.ctl, "recovery", None)
+        recovery = trainer.ctl.recovery
         if recovery is not None:
             recovery.on_restart("rollout", self._rollout_restarted)
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from hfrt.deploy.launchers.base import DaemonSpec
-from hfrt.flows.common import CALL_TIMEOUT_S, non_tensor, prompts_handle
+from hfrt.flows.batches import non_tensor, prompts_handle
+from hfrt.flows.config import CALL_TIMEOUT_S
 from tests.support import local_cluster
 
 TRAIN = {"micro_batch_size": 32, "optim": {"lr": 2e-3}}

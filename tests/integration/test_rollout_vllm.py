@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from hfrt.deploy.launchers.base import DaemonSpec
-from hfrt.flows.common import CALL_TIMEOUT_S, non_tensor, prompts_handle
+from hfrt.flows.batches import non_tensor, prompts_handle
+from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.wire.errors import RemoteError
 from tests.support import local_cluster, skip_without_vllm
 

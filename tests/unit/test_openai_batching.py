@@ -28,7 +28,7 @@ class SlowRollout(ScriptedRollout):
 
     async def generate_turn(self, handle: Any, **options: Any) -> Any:
         await asyncio.sleep(self.delay_s)
-        from hfrt.flows.common import non_tensor
+        from hfrt.flows.batches import non_tensor
 
         if [999] in non_tensor(handle, "context"):
             self.calls.append(options | {"rows": len(non_tensor(handle, "context"))})

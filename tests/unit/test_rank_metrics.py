@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hfrt.flows.common import reduce_rank_metrics
+from hfrt.flows.metrics import reduce_rank_metrics
 from hfrt.flows.recipes.grpo import GRPOConfig, grpo_step
 from hfrt.flows.recipes.ppo import PPOConfig, ppo_step
 from hfrt.protocols import BatchHandle

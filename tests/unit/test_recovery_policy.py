@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from hfrt.control.recovery import STATELESS, RecoveryPolicy
+from hfrt.flows import Flow
 from hfrt.flows.recipes.ppo import PPOConfig
 from hfrt.session import Attach, run_flow
 
@@ -40,5 +40,9 @@ def test_flows_accept_the_recovery_keys() -> None:
 def test_recovery_with_attached_daemons_is_refused_before_anything_starts(tmp_path: Path) -> None:
     attach = Attach("tcp://127.0.0.1:1", str(tmp_path / "key"), {"reward": 1})
     with pytest.raises(ValueError, match="only daemons this controller starts can be relaunched"):
-        asyncio.run(run_flow(SimpleNamespace(name="ppo"), run_dir=tmp_path / "run", config={"recovery": "on"}, attach=attach))  # type: ignore[arg-type]
+        asyncio.run(run_flow(Flow("ping", noop), run_dir=tmp_path / "run", config={"recovery": "on"}, attach=attach))
     assert not (tmp_path / "run").exists()
+
+
+async def noop(ctl: object, config: object) -> None:
+    return None
