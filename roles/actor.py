@@ -4,7 +4,7 @@ memory released after.
 
 Options (beyond roles/common.py's): `generator` ("hf" | "vllm"), `sampling` (SamplingParams
 defaults), `vllm` (VLLMConfig fields but model_dir), `parallel` {tp, pp} (training layout; dp
-follows from world_size; on a cluster placement fills it from the spec's tp_size / pp_size) and
+follows from world_size; on a cluster, placement fills it from the spec's tp_size / pp_size) and
 `generation.parallel` {tp, pp} (default: the training sizes): with either above 1 the actor trains
 on the TP engine and generates at the generation layout (roles/actor_layout.py); `generate` splits
 rows by generation dp. Endpoints take Batches whose extra positional Batches (same rows) are merged
