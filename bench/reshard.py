@@ -1,5 +1,5 @@
 """Reshard benchmark: the actor's training → generation weight transition through micro-DP groups
-(roles/parallel/reshard.py) beside the naive "all-gather the full model on every rank, then slice",
+(roles/training/parallel/reshard.py) beside the naive "all-gather the full model on every rank, then slice",
 for several (train, gen) layout pairs on 4 gloo processes, in one run.
 
 Run: `hfrt bench reshard [--preset tiny|llama-110m|smollm2-135m] [--repeats N] [--pairs t2p1d2:t1p1d4 ...]

@@ -12,7 +12,7 @@ The config is read once: `Flow.check` reads the dict into the module's Config, `
 without Config gets the dict. (FlowConfig.read returns a config already read as it is, so a flow
 that still calls `Config.read(config)` itself keeps working.)
 The loader knows module conventions, not algorithms. hfrt.flows imports control/, wire/ and
-protocols; never torch, daemon/ or roles (tests/unit/test_import_rules.py).
+protocols; never torch, daemon/ or roles (tests/house/test_import_rules.py).
 """
 
 from __future__ import annotations

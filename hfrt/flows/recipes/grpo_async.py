@@ -35,7 +35,7 @@ __all__ = [
 ROLES: dict[str, dict[str, Any]] = {**GRPO_ROLES, "rollout": ROLLOUT_ROLE}
 
 #: The step's stages for `hfrt plan`, as in grpo with generation on the rollout role (the weight
-#: sync is not priced); tests/unit/test_flow_stages.py checks them against the real calls.
+#: sync is not priced); tests/flows/test_flow_stages.py checks them against the real calls.
 STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
     ("generate", {"rollout": ("generate",)}),
     ("stage2", {"reference": ("forward",), "reward": ("forward",)}),

@@ -14,7 +14,7 @@ from hfrt.flows.agent.openai.api import BadRequest
 from hfrt.flows.agent.openai.http_json import HttpError, Request
 from hfrt.flows.agent.openai.server import OpenAIServer, _http_error
 from hfrt.wire.errors import DaemonGone, RemoteError
-from tests.unit.test_agent_loop import ScriptedRollout
+from tests.flows.test_agent_loop import ScriptedRollout
 
 OPTIONS = {"max_new_tokens": 2, "temperature": 1.0, "stop": []}
 

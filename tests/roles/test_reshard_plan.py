@@ -8,7 +8,7 @@ import pytest
 from hfrt.roles.training.parallel import layout as L
 from hfrt.roles.training.parallel.reshard_plan import fallback_names, make_plan
 from hfrt.roles.training.parallel.shard import ModelShape
-from tests.unit.test_layout import PAIRS, SHAPE, params
+from tests.roles.test_layout import PAIRS, SHAPE, params
 
 UNEVEN = ModelShape(num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=10)
 
