@@ -298,7 +298,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from hfrt.deploy.plan.cli import main as plan_main
+    from hfrt.deploy.plan import main as plan_main
 
     return plan_main(args)
 
@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="warning", help="debug, info, warning or error")
 
     pn = sub.add_parser("plan", help="map roles to devices (the paper's Algorithm 1) and write a cluster spec")
-    from hfrt.deploy.plan.cli import add_arguments as plan_arguments
+    from hfrt.deploy.plan import add_arguments as plan_arguments
 
     plan_arguments(pn)
 
