@@ -3,16 +3,8 @@ may write `<calc>EXPR</calc>`; the agent loop runs the calculator and appends `[
 of training); the policy then answers. Reward: 1 when the answer (the text after the last tool
 output) starts with the right sum, else 0.
 
-A step: push the actor's weights to the rollout role → run the agents (turns batched on the rollout
-role, token-in/token-out) → trajectories assembled into a rollout batch on the rollout daemons →
-(reference log-probs ∥ reward) → advantages → actor update. With `agent_on = "actor"` the turns
-run on the actor's own generation engine instead (colocated, verl's AgentLoop on the hybrid
-engine): no rollout daemon is launched, no weights are sent anywhere, the actor stays in its
-generation phase across a step's turns (one weight push into its generation engine per step) and
-goes back to training for the update. With `max_staleness` ≥ 1 (agent_on = "rollout" only) the
-agents of the next steps run ahead on the rollout role while the actor trains (AReaL / slime style
-agentic async RL). The machinery (agent_grpo, its config, roles and step functions) is
-hfrt.flows.agent.grpo's; this recipe adds the calculator and the agent that calls it. It knows
+The step, `agent_on` and `max_staleness` are hfrt.flows.agent.grpo's (agent_grpo, its config, roles
+and step functions); this recipe adds the calculator and the agent that calls it. It knows
 endpoints, not engines.
 """
 
