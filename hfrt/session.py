@@ -355,7 +355,7 @@ async def run_flow(
     attach: Attach | None = None, keep_daemons: bool = False, heartbeat_s: float = 2.0, orphan_timeout_s: float = 30.0,
 ) -> dict[str, Any]:
     """Run `flow` once on local daemons (or attached ones) and return its summary."""
-    policy = recovery_policy(flow, config)
+    policy = recovery_policy(flow, with_run_dir(config, run_dir))
     if attach is not None:
         session = Session.attached(attach, run_dir=run_dir, policy=policy)
     else:
@@ -370,15 +370,17 @@ async def run_on_cluster(
     """Launch the spec's daemons, run `flow` once, then stop them (or keep them: see launch_cluster)."""
     if flow.roles:
         spec.check_roles(flow.roles_for(config), f"flow {flow.name!r}")
-    policy = recovery_policy(flow, config)
+    policy = recovery_policy(flow, with_run_dir(config, run_dir))
     orphan = max(spec.daemons.orphan_timeout_s, 600.0) if keep_daemons else None
     return await _run(Session.on_cluster(spec, run_dir=run_dir, policy=policy, keep_daemons=keep_daemons,
                                          orphan_timeout_s=orphan), flow, config)
 
 
 def recovery_policy(flow: Flow, config: dict[str, Any]) -> RecoveryPolicy:
-    """The run's recovery settings: from the flow's config as the flow reads it (read once, see
-    hfrt.flows.Flow), or from the plain dict for a flow without a FlowConfig."""
+    """The run's recovery settings: from the flow's config as the flow reads it (`config` is the
+    dict the flow runs with, run_dir included, so `hfrt controller`'s check before launch, this
+    and Flow.run read it once: see hfrt.flows.Flow), or from the plain dict for a flow without a
+    FlowConfig."""
     typed = flow.read(config) if flow.config_cls is not None else None
     return typed.recovery_policy() if isinstance(typed, FlowConfig) else RecoveryPolicy.from_config(config)
 

@@ -173,3 +173,16 @@ def test_attach_accepts_only_role_settings_the_daemons_already_have() -> None:
             {"actor": {"world_size": 4, "options": {"engine": {"optim": {"lr": 0.1}}}}, "critic": {"world_size": 1}}, running, "--set"
         )
     assert runconfig.role_overrides(sets=["steps=3", "roles.actor.world_size=2"]) == {"actor": {"world_size": 2}}
+
+
+def test_check_recovery_policy_and_run_share_one_read(tmp_path: Path) -> None:
+    """`hfrt controller` checks {config + run_dir} before launch; the session's recovery policy
+    and Flow.run get that same typed config back instead of reading the dict again."""
+    from hfrt.session import recovery_policy, with_run_dir
+
+    flow = load_flow("ppo")
+    config = with_run_dir({"steps": 2, "recovery": "on"}, tmp_path)
+    flow.check(config)
+    first = flow.read(config)
+    assert recovery_policy(flow, dict(config)).enabled
+    assert flow.read(dict(config)) is first
