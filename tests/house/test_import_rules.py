@@ -4,6 +4,7 @@ imports alike): no import circle anywhere, and each folder imports only what its
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,11 +29,16 @@ def module_files() -> dict[str, Path]:
 FILES = module_files()
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def imports_of(name: str, path: Path) -> Iterator[tuple[str, int, bool]]:
     """(imported module, line, lazy) for every import in the file, resolved to a known module
     where one matches (`from pkg import sub` names the submodule)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     top_level = {id(n) for n in tree.body}
     guarded = {id(n) for node in tree.body if isinstance(node, ast.If) for n in ast.walk(node)}
     for node in ast.walk(tree):
@@ -56,10 +62,11 @@ def known(target: str) -> str | None:
     return target or None
 
 
+@functools.cache
 def is_face(name: str) -> bool:
     """A package __init__ that only imports and re-exports (defines nothing)."""
     path = FILES[name]
-    body = ast.parse(path.read_text()).body
+    body = parsed(path).body
     return path.name == "__init__.py" and not any(isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef) for n in body)
 
 
@@ -166,5 +173,5 @@ def test_recipes_import_no_sibling_recipe() -> None:
 
 
 def test_every_folder_says_what_it_owns_and_may_import() -> None:
-    silent = [str(p.relative_to(ROOT)) for n, p in FILES.items() if p.name == "__init__.py" and not ast.get_docstring(ast.parse(p.read_text()))]
+    silent = [str(p.relative_to(ROOT)) for n, p in FILES.items() if p.name == "__init__.py" and not ast.get_docstring(parsed(p))]
     assert silent == []
