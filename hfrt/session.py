@@ -175,6 +175,10 @@ def save_trace(trace: CallTrace | None, run_dir: Path) -> dict[str, str]:
     return {"trace": str(path)} if path is not None else {}
 
 
+#: The default: daemons that die stay dead (`--set recovery=on` relaunches them).
+RECOVERY_OFF = RecoveryPolicy()
+
+
 class Session:
     """A controller and its daemons for one run; use as an async context manager:
 
@@ -190,18 +194,17 @@ class Session:
 
     def __init__(
         self, *, run_dir: Path, key: bytes, bind: str, heartbeat_s: float, specs: list[DaemonSpec],
-        launcher: Launcher | None = None, key_file: Path | None = None, policy: RecoveryPolicy = RecoveryPolicy(),
+        launcher: Launcher | None = None, key_file: Path | None = None, policy: RecoveryPolicy = RECOVERY_OFF,
         advertise: Callable[[str], str] = lambda bound: bound, hello_timeout_s: float | None = None,
         keep_daemons: bool = False, settings: dict[str, dict[str, Any]] | None = None,
         missing: Callable[[set[str], float, str], str] | None = None,
     ) -> None:
-        if policy.enabled and launcher is None:
-            raise ValueError("config recovery=on: only daemons this controller starts can be relaunched, not --attach ones")
         self.run_dir, self.key, self.key_file, self.specs, self.launcher = run_dir, key, key_file, specs, launcher
         self.heartbeat_s, self.hello_timeout_s, self.keep_daemons = heartbeat_s, hello_timeout_s, keep_daemons
         self.settings = settings or {}
         self._advertise, self._missing = advertise, missing
-        self.recovery = Recovery(launcher, policy) if policy.enabled else None  # type: ignore[arg-type]
+        # a launcher that started the daemons relaunches them (`attached` refuses recovery)
+        self.recovery = Recovery(launcher, policy) if policy.enabled and launcher is not None else None  # type: ignore[arg-type]
         self.controller = Controller(bind, key, heartbeat_s=heartbeat_s, recovery=self.recovery)
         self.address = ""  # what daemons dial (the bound address, as they can reach it)
         self.attach_file: Path | None = None
@@ -211,7 +214,7 @@ class Session:
 
     @classmethod
     def local(
-        cls, roles: dict[str, dict[str, Any]], *, run_dir: Path, policy: RecoveryPolicy = RecoveryPolicy(),
+        cls, roles: dict[str, dict[str, Any]], *, run_dir: Path, policy: RecoveryPolicy = RECOVERY_OFF,
         keep_daemons: bool = False, heartbeat_s: float = 2.0, orphan_timeout_s: float = 30.0,
     ) -> Session:
         """Daemons for `roles` as subprocesses of this machine (a fixed port when they are kept)."""
@@ -229,7 +232,7 @@ class Session:
 
     @classmethod
     def on_cluster(
-        cls, spec: ClusterSpec, *, run_dir: Path, policy: RecoveryPolicy = RecoveryPolicy(),
+        cls, spec: ClusterSpec, *, run_dir: Path, policy: RecoveryPolicy = RECOVERY_OFF,
         keep_daemons: bool = False, orphan_timeout_s: float | None = None,
     ) -> Session:
         """The spec's daemons, placed on its nodes by its launcher (local, ssh or slurm)."""
@@ -252,7 +255,7 @@ class Session:
         )
 
     @classmethod
-    def attached(cls, attach: Attach, *, run_dir: Path, policy: RecoveryPolicy = RecoveryPolicy()) -> Session:
+    def attached(cls, attach: Attach, *, run_dir: Path, policy: RecoveryPolicy = RECOVERY_OFF) -> Session:
         """Daemons already running (an attach file): nothing is started, and they are left running."""
         if policy.enabled:
             raise ValueError("config recovery=on: only daemons this controller starts can be relaunched, not --attach ones")
@@ -294,7 +297,6 @@ class Session:
         """Run `flow` once on this session's daemons and return its summary, plus where the trace
         went and (recovery on) each replacement's time; an attach file is added on leaving."""
         trace = start_trace(self.controller, config, self.run_dir)
-        summary: dict[str, Any] = {}
         written: dict[str, Any] = {}
         try:
             summary = dict(await flow.run(self.controller, with_run_dir(config, self.run_dir)) or {})

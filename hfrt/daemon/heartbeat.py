@@ -27,7 +27,7 @@ from hfrt.log import get_logger
 from hfrt.protocols import Heartbeat, Limits, Wire, WireError, check_heartbeat_s
 
 POLL_CAP_S = 0.05
-#: Beats sent per heartbeat interval (the controller declares death after DEAD_AFTER intervals).
+#: Beats sent per heartbeat interval (the controller declares death after hfrt.control.liveness.DEAD_AFTER intervals).
 BEATS_PER_INTERVAL = 2
 #: Beats queued for an unreachable controller before new ones are dropped (stale beats prove nothing).
 SEND_HWM = 4
