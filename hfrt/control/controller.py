@@ -93,6 +93,7 @@ class Controller(TensorPlaneControl):
         self._next_id = 1
         self._gone_before_hello: dict[str, str] = {}
         self._rejected: dict[str, str] = {}
+        self._unmatched_peers: set[bytes] = set()  # peers whose unmatched reply was logged
         self._plane_ranks: dict[str, int] = {}
         self._changed: asyncio.Event | None = None
         self._channel: Channel | None = None
@@ -107,15 +108,10 @@ class Controller(TensorPlaneControl):
         self.recovery = recovery
         if recovery is not None:
             recovery.attach(self)
-        self._stats: dict[str, int] = {
-            "calls_sent": 0,
-            "replies": 0,
-            "errors": 0,
-            "dropped_frames": 0,
-            "dropped_replies": 0,
-            "controller_bulk_bytes": 0,
-            "keys_freed": 0,
-        }
+        # unmatched_replies: signed replies/errors for a call id not pending (late, or not ours)
+        names = ("calls_sent", "replies", "errors", "dropped_frames", "dropped_replies", "unmatched_replies",
+                 "controller_bulk_bytes", "keys_freed")
+        self._stats: dict[str, int] = dict.fromkeys(names, 0)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -253,10 +249,7 @@ class Controller(TensorPlaneControl):
                 self._span(call_id, pending, "gone")
                 if pending.timer is not None:
                     pending.timer.cancel()
-                _settle(
-                    pending.future,
-                    exc=DaemonGone(f"{info.describe()} is gone ({reason}); {pending.endpoint} did not finish"),
-                )
+                _settle(pending.future, exc=DaemonGone(f"{info.describe()} is gone ({reason}); {pending.endpoint} did not finish"))
         self._notify_change()
 
     # -- calls --------------------------------------------------------------------------------
@@ -321,10 +314,8 @@ class Controller(TensorPlaneControl):
             return
         self._span(call_id, pending, "timeout")
         self._send_to(info, Cancel(call_id))
-        _settle(
-            pending.future,
-            exc=CallTimeout(f"{info.role}[{info.rank}].{pending.endpoint} did not finish within {timeout}s; cancelled"),
-        )
+        timed_out = f"{info.role}[{info.rank}].{pending.endpoint} did not finish within {timeout}s; cancelled"
+        _settle(pending.future, exc=CallTimeout(timed_out))
 
     def _on_future_done(self, call_id: int, future: asyncio.Future[Any]) -> None:
         if not future.cancelled():
@@ -375,7 +366,8 @@ class Controller(TensorPlaneControl):
         it from any other peer (even one holding the key) is dropped, logged and counted."""
         pending = self._calls.get(call_id)
         if pending is None:
-            return None  # cancelled, timed out, or from an earlier session
+            self._unmatched(ident, call_id, kind)  # cancelled, timed out, from an earlier session, or forged
+            return None
         if ident != pending.daemon.route:
             self._stats["dropped_replies"] += 1
             self._log.warning("dropped_reply", peer=ident.decode("utf-8", "replace"), kind=kind, call_id=call_id,
@@ -383,6 +375,14 @@ class Controller(TensorPlaneControl):
             return None
         del self._calls[call_id]
         return pending
+
+    def _unmatched(self, ident: bytes, call_id: int, kind: str) -> None:
+        """Count a signed reply or error for a call id that is not pending; log each peer's first."""
+        self._stats["unmatched_replies"] += 1
+        if ident not in self._unmatched_peers:  # later ones from this peer are only counted
+            self._unmatched_peers.add(ident)
+            self._log.warning("unmatched_reply", peer=ident.decode("utf-8", "replace"), kind=kind, call_id=call_id,
+                              why="no call with this id is pending (cancelled, timed out, or not ours)")
 
     def _on_reply(self, ident: bytes, msg: Reply) -> None:
         pending = self._pending_from(ident, msg.call_id, "reply")

@@ -107,7 +107,9 @@ class Trainer:
         record = {"step": step, **before, **await self.step_fn(step, prompts)}
         if due(cfg.val_every, step, cfg.steps):
             record |= await self.validate()
-        record["controller_bulk_bytes"] = self.ctl.stats()["controller_bulk_bytes"]
+        stats = self.ctl.stats()
+        record["controller_bulk_bytes"] = stats["controller_bulk_bytes"]
+        record["controller/unmatched_replies"] = stats.get("unmatched_replies", 0)  # signed replies to no pending call
         if self.ctl.recovery is not None:
             record |= self.ctl.recovery.metrics()
         log.write(record)
