@@ -1,7 +1,9 @@
-"""Throughput of the OpenAI-compatible endpoint with and without batching: C concurrent HTTP clients
-(asyncio, keep-alive, one connection each) send completions to one rollout daemon; the same clients
-against a server that batches (TurnBatcher rounds) and one that sends each request alone
-(batch_size 1), in interleaved rounds. Prints requests/s, latency p50 and generate_turn calls.
+"""Throughput and latency of the OpenAI-compatible endpoint: C concurrent HTTP clients (asyncio,
+keep-alive, one connection each) send completions to one rollout daemon, for each C of --clients
+(default 1, 16, 256), against a server that batches (TurnBatcher rounds) and, with --alone, one that
+sends each request alone (batch_size 1), in interleaved rounds. Prints requests/s, latency p50/p99
+and generate_turn calls; with --rss-requests N, the bench process's RSS (it hosts the server) before
+and after N more requests.
 
 It knows the endpoint's HTTP surface and the local launcher; nothing of training.
 """
@@ -13,6 +15,7 @@ import asyncio
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from hfrt.bench.common import add_output_flags, emit, machine
@@ -46,14 +49,32 @@ async def client(port: int, requests: int, max_tokens: int, index: int) -> list[
     return latencies
 
 
-async def one_round(server: OpenAIServer, args: argparse.Namespace) -> dict[str, float]:
+def _port(server: OpenAIServer) -> int:
+    return int(getattr(server, "port", None) or server.http.port)  # type: ignore[attr-defined]
+
+
+def rss_mib() -> float:
+    """This process's resident set size (VmRSS), MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def one_round(server: OpenAIServer, clients: int, requests: int, max_tokens: int) -> dict[str, float]:
     calls = server.generate_calls
     start = time.perf_counter()
-    per_client = await asyncio.gather(*(client(server.http.port, args.requests, args.max_tokens, i) for i in range(args.clients)))
+    per_client = await asyncio.gather(*(client(_port(server), requests, max_tokens, i) for i in range(clients)))
     wall = time.perf_counter() - start
-    latencies = [x for lat in per_client for x in lat]
-    return {"req_per_s": len(latencies) / wall, "p50_ms": statistics.median(latencies) * 1e3,
+    latencies = sorted(x for lat in per_client for x in lat)
+    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+    return {"req_per_s": len(latencies) / wall, "p50_ms": statistics.median(latencies) * 1e3, "p99_ms": p99 * 1e3,
             "calls": server.generate_calls - calls}
+
+
+def _requests(args: argparse.Namespace, clients: int) -> int:
+    """Requests per client in a round: at least --requests, and at least 64 requests in all."""
+    return max(args.requests, -(-64 // clients))
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -66,23 +87,39 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             rollout = await ctl.role("rollout", timeout_s=300)
             batched = OpenAIServer(rollout, model=args.model, batch_size=64, flush_after_s=args.flush_ms / 1000, idle_flush=args.idle_flush)
             alone = OpenAIServer(rollout, model=args.model, batch_size=1, flush_after_s=0.0)
-            rounds: dict[str, list[dict[str, float]]] = {"batched": [], "alone": []}
+            rounds: dict[str, list[dict[str, float]]] = {}
+            rss: dict[str, float] = {}
             async with batched, alone:
-                await one_round(batched, argparse.Namespace(**{**vars(args), "requests": 1}))  # warm-up
-                for _ in range(args.rounds):
-                    rounds["batched"].append(await one_round(batched, args))
-                    rounds["alone"].append(await one_round(alone, args))
+                await one_round(batched, 4, 1, args.max_tokens)  # warm-up
+                for clients in args.clients:
+                    for _ in range(args.rounds):
+                        requests = _requests(args, clients)
+                        rounds.setdefault(f"batched_c{clients}", []).append(await one_round(batched, clients, requests, args.max_tokens))
+                        if args.alone:
+                            rounds.setdefault(f"alone_c{clients}", []).append(await one_round(alone, clients, requests, args.max_tokens))
+                if args.rss_requests:
+                    rss["before_mib"] = rss_mib()
+                    await one_round(batched, 64, -(-args.rss_requests // 64), 1)
+                    rss["after_mib"] = rss_mib()
+                    rss["requests"] = 64 * -(-args.rss_requests // 64)
         finally:
             await ctl.shutdown_daemons()
             await launcher.stop()
-    return {name: {k: round(statistics.median(r[k] for r in rs), 2) for k in rs[0]} for name, rs in rounds.items()}
+    figures: dict[str, Any] = {name: {k: round(statistics.median(r[k] for r in rs), 2) for k in rs[0]} for name, rs in rounds.items()}
+    if rss:
+        figures["rss"] = {k: round(v, 1) for k, v in rss.items()}
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hfrt bench openai-serve", description=__doc__)
     p.add_argument("--model", default="tiny", help="model preset or folder of the rollout daemon")
-    p.add_argument("--clients", type=int, default=16, help="concurrent HTTP clients")
-    p.add_argument("--requests", type=int, default=4, help="requests per client per round")
+    p.add_argument("--clients", type=lambda s: [int(c) for c in s.split(",")], default=[1, 16, 256],
+                   help="comma-separated counts of concurrent HTTP clients (default 1,16,256)")
+    p.add_argument("--requests", type=int, default=2, help="requests per client per round (at least 64 in a round)")
+    p.add_argument("--alone", action="store_true", help="also measure a server that sends each request alone (batch_size 1)")
+    p.add_argument("--rss-requests", type=int, default=0, help="then send this many requests and report the RSS before/after")
+    p.add_argument("--label", default="", help="a name stamped on the result (e.g. which server stack)")
     p.add_argument("--max-tokens", type=int, default=16, help="max_tokens of every request")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
     p.add_argument("--flush-ms", type=float, default=20.0, help="the batching server's flush_after_s, in ms")
@@ -91,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     configure_logging("warning")
     figures = run(measure(args))
-    ratio = figures["batched"]["req_per_s"] / figures["alone"]["req_per_s"]
-    result = {**figures, "batched_vs_alone_req_per_s": round(ratio, 2), "clients": args.clients, "requests": args.requests,
-              "max_tokens": args.max_tokens, **machine()}
-    for name in ("batched", "alone"):
-        f = figures[name]
-        print(f"{name:8s} {f['req_per_s']:8.1f} req/s   p50 {f['p50_ms']:8.1f} ms   {f['calls']:5.0f} generate_turn calls per round")
-    print(f"batched / alone throughput: {ratio:.2f}x  ({args.clients} clients x {args.requests} requests, max_tokens {args.max_tokens})")
+    result = {"label": args.label, **figures, "clients": args.clients, "max_tokens": args.max_tokens, **machine()}
+    for name, f in figures.items():
+        if name != "rss":
+            print(f"{name:14s} {f['req_per_s']:8.1f} req/s   p50 {f['p50_ms']:8.1f} ms   p99 {f['p99_ms']:8.1f} ms   "
+                  f"{f['calls']:5.0f} generate_turn calls per round")
+    if "rss" in figures:
+        r = figures["rss"]
+        print(f"RSS of the serving process: {r['before_mib']} MiB, after {r['requests']:.0f} more requests {r['after_mib']} MiB")
     emit(result, args)
     return 0
 
