@@ -118,11 +118,52 @@ class _Recipe:
 
 @dataclass(slots=True)
 class RecoveryStats:
-    restarts: int = 0
+    restarts: int = 0  # daemon processes launched as replacements (one killed during start-up counts again)
     retried_calls: int = 0
     rewinds: int = 0  # checkpoint reloads after a stateful role was replaced
-    lost_s: float = 0.0  # flow time spent from a failed call to its retry's result
+    lost_s: float = 0.0  # see Downtime (Recovery.metrics reads it live)
     replace_s: list[float] = field(default_factory=list)  # per restart: death → replacement ready (hello, hooks)
+
+
+class Downtime:
+    """Wall time during which any recovery was under way: a replacement (death → ready), a retried
+    call (failure → retry's result) or a rewind (step failed → checkpoint reloaded). Windows that
+    overlap (actor and reward killed together) count once, so the figure never exceeds wall time
+    and is never smaller than the longest replacement."""
+
+    def __init__(self) -> None:
+        self._closed: list[tuple[float, float]] = []  # disjoint, sorted
+        self._open: dict[int, float] = {}
+        self._tokens = 0
+
+    def begin(self, at: float | None = None) -> int:
+        self._tokens += 1
+        self._open[self._tokens] = time.monotonic() if at is None else at
+        return self._tokens
+
+    def end(self, token: int) -> None:
+        start = self._open.pop(token, None)
+        if start is not None:
+            self.add(start, time.monotonic())
+
+    def add(self, start: float, end: float) -> None:
+        merged = [(start, end)]
+        for a, b in self._closed:
+            if b < merged[0][0] or a > merged[0][1]:
+                merged.append((a, b))
+            else:
+                merged[0] = (min(a, merged[0][0]), max(b, merged[0][1]))
+        self._closed = sorted(merged)
+
+    def total(self) -> float:
+        """Seconds covered by the windows so far (open ones up to now)."""
+        now = time.monotonic()
+        seconds, reach = 0.0, float("-inf")
+        for a, b in sorted([*self._closed, *((start, now) for start in self._open.values())]):
+            if b > reach:
+                seconds += b - max(a, reach)
+                reach = b
+        return seconds
 
 
 class Recovery:
@@ -133,6 +174,7 @@ class Recovery:
         attaches it to its registry."""
         self.launcher, self.policy = launcher, policy
         self.stats = RecoveryStats()
+        self.downtime = Downtime()
         self.failure: RecoveryFailed | None = None
         self.closing = False
         self._replacing: dict[str, asyncio.Task[None]] = {}
@@ -182,7 +224,7 @@ class Recovery:
         if expected or self.closing or info.identity in self._replacing or not (stateful or info.role in self.roles):
             return
         self._outstanding[info.role] = self._outstanding.get(info.role, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._replace(info, reason))
+        task = asyncio.get_running_loop().create_task(self._replace(info, reason, self.downtime.begin()))
         self._replacing[info.identity] = task
         task.add_done_callback(lambda _: self._replacing.pop(info.identity, None))
         if stateful:
@@ -219,7 +261,8 @@ class Recovery:
         (the steps it redoes are not counted)."""
         self._lost.clear()
         self.stats.rewinds += 1
-        self.stats.lost_s += lost_s
+        now = time.monotonic()
+        self.downtime.add(now - lost_s, now)
 
     async def settle(self, groups: list[RoleGroup]) -> None:
         """Wait for every replacement in progress (raising RecoveryFailed if one failed), then
@@ -227,7 +270,13 @@ class Recovery:
         for group in groups:
             await self._settle(group)
 
-    async def _replace(self, info: DaemonInfo, reason: str) -> None:
+    async def _replace(self, info: DaemonInfo, reason: str, window: int) -> None:
+        try:
+            await self._replace_in(info, reason)
+        finally:
+            self.downtime.end(window)
+
+    async def _replace_in(self, info: DaemonInfo, reason: str) -> None:
         identity, role, died = info.identity, info.role, time.monotonic()
         old_pid, old_host = info.pid, str(info.meta.get("host", ""))
         try:
@@ -237,6 +286,7 @@ class Recovery:
                 try:
                     self._exits.pop(identity, None)
                     pid = await self.launcher.relaunch(identity)
+                    self.stats.restarts += 1  # each launch counts, also one that dies before its hello
                     shm.remove_files_of(old_pid, old_host)  # the old process is gone now (this host only)
                     failed = await self._await_hello(identity, pid, old_pid)
                 except Exception as exc:  # a launcher that cannot relaunch ends the run, named
@@ -252,7 +302,6 @@ class Recovery:
             replaced = self._fresh.pop(role, [])
             await self._run_hooks(role, replaced)
             if self.failure is None:
-                self.stats.restarts += len(replaced)
                 self.stats.replace_s += [time.monotonic() - died] * len(replaced)
                 self._log.warning("daemon_replaced", daemons=replaced, after_s=round(time.monotonic() - died, 2))
 
@@ -332,14 +381,16 @@ class Recovery:
                 raise  # its own daemon died or hung: no retry, the step fails into the trainer's rewind now
             if not await self._eventually(lambda: self._retryable(ref.group, args, kwargs)):
                 raise
-            failed_at = time.monotonic()
+            window = self.downtime.begin()
             self._log.warning("call_retried", call=f"{ref.group.name}.{ref.name}", error=str(exc).splitlines()[0])
-            await self._settle(ref.group)
-            args, kwargs = await self._remade(args, kwargs)
-            makers, sent = self._makers(ref.group), time.monotonic()
-            result = await ref.resend_now(how, args, kwargs)
+            try:
+                await self._settle(ref.group)
+                args, kwargs = await self._remade(args, kwargs)
+                makers, sent = self._makers(ref.group), time.monotonic()
+                result = await ref.resend_now(how, args, kwargs)
+            finally:
+                self.downtime.end(window)
             self.stats.retried_calls += 1
-            self.stats.lost_s += time.monotonic() - failed_at
         self._recent.setdefault((ref.group.name, ref.name), deque(maxlen=RECENT)).append(time.monotonic() - sent)
         if ref.group.name in self.roles and isinstance(result, BatchHandle):
             self._lineage[id(result)] = _Recipe(ref, how, args, kwargs, makers)
@@ -406,7 +457,8 @@ class Recovery:
         return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
 
     def metrics(self) -> dict[str, float]:
-        """Cumulative figures for a step's metrics record."""
+        """Cumulative figures for a step's metrics record (lost_s: see Downtime)."""
+        self.stats.lost_s = self.downtime.total()
         return {"recovery/restarts": self.stats.restarts, "recovery/lost_s": round(self.stats.lost_s, 3),
                 "recovery/retried_calls": self.stats.retried_calls, "recovery/rewinds": self.stats.rewinds}
 

@@ -185,6 +185,52 @@ async def test_an_on_restart_hook_runs_after_the_replacements_hello_and_before_t
         assert c.recovery.stats.restarts == 1
 
 
+async def replaced(c: Cluster, identity: str, old_pid: int, timeout_s: float = 60.0) -> None:
+    """Wait until a process other than `old_pid` said hello as `identity`."""
+    deadline = time.monotonic() + timeout_s
+    while not ((d := c.ctl.daemon(identity)) is not None and d.alive and d.pid != old_pid):
+        assert time.monotonic() < deadline, f"{identity} was not replaced within {timeout_s:.0f}s"
+        await c.ctl.wait_change(1.0)
+
+
+@pytest.mark.slow
+async def test_two_daemons_killed_together_count_their_replacement_time_once_in_lost_s(tmp_path: Path) -> None:
+    # `user` stands for the actor (stateful), `maker` for the reward: both killed at once, no call in flight
+    async with Cluster(tmp_path, stateful=frozenset({"user"})) as c:
+        await c.ctl.role("maker"), await c.ctl.role("user")
+        old = {i: c.launcher.processes[i] for i in ("maker:0", "user:0")}
+        for proc in old.values():
+            proc.send_signal(signal.SIGKILL)
+        for identity, proc in old.items():
+            await replaced(c, identity, proc.pid)
+        assert c.recovery is not None
+        await c.recovery.settle([])
+        took = c.recovery.stats.replace_s
+        lost = c.recovery.metrics()["recovery/lost_s"]
+        assert len(took) == 2 and c.recovery.stats.restarts == 2
+        # the windows overlap: at least the longer replacement, at most both end to end
+        assert max(took) - 0.05 <= lost <= sum(took) + 0.05, (lost, took)
+
+
+@pytest.mark.slow
+async def test_a_replacement_killed_during_start_up_counts_as_a_second_restart(tmp_path: Path) -> None:
+    async with Cluster(tmp_path) as c:
+        await c.ctl.role("maker")
+        first = c.launcher.processes["maker:0"]
+        first.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (second := c.launcher.processes.get("maker:0")) is None or second is first:
+            assert time.monotonic() < deadline, "no replacement was launched"
+            await asyncio.sleep(0.005)
+        STARTED_PIDS.add(second.pid)
+        second.send_signal(signal.SIGKILL)  # long before its hello (a daemon takes ~1 s to start)
+        await replaced(c, "maker:0", second.pid)
+        third = c.ctl.daemon("maker:0")
+        assert third is not None and third.pid not in (first.pid, second.pid)
+        assert c.recovery is not None and c.recovery.metrics()["recovery/restarts"] == 2
+        assert c.recovery.metrics()["recovery/lost_s"] >= c.recovery.stats.replace_s[0] - 0.05
+
+
 def test_on_restart_makes_a_role_recoverable(tmp_path: Path) -> None:
     async def noop(replaced: list[str]) -> None:
         return None
@@ -212,7 +258,7 @@ async def test_a_role_whose_replacements_crash_ends_with_an_error_naming_it(tmp_
         await proc.wait()
         with pytest.raises(RecoveryFailed, match=r"role 'maker' keeps dying: maker:0 restarted 2 times(.|\n)*broken on purpose"):
             await maker.make([1])
-        assert c.recovery is not None and c.recovery.stats.restarts == 0
+        assert c.recovery is not None and c.recovery.stats.restarts == 2  # two launches, both crashed
     assert not [p for p in c.launcher._retired + list(c.launcher.processes.values()) if pid_alive(p.pid)]
 
 
