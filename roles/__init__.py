@@ -21,6 +21,7 @@ BUILTIN: dict[str, str] = {
     "critic": "hfrt.roles.critic:CriticDaemon",
     "reference": "hfrt.roles.reference:ReferenceDaemon",
     "reward": "hfrt.roles.reward:RewardDaemon",
+    "reward_model": "hfrt.roles.reward_model:RewardModelDaemon",
     "actor_ref": "hfrt.roles.colocated:ActorRefDaemon",
     "rollout": "hfrt.roles.rollout:RolloutDaemon",
 }

@@ -278,7 +278,118 @@ def _value_model(folder: Path, dtype: torch.dtype, seed: int) -> ValueModel:
     head_file = folder / "value_head.safetensors"
     if head_file.exists():  # a directory written by save_value_model
         model.value_head.load_state_dict(load_file(head_file))
+    elif (found := score_head(folder)) is not None:  # a sequence-classification (reward model) folder
+        weight, bias = found
+        model.value_head.weight.data.copy_(weight.to(dtype))
+        model.value_head.bias.data.copy_(bias.to(dtype) if bias is not None else torch.zeros(1, dtype=dtype))
     return model
+
+
+#: the head names of reward-model folders: transformers' *ForSequenceClassification (`score`,
+#: what TRL and OpenRLHF save) and OpenRLHF's older `value_head`
+SCORE_HEADS = ("score", "value_head")
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.safetensors"))
+
+
+def score_head(folder: Path) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The scalar head of a sequence-classification folder (weight [1, hidden], bias or None), or
+    None when its weights hold none; a head with more than one label is an error naming the folder."""
+    from safetensors import safe_open
+
+    for file in _weight_files(folder):
+        if file.name == "value_head.safetensors":
+            continue
+        with safe_open(str(file), framework="pt") as f:
+            keys = set(f.keys())
+            for head in SCORE_HEADS:
+                if f"{head}.weight" in keys:
+                    weight = f.get_tensor(f"{head}.weight")
+                    if weight.dim() != 2 or weight.shape[0] != 1:
+                        raise ModelLoadError(
+                            f"model {folder}: {head}.weight has shape {tuple(weight.shape)}; a reward model has "
+                            "one label (num_labels = 1)")
+                    return weight, f.get_tensor(f"{head}.bias") if f"{head}.bias" in keys else None
+    return None
+
+
+def check_reward_model_dir(path: str) -> None:
+    """Refuse a model folder that holds no trained scalar head (value_head.safetensors, or a
+    sequence-classification `score` head): served as a reward it would score with a random head.
+    Presets pass (their seeded random head is what tests use)."""
+    if path in PRESETS:
+        return
+    folder = resolve_model_dir(path)
+    if (folder / "value_head.safetensors").exists():
+        return
+    if not _weight_files(folder):
+        raise ModelLoadError(f"reward model {path!r}: no *.safetensors weights in {folder}")
+    if score_head(folder) is None:
+        raise ModelLoadError(
+            f"reward model {path!r}: {folder} has no score head (no `score.weight` in its safetensors, no "
+            "value_head.safetensors): it is a plain language model, not a reward model. Train one with "
+            "`hfrt controller --flow rm` (docs/reward-models.md) or give a *ForSequenceClassification folder")
+
+
+def export_sequence_classifier(
+    source: Path, weights: dict[str, torch.Tensor], target: Path, extra_config: dict[str, Any] | None = None
+) -> Path:
+    """A ValueModel's weights (`backbone.*`, `value_head.*`, as the engines name them) written as
+    the folder transformers loads with AutoModelForSequenceClassification (num_labels = 1): the
+    backbone under the class's base-model prefix, the head as `score`. The head's bias, which a
+    Bradley-Terry loss never moves, is folded away only when it is zero (else an error).
+    `extra_config` keys go into config.json (e.g. OpenRLHF's `mean` / `std`). Atomic like
+    export_model_dir; the tokenizer and generation config come from `source`."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(source)
+    config.num_labels = 1
+    with torch.device("meta"):
+        shell = AutoModelForSequenceClassification.from_config(config)
+    prefix = shell.base_model_prefix
+    names = {name for name, _ in shell.named_parameters()}
+    heads = [h for h in SCORE_HEADS if f"{h}.weight" in names]
+    if not heads:
+        raise ModelLoadError(f"{type(shell).__name__} has no `score` head this exporter knows ({sorted(names)[-3:]})")
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        if name.startswith("backbone."):
+            out[f"{prefix}.{name.removeprefix('backbone.')}"] = tensor
+        elif name == "value_head.weight":
+            out[f"{heads[0]}.weight"] = tensor.reshape(1, -1)
+        elif name == "value_head.bias":
+            if f"{heads[0]}.bias" in names:
+                out[f"{heads[0]}.bias"] = tensor.reshape(1)
+            elif float(tensor.abs().max()) > 1e-6:
+                raise ModelLoadError(f"value head bias {float(tensor.reshape(-1)[0]):.4g} cannot go into {type(shell).__name__}'s bias-free score head")
+    missing = sorted(n for n in names if n not in out and not _tied(shell, n))
+    if missing:
+        raise ModelLoadError(f"export to {type(shell).__name__}: no weights for {missing[:5]}")
+    config.architectures = [type(shell).__name__]
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    for key, value in (extra_config or {}).items():
+        setattr(config, key, value)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        for item in source.iterdir():
+            skip = item.name == "config.json" or item.name.endswith((".safetensors", ".bin", ".safetensors.index.json", ".gguf"))
+            if item.is_file() and not skip:
+                shutil.copy2(item, staging / item.name)
+        config.save_pretrained(staging)
+        save_file({k: v.contiguous() for k, v in out.items()}, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        replace_folder(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _tied(model: nn.Module, name: str) -> bool:
+    return bool(getattr(model.config, "tie_word_embeddings", False)) and "lm_head" in name
 
 
 def save_value_model(model: ValueModel, folder: Path) -> None:

@@ -9,7 +9,13 @@ Options (beyond roles/common.py's, which only `kind: model` reads): `kind` ("fun
 the rule function raises or returns no finite number — the run goes on, the row's
 `<score_column>_error` column says what went wrong and a warning is logged; null makes such a
 sample fail the call instead. A model-based reward reads the rollout's token columns, so it
-must share the actor's tokenizer. It knows nothing of advantages or of the actor.
+must share the actor's tokenizer; `model` may be a *ForSequenceClassification folder (what
+`hfrt controller --flow rm` exports, or a TRL / OpenRLHF reward model) or a value-model folder,
+and a folder without a trained score head is refused before launch. Model options:
+`score_at` ("last": the output at the last non-padding token, default; "mean": over the response),
+`normalize` ("none", "running": running mean / std of the scores served, "config": the model's
+config.json `mean` / `std`), `clip` (null or c: scores clipped to [-c, c] after normalising);
+see roles/reward_scores.py. It knows nothing of advantages or of the actor.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from hfrt.roles.common import (
     prepare_process,
     role_errors,
 )
+from hfrt.roles.models import check_reward_model_dir
 from hfrt.roles.reward_fns import RewardFunctionError, resolve, score_all, token_level_rewards
+from hfrt.roles.reward_scores import NORMALIZE, RunningMoments, check_score_at, normalized, pool_scores
 from hfrt.roles.rows import all_reduce, equal_rows, merge, take, unpad
 from hfrt.roles.training.engines import TrainEngine
 from hfrt.roles.training.engines.base import split_micro
@@ -42,9 +50,11 @@ MODEL_COLUMNS = ("input_ids", "attention_mask", "response_mask")
 
 
 @torch.no_grad()
-def last_token_values(engine: TrainEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int) -> torch.Tensor:
-    """[rows] the value model's output at each row's last response token (its last prompt token
-    when the response is empty)."""
+def last_token_values(
+    engine: TrainEngine, tensors: dict[str, torch.Tensor], micro_batch_size: int, score_at: str = "last"
+) -> torch.Tensor:
+    """[rows] the value model's score of each row (roles/reward_scores.py's pool_scores): by default
+    its output at the row's last response token (its last prompt token when the response is empty)."""
     module = engine.forward_module
     module.eval()
     width = int(tensors["input_ids"].shape[1] - tensors["response_mask"].shape[1])
@@ -55,15 +65,15 @@ def last_token_values(engine: TrainEngine, tensors: dict[str, torch.Tensor], mic
         if positions is None:
             positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         values = module(input_ids=mb["input_ids"].to(engine.device), attention_mask=mask, position_ids=positions.to(engine.device))
-        last = (width + mb["response_mask"].long().sum(-1) - 1).clamp(min=0).to(engine.device)
-        out.append(values.float().gather(1, last[:, None]).squeeze(1).cpu())
+        shifted = values.float()[:, max(width - 1, 0) : width + mb["response_mask"].shape[1]]
+        out.append(pool_scores(shifted, mb["response_mask"], score_at).cpu())
     return torch.cat(out)
 
 
 class RewardDaemon(Daemon):
     """Endpoint: score (SPLIT) → Batch {token_level_scores [rows, R]}, non-tensor {score}."""
 
-    OPTIONS = frozenset({"kind", "function", "token_column", "score_column", "error_score"})
+    OPTIONS = frozenset({"kind", "function", "token_column", "score_column", "error_score", "score_at", "normalize", "clip"})
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
@@ -77,6 +87,7 @@ class RewardDaemon(Daemon):
             resolve(str(options.get("function", "exact_match")))
         elif kind == "model":
             ModelOptions.read(options, trainable=False)
+            check_model_reward_options(options)
         else:
             raise ValueError(f"unknown reward kind {kind!r}: use function or model")
 
@@ -99,6 +110,14 @@ class RewardDaemon(Daemon):
                 self.engine = build_engine(ctx, opts, value_head=True)
                 config: Any = self.engine.model.config
                 self.vocab_size = int(config.vocab_size)
+                self.score_at = str(ctx.options.get("score_at", "last"))
+                self.normalize = str(ctx.options.get("normalize", "none"))
+                clip = ctx.options.get("clip")
+                self.clip = None if clip is None else float(clip)
+                self.moments = RunningMoments()
+                self.config_moments = (float(getattr(config, "mean", 0.0)), float(getattr(config, "std", 1.0)))
+                if self.normalize == "config" and not hasattr(config, "mean"):
+                    raise ValueError(f"normalize=config: model {opts.model!r} has no `mean` / `std` in its config.json")
             else:
                 raise ValueError(f"unknown reward kind {self.kind!r}: use function or model")
 
@@ -151,5 +170,23 @@ class RewardDaemon(Daemon):
                 "a model-based reward must share the actor's tokenizer"
             )
         padded, pad = equal_rows(tensors, f"{self.context.role}.score")
-        values = last_token_values(self.engine, padded, self.engine.config.micro_batch_size)
-        return [float(v) for v in unpad(values, pad)]
+        values = unpad(last_token_values(self.engine, padded, self.engine.config.micro_batch_size, self.score_at), pad)
+        if self.normalize == "running":
+            self.moments.update(values)
+            values = normalized(values, self.moments.mean, self.moments.std, self.clip)
+        elif self.normalize == "config":
+            values = normalized(values, *self.config_moments, self.clip)
+        elif self.clip is not None:
+            values = values.clamp(-self.clip, self.clip)
+        return [float(v) for v in values]
+
+
+def check_model_reward_options(options: dict[str, Any]) -> None:
+    """A model reward's own options, and a trained score head in its model folder (before launch)."""
+    check_score_at(options.get("score_at", "last"), "reward option")
+    if options.get("normalize", "none") not in NORMALIZE:
+        raise ValueError(f"reward option normalize={options.get('normalize')!r}: use one of {', '.join(NORMALIZE)}")
+    clip = options.get("clip")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, int | float) or clip <= 0):
+        raise ValueError(f"reward option clip={clip!r}: must be a positive number or null")
+    check_reward_model_dir(str(options.get("model", "tiny")))
