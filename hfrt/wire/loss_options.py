@@ -17,9 +17,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: policy_loss_mode: clipped PPO (dual clip), GSPO's sequence-level ratio, CISPO's clipped IS weight,
-#: decoupled PPO (clip against the proximal policy, weighted by the truncated behaviour ratio)
-POLICY_LOSS_MODES = ("vanilla", "gspo", "cispo", "decoupled")
+#: policy_loss_mode (docs/roles-and-losses.md has each one's formula): clipped PPO (dual clip),
+#: GSPO's sequence-level ratio, CISPO's clipped IS weight, decoupled PPO (clip against the proximal
+#: policy, weighted by the truncated behaviour ratio), SAPO's soft gate, GPG's plain −A·logp,
+#: GMPO's geometric-mean ratio, Clip-Cov / KL-Cov (covariance-selected tokens), plain REINFORCE
+POLICY_LOSS_MODES = (
+    "vanilla", "gspo", "cispo", "decoupled", "sapo", "gpg", "geo_mean", "clip_cov", "kl_cov", "reinforce",
+)
+#: rollout_is: importance weights π_old / π_rollout per token or per sequence (product over tokens)
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+#: rollout_rs options (verl's rollout_rs, comma-separated; all must pass): a token or a sequence is
+#: rejected when its divergence statistic between trainer and rollout is out of bounds
+ROLLOUT_RS_OPTIONS = (
+    "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3",
+)
 #: loss_agg_mode (see hfrt.roles.losses.agg_loss)
 AGG_MODES = (
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
@@ -69,6 +81,21 @@ class ActorLoss:
     loss_agg_mode: see hfrt.roles.losses.agg_loss; norm_horizon: the constant L of the *-sum-norm modes
         (None: the padded response length).
     temperature: of the log-probs (default: the rollout's, from batch meta).
+    keep_loss_agg_mode: gspo, sapo and geo_mean aggregate as verl does whatever loss_agg_mode says
+        (seq-mean-token-mean; geo_mean a mean over sequences); True makes gspo and sapo use
+        loss_agg_mode instead (hfrt's named alternative).
+    tau_pos / tau_neg: SAPO's gate temperatures for positive / other advantages.
+    clip_cov_ratio / clip_cov_lb / clip_cov_ub: Clip-Cov's share of tokens whose gradient is cut,
+        picked at random among unclipped tokens with covariance in (lb, ub); kl_cov_ratio /
+        ppo_kl_coef: KL-Cov's share of highest-covariance tokens and the |log ratio| penalty on
+        them. loss_seed: seeds Clip-Cov's random pick (with the optimizer step), so runs repeat.
+    rollout_is / rollout_is_threshold / rollout_is_batch_normalize: verl's rollout correction
+        weights π_old / π_rollout per "token" or "sequence", truncated at the threshold, optionally
+        divided by their batch mean. rollout_rs / rollout_rs_threshold: rejection (masking) of
+        tokens or sequences whose trainer-vs-rollout divergence is out of bounds (ROLLOUT_RS_OPTIONS,
+        comma-separated; k1 thresholds "lower_upper" or one upper bound, others one upper bound).
+    bypass_mode: the rollout's log-probs are the old ones (no old_log_probs column is read): vanilla
+        clips against the sampler, reinforce weights by π_θ / π_rollout (verl's bypass mode).
     """
 
     policy_loss_mode: str = "vanilla"
@@ -83,9 +110,25 @@ class ActorLoss:
     loss_agg_mode: str = "token-mean"
     norm_horizon: int | None = None
     temperature: float | None = None
+    keep_loss_agg_mode: bool = False
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    loss_seed: int = 0
+    rollout_is: str | None = None
+    rollout_is_threshold: float = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: str | float | None = None
+    bypass_mode: bool = False
 
     def __post_init__(self) -> None:
         _one_of(self, "policy_loss_mode", POLICY_LOSS_MODES)
+        self._check_new_modes()
         _one_of(self, "loss_agg_mode", AGG_MODES)
         _one_of(self, "kl_loss_type", KL_TYPES)
         _at_least(self, "clip_ratio_low", 0.0)
@@ -99,6 +142,66 @@ class ActorLoss:
                              "π_prox / π_behav (e.g. tis_cap=2)")
         _at_least(self, "norm_horizon", 1)
         _at_least(self, "temperature", 0.0)
+
+    def _check_new_modes(self) -> None:
+        """SAPO's, the covariance modes' and the rollout correction's options."""
+        for name in ("tau_pos", "tau_neg", "clip_cov_ratio", "kl_cov_ratio", "rollout_is_threshold"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"option {name}={getattr(self, name)!r}: must be > 0")
+        _at_least(self, "ppo_kl_coef", 0.0)
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            raise ValueError(f"options clip_cov_lb={self.clip_cov_lb!r} and clip_cov_ub={self.clip_cov_ub!r}: lb must be < ub")
+        if self.rollout_is is not None:
+            _one_of(self, "rollout_is", ROLLOUT_IS_LEVELS)
+        if self.rollout_rs is not None:
+            rs_thresholds(self.rollout_rs, self.rollout_rs_threshold)
+        if self.rollout_is_batch_normalize and self.rollout_is is None:
+            raise ValueError("option rollout_is_batch_normalize=True needs rollout_is (token or sequence)")
+        if self.bypass_mode and self.policy_loss_mode not in ("vanilla", "reinforce"):
+            raise ValueError(f"option bypass_mode=True works with policy_loss_mode vanilla (PPO-clip against the "
+                             f"rollout) or reinforce, as verl's bypass mode; got {self.policy_loss_mode!r}")
+        if self.bypass_mode and self.tis_cap is not None:
+            raise ValueError("options bypass_mode and tis_cap: with bypass_mode the rollout log-probs are the old ones, "
+                             "so tis_cap's weight π_old / π_rollout is 1; use rollout_is for the weights")
+
+    @property
+    def reads_rollout_log_probs(self) -> bool:
+        """Whether an update with these options needs the rollout's `rollout_log_probs` column."""
+        return self.tis_cap is not None or self.bypass_mode or self.rollout_is is not None or self.rollout_rs is not None
+
+
+def rs_thresholds(rollout_rs: str, spec: str | float | None) -> list[tuple[str, float | None, float]]:
+    """[(option, lower, upper)] of a rollout_rs setting, as verl parses it: one threshold for
+    every option or one per option (comma-separated); a k1 option takes "lower_upper" ratio
+    bounds, or one upper bound U (lower 1/U); other options one positive upper bound (lower None)."""
+    options = list(dict.fromkeys(o.strip() for o in rollout_rs.split(",") if o.strip()))
+    bad = [o for o in options if o not in ROLLOUT_RS_OPTIONS]
+    if not options or bad:
+        raise ValueError(f"option rollout_rs={rollout_rs!r}: use one or more (comma-separated) of {', '.join(ROLLOUT_RS_OPTIONS)}")
+    if spec is None:
+        raise ValueError(f"option rollout_rs={rollout_rs!r} needs rollout_rs_threshold (e.g. 2 or '0.5_2')")
+    specs = [str(spec)] if isinstance(spec, int | float) else [p.strip() for p in spec.split(",") if p.strip()]
+    if len(specs) not in (1, len(options)):
+        raise ValueError(f"option rollout_rs_threshold={spec!r}: give one threshold or one per rollout_rs option ({len(options)})")
+    specs = specs * len(options) if len(specs) == 1 else specs
+    out: list[tuple[str, float | None, float]] = []
+    for option, text in zip(options, specs, strict=True):
+        try:
+            if option.endswith("k1"):
+                lower_text, _, upper_text = text.rpartition("_") if "_" in text else ("", "", text)
+                upper = float(upper_text)
+                lower = float(lower_text) if lower_text else 1.0 / upper
+            elif "_" in text:
+                raise ValueError
+            else:
+                lower, upper = None, float(text)
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"option rollout_rs_threshold={spec!r}: {text!r} is not a threshold for {option} "
+                             "(k1: 'lower_upper' or one upper bound; k2/k3: one upper bound)") from None
+        if upper <= 0 or (lower is not None and lower <= 0) or not math.isfinite(upper):
+            raise ValueError(f"option rollout_rs_threshold={spec!r}: thresholds for {option} must be positive")
+        out.append((option, lower, upper))
+    return out
 
 
 @dataclass(frozen=True)
