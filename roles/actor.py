@@ -52,14 +52,13 @@ from hfrt.roles.generation.batches import (
 )
 from hfrt.roles.generation.hf import SamplingParams
 from hfrt.roles.generation.hybrid import compare_weights, generation_parameters
-from hfrt.roles.losses import LossScale, PolicyLossConfig, agg_loss, kl_penalty, policy_loss, zero_masked
 from hfrt.roles.mixins.advantage import Advantages
 from hfrt.roles.mixins.agent_turns import AgentTurns
 from hfrt.roles.mixins.weight_sync import publish
 from hfrt.roles.models import export_model_dir, load_tokenizer, resolve_model_dir
 from hfrt.roles.rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
-from hfrt.roles.training.engines import ForwardOutput, LossFn
-from hfrt.roles.training.updates import MakeLoss, accumulate, forward_equal, require_one_step, run_updates
+from hfrt.roles.training.actor_loss import actor_loss, prepare_corrections, update_columns
+from hfrt.roles.training.updates import forward_equal, run_updates
 from hfrt.wire.endpoints import Dispatch, endpoint
 from hfrt.wire.loss_options import ActorLoss as ActorLoss  # declared torch-free, checked before launch
 from hfrt.wire.loss_options import check_update_options
@@ -83,44 +82,6 @@ def in_training_phase(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(run, PHASE_ATTR, True)
     return run
-
-
-def actor_loss(cfg: ActorLoss) -> MakeLoss:
-    """Policy loss of cfg.policy_loss_mode (TIS-weighted with tis_cap) − entropy bonus + KL loss,
-    each term's share recorded."""
-    policy = PolicyLossConfig(
-        cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c, cfg.loss_agg_mode,
-        mode=cfg.policy_loss_mode, tis_cap=cfg.tis_cap, norm_horizon=cfg.norm_horizon,
-    )
-
-    def aggregate(mat: torch.Tensor, mask: torch.Tensor, scale: LossScale) -> torch.Tensor:
-        return agg_loss(mat, mask, cfg.loss_agg_mode, scale, cfg.norm_horizon)
-
-    def make(scale: LossScale, shares: dict[str, float]) -> LossFn:
-        def loss_fn(out: ForwardOutput, mb: Any, _: LossScale) -> tuple[torch.Tensor, dict[str, Any]]:
-            assert out.log_probs is not None
-            mask = mb["response_mask"]
-            # No old_log_probs column: the update is on-policy (one optimizer step per rollout), so
-            # the old log-probs are the current ones, detached (the ratio is exactly 1).
-            old = mb["old_log_probs"] if "old_log_probs" in mb else out.log_probs.detach()
-            loss, metrics = policy_loss(
-                out.log_probs, old, mb["advantages"], mask, policy, scale, mb.get("rollout_log_probs")
-            )
-            accumulate(shares, "actor/pg_loss", loss.detach())
-            if cfg.entropy_coeff:
-                assert out.entropy is not None
-                entropy = aggregate(out.entropy, mask, scale)
-                loss = loss - cfg.entropy_coeff * entropy
-                accumulate(shares, "actor/entropy", entropy.detach())
-            if cfg.use_kl_loss:
-                kl = aggregate(kl_penalty(out.log_probs, zero_masked(mb["ref_log_prob"], mask), cfg.kl_loss_type), mask, scale)
-                loss = loss + cfg.kl_loss_coef * kl
-                accumulate(shares, "actor/kl_loss", kl.detach())
-            return loss, metrics
-
-        return loss_fn
-
-    return make
 
 
 class ActorDaemon(AgentTurns, Daemon):
@@ -294,23 +255,21 @@ class ActorDaemon(AgentTurns, Daemon):
     @in_training_phase
     def update(self, batch: Batch, *extra: Batch, **loss: Any) -> dict[str, float]:
         """PPO epochs × mini-batches of optimizer steps on `advantages`, `old_log_probs` (and
-        `ref_log_prob` with use_kl_loss, `rollout_log_probs` with tis_cap). Options: ActorLoss and
+        `ref_log_prob` with use_kl_loss, `rollout_log_probs` with tis_cap, bypass_mode or rollout_is / rollout_rs). Options: ActorLoss and
         UpdateSchedule fields (hfrt.wire.loss_options). Returns metrics averaged over steps, the same on
         every rank. Without an `old_log_probs` column the update must be one optimizer step
         (on-policy: ppo_epochs 1, one mini-batch) and the old log-probs are the current ones,
         detached — what a compute_log_prob pass would have given, without its forward pass."""
         batch = merge(batch, extra)
         schedule, cfg = check_update_options("actor", loss)
-        with_old = "old_log_probs" in batch.tensors
-        if not with_old:
-            require_one_step(schedule, len(batch), "actor.update")
-        more = ["advantages"] + (["old_log_probs"] if with_old else []) + (["ref_log_prob"] if cfg.use_kl_loss else [])
-        more += ["rollout_log_probs"] if cfg.tis_cap is not None else []
+        more = update_columns(cfg, set(batch.tensors), schedule, len(batch), "actor.update")
+        tensors = forward_inputs(batch, "actor.update", *more)
+        corrections = prepare_corrections(tensors, cfg)  # decoupled rollout correction (roles/training/actor_loss.py)
         return run_updates(
-            self.engine, forward_inputs(batch, "actor.update", *more), actor_loss(cfg), schedule,
+            self.engine, tensors, actor_loss(cfg, self.engine.steps), schedule,
             prefix="actor", endpoint="actor.update", temperature=self._temperature(batch, cfg.temperature),
             with_entropy=cfg.entropy_coeff != 0,
-        )
+        ) | corrections
 
     @endpoint(dispatch=Dispatch.REPLICATE)
     @in_training_phase

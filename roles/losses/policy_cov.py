@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from hfrt.roles.losses.core import masked_mean, masked_sum
-from hfrt.roles.losses.policy import Metrics, PolicyLossConfig, ppo_kl
+from hfrt.roles.losses.policy_config import Metrics, PolicyLossConfig, ppo_kl
 
 
 def clip_cov_losses(
