@@ -213,7 +213,11 @@ class RewardModelDaemon(CheckpointEndpoints, Daemon):
             if keep:
                 weights.update({name: t.detach().to("cpu", torch.float32, copy=True) for name, t in bucket.items()})
         if keep:
-            extra: dict[str, Any] = {"hfrt_score_at": self.score_at, **self.moments}
+            # the Bradley-Terry loss cannot see a constant: the head's bias (moved only by Adam
+            # amplifying rounding noise) is dropped, which shifts every score, and the mean, by it
+            bias = float(weights.pop("value_head.bias", torch.zeros(1)).reshape(-1)[0])
+            moments = {"mean": self.moments["mean"] - bias, "std": self.moments["std"]} if self.moments else {}
+            extra: dict[str, Any] = {"hfrt_score_at": self.score_at, **moments}
             export_sequence_classifier(resolve_model_dir(self.opts.model, self.opts.seed), weights, Path(path), extra)
         return str(path)
 

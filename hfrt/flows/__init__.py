@@ -37,6 +37,7 @@ BUILTIN: dict[str, str] = {
     "dapo": "hfrt.flows.recipes.dapo",
     "grpo_async": "hfrt.flows.recipes.grpo_async",
     "agent_calc": "hfrt.flows.recipes.agent_calc",
+    "rm": "hfrt.flows.recipes.rm",
 }
 
 #: a module's `flow(ctl, config)`: config is its Config read from the dict, or the dict itself
@@ -94,7 +95,11 @@ def load_flow(name_or_path: str) -> Flow:
         spec = importlib.util.spec_from_file_location(f"hfrt_user_flow_{path.stem}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except SyntaxError as exc:  # a typo in the user's file: where, not our traceback
+            where = f"{exc.filename or path}, line {exc.lineno}" + (f", column {exc.offset}" if exc.offset else "")
+            raise ValueError(f"flow file {where}: {exc.msg}" + (f"\n    {exc.text.rstrip()}" if exc.text else "")) from None
     else:
         known = ", ".join(sorted(BUILTIN))
         raise ValueError(f"unknown flow {name_or_path!r}: use one of {known}, or a path to a .py file")

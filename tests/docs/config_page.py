@@ -98,6 +98,9 @@ def flow_section(name: str) -> list[str]:
     cls = load_flow(name).config_cls
     if cls is None:
         return [f"### `{name}`", "", "No `Config` class: its settings are not checked before launch.", ""]
+    if not issubclass(cls, FlowConfig):  # e.g. rm: not an RL flow, none of FlowConfig's keys
+        lines = [f"### `{name}`", "", f"`Config` is `{cls.__name__}` (not a `FlowConfig`): only these keys:", ""]
+        return lines + table(cls, [f.name for f in dataclasses.fields(cls)]) + [""]
     base = {f.name: f for f in dataclasses.fields(FlowConfig)}
     own = [f.name for f in dataclasses.fields(cls) if f.name not in base or default(f) != default(base[f.name])]
     chain = [c for c in cls.__mro__ if c is not object and issubclass(c, FlowConfig) and c is not FlowConfig]

@@ -1,0 +1,130 @@
+"""Preference pairs for reward-model training: a local JSONL / JSON / Parquet file of rows
+`{"prompt": ..., "chosen": ..., "rejected": ..., "margin": optional number}`, checked row by row
+before any daemon starts, a held-out split, and the seeded, reshuffled-per-epoch order in which a
+step takes its pairs (fixed by seed and step, so a resumed run takes what the interrupted one would).
+
+`prompt` is text or a chat (a list of {"role", "content"} messages); `chosen` / `rejected` are
+the responses: text, or the assistant message(s) that follow a chat prompt. No torch, no roles:
+the daemon tokenises.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+PAIR_COLUMNS = ("prompt", "chosen", "rejected")
+
+
+class PairDataError(ValueError):
+    """A preference file or row that cannot be trained on; the message names the file and row."""
+
+
+def _raw_rows(file: Path) -> list[Any]:
+    suffix = file.suffix.lower()
+    if suffix == ".jsonl":
+        rows = []
+        for number, line in enumerate(file.read_text().splitlines(), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise PairDataError(f"{file}: line {number}: not JSON ({exc.msg})") from None
+        return rows
+    if suffix == ".json":
+        try:
+            rows = json.loads(file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise PairDataError(f"{file}: not JSON ({getattr(exc, 'msg', exc)})") from None
+        if not isinstance(rows, list):
+            raise PairDataError(f"{file}: a .json pair file must hold a list of rows")
+        return rows
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise PairDataError(f"{file}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+        return list(pq.read_table(file).to_pylist())
+    raise PairDataError(f"{file}: unknown pair file type {suffix!r}; use .jsonl, .json or .parquet")
+
+
+def _is_chat(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+    )
+
+
+def _text(value: Any, name: str, where: str) -> None:
+    if isinstance(value, str):
+        if not value.strip():
+            raise PairDataError(f"{where}: `{name}` is empty")
+    elif not _is_chat(value):
+        raise PairDataError(f"{where}: `{name}` must be text or a list of {{role, content}} messages, not {value!r:.60}")
+
+
+def check_pair(row: Any, where: str) -> dict[str, Any]:
+    """One row checked: the three columns present and non-empty, chosen differs from rejected,
+    a chat response only after a chat prompt, margin a number; returns its columns."""
+    if not isinstance(row, Mapping):
+        raise PairDataError(f"{where}: a row must be an object with {', '.join(PAIR_COLUMNS)}, not {type(row).__name__}")
+    missing = [c for c in PAIR_COLUMNS if c not in row]
+    if missing:
+        raise PairDataError(f"{where}: missing column(s) {missing} (a pair row has {', '.join(PAIR_COLUMNS)}; it has {sorted(row)})")
+    for name in PAIR_COLUMNS:
+        _text(row[name], name, where)
+    if row["chosen"] == row["rejected"]:
+        raise PairDataError(f"{where}: `chosen` and `rejected` are identical ({row['chosen']!r:.60}): the pair prefers nothing")
+    for side in ("chosen", "rejected"):
+        if _is_chat(row[side]) and not _is_chat(row["prompt"]):
+            raise PairDataError(f"{where}: `{side}` is a chat but `prompt` is text")
+    margin = row.get("margin", 0.0)
+    if margin is None:
+        margin = 0.0
+    if isinstance(margin, bool) or not isinstance(margin, int | float):
+        raise PairDataError(f"{where}: `margin` must be a number, not {margin!r:.40}")
+    return {"prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"], "margin": float(margin)}
+
+
+def read_pairs(path: str | Path) -> list[dict[str, Any]]:
+    """Every row of a pair file, checked (PairDataError naming the file and row on the first bad one)."""
+    file = Path(path)
+    if not file.is_file():
+        raise PairDataError(f"pair file {file} does not exist")
+    rows = [check_pair(row, f"{file}: row {number}") for number, row in enumerate(_raw_rows(file), start=1)]
+    if not rows:
+        raise PairDataError(f"{file}: no rows")
+    for number, row in enumerate(rows, start=1):
+        row["row"] = number
+    return rows
+
+
+def split_pairs(rows: list[dict[str, Any]], fraction: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, held-out): a seeded `fraction` of the rows held out (at least one row each)."""
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    held = min(max(1, round(fraction * len(rows))), len(rows) - 1)
+    if len(rows) < 2:
+        raise PairDataError(f"{len(rows)} pair(s): holding some out for validation needs at least 2 (or set val_data)")
+    return [rows[i] for i in sorted(order[held:])], [rows[i] for i in sorted(order[:held])]
+
+
+def columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Rows as the non-tensor columns a daemon reads (prompt, chosen, rejected, margin, row)."""
+    return {name: [r[name] for r in rows] for name in (*PAIR_COLUMNS, "margin", "row")}
+
+
+def step_rows(rows: list[dict[str, Any]], step: int, per_step: int, seed: int) -> list[dict[str, Any]]:
+    """Step `step`'s pairs: the stream of epochs, each a fresh seeded shuffle, cut in per_step pieces."""
+    out: list[dict[str, Any]] = []
+    position = step * per_step
+    while len(out) < per_step:
+        epoch, index = divmod(position, len(rows))
+        order = list(range(len(rows)))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        take = order[index : index + per_step - len(out)]
+        out += [rows[i] for i in take]
+        position += len(take)
+    return out
