@@ -72,16 +72,23 @@ def _controller_local(
     args: argparse.Namespace, flow: Any, run_dir: Path, config: dict[str, Any], roles: dict[str, dict[str, Any]],
     attach: Any,
 ) -> int:
+    from hfrt.flows.reward_errors import RewardErrorLimit
     from hfrt.session import run_flow
-    from hfrt.wire.loop import run
+    from hfrt.signals import Stopped, run_stoppable
 
-    summary = run(
-        run_flow(
-            flow, run_dir=run_dir, config=config, roles=roles,
-            attach=attach, keep_daemons=args.keep_daemons, heartbeat_s=args.heartbeat,
-            orphan_timeout_s=args.orphan_timeout,
+    try:
+        summary = run_stoppable(
+            run_flow(
+                flow, run_dir=run_dir, config=config, roles=roles,
+                attach=attach, keep_daemons=args.keep_daemons, heartbeat_s=args.heartbeat,
+                orphan_timeout_s=args.orphan_timeout,
+            ), who="hfrt controller",
         )
-    )
+    except Stopped as exc:
+        return _stopped(run_dir, exc)
+    except RewardErrorLimit as exc:  # the reward function failed on too many samples: its traceback, exit 1
+        print(f"hfrt controller: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(summary, indent=2, default=str))
     if "attach" in summary:
         print(f"daemons are still running; re-run with: hfrt controller --flow {args.flow} --attach {summary['attach']}\n"
@@ -160,24 +167,23 @@ def _check_resume(flow: Any, run_dir: Path, config: dict[str, Any], roles: set[s
 def _controller_on_cluster(args: argparse.Namespace, flow: Any, run_dir: Path, config: dict[str, Any]) -> int:
     from hfrt.deploy import LaunchError, SpecError, load_spec
     from hfrt.session import run_on_cluster
-    from hfrt.wire.loop import run
+    from hfrt.signals import Stopped, run_stoppable
 
     if args.attach or args.role:
         print("hfrt controller: --cluster places the roles itself; drop --attach and --role", file=sys.stderr)
         return 2
-    _sigterm_as_sigint()
     try:
         cluster = load_spec(args.cluster)
-        summary = run(run_on_cluster(flow, cluster, run_dir=run_dir, config=config, keep_daemons=args.keep_daemons))
+        summary = run_stoppable(run_on_cluster(flow, cluster, run_dir=run_dir, config=config, keep_daemons=args.keep_daemons),
+                                who="hfrt controller")
     except SpecError as exc:
         print(f"hfrt controller: {exc}", file=sys.stderr)
         return 2
     except LaunchError as exc:
         print(f"hfrt controller: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("hfrt controller: interrupted; the daemons it launched were stopped", file=sys.stderr)
-        return 130
+    except Stopped as exc:
+        return _stopped(run_dir, exc)
     print(json.dumps(summary, indent=2, default=str))
     if "attach" in summary:
         _print_attach(args.flow, summary["attach"])
@@ -188,24 +194,22 @@ def _launch(args: argparse.Namespace) -> int:
     from hfrt import log
     from hfrt.deploy import LaunchError, SpecError, load_spec
     from hfrt.session import RunDirBusy, RunDirLock, launch_cluster
-    from hfrt.wire.loop import run
+    from hfrt.signals import Stopped, run_stoppable
 
     log.configure(args.log_level, "console")
-    _sigterm_as_sigint()
     try:
         cluster = load_spec(args.spec)
         run_dir = Path(args.run_dir or Path("runs") / time.strftime(f"launch-{cluster.name}-%Y%m%d-%H%M%S"))
         with RunDirLock(run_dir):  # while launching: a controller may use the folder once we are done
-            attach = run(launch_cluster(cluster, run_dir=run_dir, orphan_timeout_s=args.orphan_timeout))
+            attach = run_stoppable(launch_cluster(cluster, run_dir=run_dir, orphan_timeout_s=args.orphan_timeout), who="hfrt launch")
     except (SpecError, RunDirBusy) as exc:
         print(f"hfrt launch: {exc}", file=sys.stderr)
         return 2
     except LaunchError as exc:
         print(f"hfrt launch: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("hfrt launch: interrupted; the daemons it started were stopped", file=sys.stderr)
-        return 130
+    except Stopped as exc:  # the daemons it had started were stopped (the signal's line said so)
+        return exc.exit_code
     print(attach)
     _print_attach("FLOW", str(attach))
     return 0
@@ -216,31 +220,32 @@ def _serve_openai(args: argparse.Namespace) -> int:
     from hfrt.flows import Flow
     from hfrt.flows.agent.openai.server import serve_flow
     from hfrt.session import run_flow
+    from hfrt.signals import Stopped, run_stoppable
     from hfrt.wire.errors import HfrtError
-    from hfrt.wire.loop import run
 
     log.configure(args.log_level, "console")
-    _sigterm_as_sigint()
     options = {"model": args.model, "seed": args.seed, "generator": args.generator}
     roles = {"rollout": {"impl": "rollout", "world_size": args.ranks, "options": options}}
     serve = serve_flow(host=args.host, port=args.port, model=args.served_model_name or args.model,
                        batch_size=args.batch_size, flush_after_s=args.flush_ms / 1000, idle_flush=args.idle_flush)
     run_dir = Path(args.run_dir or Path("runs") / time.strftime("serve-openai-%Y%m%d-%H%M%S"))
     try:
-        run(run_flow(Flow("serve-openai", serve, roles), run_dir=run_dir, config={"trace": False}, roles=roles))
-    except KeyboardInterrupt:
-        print("hfrt serve-openai: stopped; the rollout daemons were shut down", file=sys.stderr)
+        run_stoppable(run_flow(Flow("serve-openai", serve, roles), run_dir=run_dir, config={"trace": False}, roles=roles),
+                      who="hfrt serve-openai")
+    except Stopped as exc:  # the rollout daemons were shut down (the signal's line said so)
+        return exc.exit_code
     except (OSError, HfrtError) as exc:  # the port is taken, the daemon could not start
         print(f"hfrt serve-openai: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-def _sigterm_as_sigint() -> None:
-    """Treat SIGTERM (a batch system ending us, `kill`) like Ctrl-C, so launched daemons are stopped."""
-    import signal
+def _stopped(run_dir: Path, exc: Any) -> int:
+    """A run stopped by SIGTERM / SIGINT (hfrt.signals): its summary on stdout, exit 128 + signal."""
+    from hfrt.signals import stopped_summary
 
-    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    print(json.dumps(stopped_summary(run_dir, exc), indent=2, default=str))
+    return int(exc.exit_code)
 
 
 def _print_attach(flow: str, attach: str) -> None:
@@ -395,7 +400,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     handlers = {"controller": _controller, "daemon": _daemon, "launch": _launch, "stop": _stop, "plot": _plot, "plan": _plan,
                 "serve-openai": _serve_openai}
-    return handlers[args.command](args)
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:  # Ctrl-C before or after the event loop (hfrt.signals handles it during)
+        print(f"hfrt {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

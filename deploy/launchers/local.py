@@ -81,6 +81,7 @@ class LocalLauncher:
         proc = await asyncio.create_subprocess_exec(
             self.python, "-m", "hfrt", "daemon", *args,
             env=env, stdin=asyncio.subprocess.DEVNULL, stdout=stderr, stderr=stderr,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the controller only: it stops them in order
         )
         self.processes[spec.identity] = proc
         self._specs[spec.identity] = spec

@@ -23,6 +23,7 @@ from hfrt.control import liveness
 from hfrt.control.daemons import DaemonInfo, GoneListener
 from hfrt.control.group import CallLayer, RoleGroup
 from hfrt.control.lifetimes import HandleTracker
+from hfrt.control.strays import StrayReplies
 from hfrt.control.tensor_plane import TensorPlaneControl
 from hfrt.control.trace import MAX_SPANS, CallTrace
 from hfrt.log import get_logger
@@ -93,7 +94,6 @@ class Controller(TensorPlaneControl):
         self._next_id = 1
         self._gone_before_hello: dict[str, str] = {}
         self._rejected: dict[str, str] = {}
-        self._unmatched_peers: set[bytes] = set()  # peers whose unmatched reply was logged
         self._plane_ranks: dict[str, int] = {}
         self._changed: asyncio.Event | None = None
         self._channel: Channel | None = None
@@ -108,10 +108,9 @@ class Controller(TensorPlaneControl):
         self.recovery = recovery
         if recovery is not None:
             recovery.attach(self)
-        # unmatched_replies: signed replies/errors for a call id not pending (late, or not ours)
-        names = ("calls_sent", "replies", "errors", "dropped_frames", "dropped_replies", "unmatched_replies",
-                 "controller_bulk_bytes", "keys_freed")
+        names = ("calls_sent", "replies", "errors", "dropped_frames", "dropped_replies", "controller_bulk_bytes", "keys_freed")
         self._stats: dict[str, int] = dict.fromkeys(names, 0)
+        self._strays = StrayReplies(self._stats, self._log)  # late_replies, unmatched_replies
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -262,6 +261,8 @@ class Controller(TensorPlaneControl):
         return self.trace
 
     def _span(self, call_id: int, pending: _Pending, status: str) -> None:
+        if status != "error":  # gone, timeout, cancelled: given up on, its reply may still come
+            self._strays.given_up(call_id)
         if self.trace is not None:
             self.trace.add(pending.daemon.identity, pending.endpoint, call_id, pending.sent, status)
 
@@ -366,7 +367,7 @@ class Controller(TensorPlaneControl):
         it from any other peer (even one holding the key) is dropped, logged and counted."""
         pending = self._calls.get(call_id)
         if pending is None:
-            self._unmatched(ident, call_id, kind)  # cancelled, timed out, from an earlier session, or forged
+            self._strays.arrived(ident, call_id, kind)  # given up on (counted), or never ours (also logged)
             return None
         if ident != pending.daemon.route:
             self._stats["dropped_replies"] += 1
@@ -375,14 +376,6 @@ class Controller(TensorPlaneControl):
             return None
         del self._calls[call_id]
         return pending
-
-    def _unmatched(self, ident: bytes, call_id: int, kind: str) -> None:
-        """Count a signed reply or error for a call id that is not pending; log each peer's first."""
-        self._stats["unmatched_replies"] += 1
-        if ident not in self._unmatched_peers:  # later ones from this peer are only counted
-            self._unmatched_peers.add(ident)
-            self._log.warning("unmatched_reply", peer=ident.decode("utf-8", "replace"), kind=kind, call_id=call_id,
-                              why="no call with this id is pending (cancelled, timed out, or not ours)")
 
     def _on_reply(self, ident: bytes, msg: Reply) -> None:
         pending = self._pending_from(ident, msg.call_id, "reply")
