@@ -12,10 +12,10 @@ import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from hfrt.control.recovery import RecoveryPolicy
-from hfrt.wire.loss_options import check_update_options
+from hfrt.wire.loss_options import TOKEN_BASELINE_ESTIMATORS, check_advantage_options, check_update_options
 
 C = TypeVar("C", bound="FlowConfig")
 #: actor_loss options that are another spelling of a setting: (table, option) → the setting it sets.
@@ -44,6 +44,9 @@ class FlowConfig:
     truncated importance sampling against the sampler's log-probs, weights capped at tis_cap (0: off).
     actor_loss / critic_loss: more `update` options (hfrt.wire.loss_options), merged last into every
     actor / critic update call, e.g. `--set actor_loss.clip_ratio_c=10`; checked before launch.
+    advantage: compute_advantages options merged last into the flow's own (advantage_call), e.g.
+    `--set advantage.estimator=opo`; checked before launch (check_advantage_options: a group
+    estimator needs n >= 2, gae a critic — CRITIC — and remax the remax flow's baseline).
     val_every: a greedy validation pass every N steps and after the last (0: none) over
     val_prompts prompts of val_data (default: data's first rows, or held-out addition prompts);
     with val_before_train (the default) also one before the first step (`val_before/*` in step
@@ -76,6 +79,9 @@ class FlowConfig:
     tis_cap: float = 0.0
     actor_loss: dict[str, Any] = dataclasses.field(default_factory=dict)
     critic_loss: dict[str, Any] = dataclasses.field(default_factory=dict)
+    advantage: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: whether the flow runs a critic (gae's values); PPO-family configs set it
+    CRITIC: ClassVar[bool] = False
     data: str = ""
     val_data: str = ""
     val_every: int = 0
@@ -106,6 +112,7 @@ class FlowConfig:
         if self.tis_cap < 0:
             raise ValueError(f"config tis_cap={self.tis_cap!r}: must not be negative (0: off)")
         self.check_update_options()
+        self.check_advantage_options()
         self.recovery_policy()
         if self.progress not in ("auto", "on", "off"):
             raise ValueError(f"config progress={self.progress!r}: use auto, on or off")
@@ -158,7 +165,8 @@ class FlowConfig:
         its current ones and the flow skips the pass that computes them."""
         options = self.actor_update_options()
         mini = int(options.get("ppo_mini_batch_size", 0))
-        return int(options.get("ppo_epochs", 1)) == 1 and (mini == 0 or mini >= rows)
+        one_step = int(options.get("ppo_epochs", 1)) == 1 and (mini == 0 or mini >= rows)
+        return one_step and not self.log_prob_options()  # an optimal token baseline reads that pass's Σπ²
 
     def critic_update_options(self) -> dict[str, Any]:
         """Every critic.update option: the schedule, the flow's own, then the critic_loss table."""
@@ -181,6 +189,23 @@ class FlowConfig:
                 check_update_options(role, options)
             except ValueError as err:
                 raise ValueError(f"config: {err} (from the flow's settings or its {role}_loss table)") from None
+
+    def advantage_call(self, **flow: Any) -> dict[str, Any]:
+        """compute_advantages' keyword options: the flow's own (`flow`), then the advantage table."""
+        return flow | dict(self.advantage)
+
+    def log_prob_options(self) -> dict[str, Any]:
+        """actor.compute_log_prob's options: Σπ² when the advantage table names an optimal token baseline."""
+        return {"sum_pi_squared": True} if self.advantage.get("estimator") in TOKEN_BASELINE_ESTIMATORS else {}
+
+    def check_advantage_options(self) -> None:
+        """Refuse, before launch, an advantage table the flow cannot run (see check_advantage_options)."""
+        own = getattr(self, "advantage_options", None)  # the RLOO-family configs name their estimator there
+        baseline = callable(own) and own().get("estimator") == "remax"
+        try:
+            check_advantage_options(self.advantage, int(getattr(self, "n", 1)), critic=self.CRITIC, baseline=baseline)
+        except ValueError as err:
+            raise ValueError(f"config: {err} (from the advantage table)") from None
 
     @classmethod
     def read(cls: type[C], config: Mapping[str, Any] | FlowConfig) -> C:
