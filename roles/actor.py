@@ -237,17 +237,24 @@ class ActorDaemon(AgentTurns, Daemon):
 
     @endpoint(dispatch=Dispatch.SPLIT)
     @in_training_phase
-    def compute_log_prob(self, batch: Batch, *extra: Batch, temperature: float | None = None) -> Batch:
-        """Current-policy log-probs (`old_log_probs`) and `entropy` of the responses, 0 where masked."""
+    def compute_log_prob(
+        self, batch: Batch, *extra: Batch, temperature: float | None = None, sum_pi_squared: bool = False
+    ) -> Batch:
+        """Current-policy log-probs (`old_log_probs`) and `entropy` of the responses, 0 where masked;
+        with sum_pi_squared also `sum_pi_squared`, Σ_v π_v² per token (the optimal token baselines')."""
         batch = merge(batch, extra)
         tensors = forward_inputs(batch, "actor.compute_log_prob")
+        more = {"with_sum_pi_squared": True} if sum_pi_squared else {}
         out = forward_equal(
             self.engine, tensors, "actor.compute_log_prob", temperature=self._temperature(batch, temperature),
-            with_entropy=True,
+            with_entropy=True, **more,
         )
         assert out.log_probs is not None and out.entropy is not None
         mask = tensors["response_mask"].to(out.log_probs.dtype)
-        return Batch({"old_log_probs": out.log_probs * mask, "entropy": out.entropy * mask})
+        columns = {"old_log_probs": out.log_probs * mask, "entropy": out.entropy * mask}
+        if out.sum_pi_squared is not None:
+            columns["sum_pi_squared"] = out.sum_pi_squared * mask
+        return Batch(columns)
 
     # -- training ---------------------------------------------------------------------------
 

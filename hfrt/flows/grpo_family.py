@@ -117,9 +117,10 @@ async def rloo_step(cfg: RLOOConfig, step: int, prompts: BatchHandle, *, actor: 
     # Stage 1: n responses per prompt (samples of a prompt share its uid); stage 2: prepare
     # experience — the reference and the reward at once
     rollout, ref, scores = await experience(t, sample(actor, cfg, step, prompts), reference=reference, reward=reward)
-    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **KW))
+    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **KW))
     # rewards = scores − β·KL, then each sample against the mean of its prompt's other samples
-    adv = await t.one("advantages", actor.compute_advantages(rollout, scores, old, ref, **cfg.advantage_options(), **KW))
+    adv = await t.one("advantages", actor.compute_advantages(
+        rollout, scores, old, ref, **cfg.advantage_call(**cfg.advantage_options()), **KW))
     # Stage 3: actor training (no critic)
     actor_ranks = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **KW))
     return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))
@@ -155,8 +156,9 @@ async def train_on(
     ref, scores = await t.together("stage2", ref_log_prob=ref_call, reward=score_call)
     # as in grpo: one optimizer step takes the actor's current log-probs as the old ones (the
     # proximal policy); the rollout engine's own log-probs enter through tis_cap
-    old = [] if cfg.on_policy(len(rollout)) else [await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))]
+    old = [] if cfg.on_policy(len(rollout)) else [
+        await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **kw))]
     adv = await t.one("advantages", actor.compute_advantages(
-        rollout, scores, *old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
+        rollout, scores, *old, ref, **cfg.advantage_call(estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std), **kw))
     actor_ranks = await t.one("update", actor.update(rollout, *old, ref, adv, **actor_loss_options(cfg), **kw))
     return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))

@@ -8,7 +8,7 @@ step and no engine (a recipe's step lives in its recipe).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from hfrt.flows.config import FlowConfig
 from hfrt.flows.tasks import REWARD
@@ -35,6 +35,7 @@ class PPOConfig(FlowConfig):
     target_kl: float = 0.1
     kl_horizon: float = 10000.0
     cliprange_value: float = 0.5
+    CRITIC: ClassVar[bool] = True  # gae's values: these flows run a critic
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -32,6 +32,27 @@ ROLLOUT_RS_OPTIONS = (
     "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
     "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3",
 )
+#: compute_advantages' estimators (hfrt.roles.mixins.advantage; docs/roles-and-losses.md has each formula)
+ESTIMATORS = (
+    "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "grpo_passk",
+    "gpg", "optimal_token_baseline", "tir_optimal_token_baseline",
+)
+#: estimators that compare the samples of one prompt (grouped by uid), so need n >= 2 samples a prompt
+GROUP_ESTIMATORS = (
+    "grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg", "optimal_token_baseline",
+    "tir_optimal_token_baseline",
+)
+#: estimators that read Σπ² per token (actor.compute_log_prob(sum_pi_squared=True))
+TOKEN_BASELINE_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+#: estimators that read a column only some flows provide → that column
+ESTIMATOR_COLUMNS = {"gae": "values (a critic)", "remax": "a greedy baseline score (the remax flow)"}
+#: compute_advantages' keyword options besides `estimator` (hfrt.roles.mixins.advantage.AdvantageParams;
+#: a test keeps the two equal)
+ADVANTAGE_OPTIONS = (
+    "gamma", "lam", "norm_adv_by_std", "epsilon", "use_kl_in_reward", "kl_penalty", "kl_ctrl", "kl_coef", "target_kl",
+    "horizon", "score_column", "index_column", "baseline_column", "cost_column", "cost_coef", "overlong_buffer_len",
+    "overlong_penalty_factor", "max_response_len", "f_norm", "sum_pi_squared_column", "handle_zero_tail",
+)
 #: loss_agg_mode (see hfrt.roles.losses.agg_loss)
 AGG_MODES = (
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
@@ -247,6 +268,24 @@ def check_update_options(role: str, options: Mapping[str, Any]) -> tuple[UpdateS
         except ValueError as err:
             raise ValueError(f"{where}: {err}; accepted: {', '.join(accepted_options(role))}") from None
     return parts[0], parts[1]
+
+
+def check_advantage_options(options: Mapping[str, Any], n: int, *, critic: bool, baseline: bool) -> None:
+    """Refuse, before launch, compute_advantages options a flow cannot run: an unknown estimator or
+    option, a group estimator with fewer than 2 samples a prompt (n), gae without a critic, remax
+    without a flow that scores a greedy baseline. ValueError naming the option."""
+    unknown = sorted(set(options) - {"estimator", *ADVANTAGE_OPTIONS})
+    if unknown:
+        raise ValueError(f"compute_advantages: unknown option(s) {unknown}; accepted: estimator, {', '.join(ADVANTAGE_OPTIONS)}")
+    estimator = options.get("estimator")
+    if estimator is None:
+        return
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"compute_advantages: estimator={estimator!r}: use one of {', '.join(ESTIMATORS)}")
+    if estimator in GROUP_ESTIMATORS and n < 2:
+        raise ValueError(f"compute_advantages: estimator={estimator!r} compares a prompt's samples, so it needs n >= 2 (n={n})")
+    if (estimator == "gae" and not critic) or (estimator == "remax" and not baseline):
+        raise ValueError(f"compute_advantages: estimator={estimator!r} needs {ESTIMATOR_COLUMNS[estimator]}, which this flow does not provide")
 
 
 def _role(role: str) -> str:

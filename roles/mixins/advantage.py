@@ -25,18 +25,22 @@ from hfrt.roles.losses import (
     FixedKLController,
     apply_kl_penalty,
     compute_gae_advantage_return,
+    compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_optimal_token_baseline_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_reinforce_pp_baseline_advantage,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
+    compute_tir_optimal_token_baseline_advantage,
     kl_penalty,
     masked_mean,
 )
 from hfrt.roles.reward_fns import token_level_rewards
 from hfrt.roles.rows import merge, take
-
-ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
+from hfrt.wire.loss_options import ESTIMATORS as ESTIMATORS  # declared torch-free, checked before launch
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ class AdvantageParams:
     cost_column ("" : none; Safe-RLHF's reward − λ·cost, λ given per call as cost_coef).
     overlong_buffer_len L / overlong_penalty_factor / max_response_len M (0: the response width):
     a response of length l > M − L gets −(l − (M − L))/L·factor added to its score (DAPO; L 0: off).
+    f_norm: GPG's divisor. The optimal token baselines read the old policy's log-probs
+    (`old_log_probs`, else `rollout_log_probs`), Σπ² per token (sum_pi_squared_column, from
+    actor.compute_log_prob(sum_pi_squared=True)) and, when the batch has it, `rollout_is_weights`;
+    handle_zero_tail: None is verl's default (False for optimal_token_baseline, True for tir_...).
     """
 
     gamma: float = 1.0
@@ -72,6 +80,9 @@ class AdvantageParams:
     overlong_buffer_len: int = 0
     overlong_penalty_factor: float = 1.0
     max_response_len: int = 0
+    f_norm: float = 1.0
+    sum_pi_squared_column: str = "sum_pi_squared"
+    handle_zero_tail: bool | None = None
 
 
 def make_kl_controller(p: AdvantageParams) -> FixedKLController | AdaptiveKLController:
@@ -93,14 +104,41 @@ def estimate(
         return compute_reinforce_plus_plus_outcome_advantage(rewards, mask, p.gamma)
     if estimator == "remax":
         return compute_remax_outcome_advantage(rewards, _column(batch, p.baseline_column), mask)
-    if estimator in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
-        index = list(_non_tensor(batch, p.index_column))
-        if estimator == "grpo":
-            return compute_grpo_outcome_advantage(rewards, mask, index, p.epsilon, p.norm_adv_by_std)
-        if estimator == "rloo":
-            return compute_rloo_outcome_advantage(rewards, mask, index)
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}: use one of {', '.join(ESTIMATORS)}")
+    index = list(_non_tensor(batch, p.index_column))
+    if estimator == "grpo":
+        return compute_grpo_outcome_advantage(rewards, mask, index, p.epsilon, p.norm_adv_by_std)
+    if estimator == "rloo":
+        return compute_rloo_outcome_advantage(rewards, mask, index)
+    if estimator == "reinforce_plus_plus_baseline":
         return compute_reinforce_pp_baseline_advantage(rewards, mask, index)
+    if estimator == "opo":
+        return compute_opo_outcome_advantage(rewards, mask, index)
+    if estimator == "grpo_passk":
+        return compute_grpo_passk_outcome_advantage(rewards, mask, index, p.epsilon, p.norm_adv_by_std)
+    if estimator == "gpg":
+        return compute_gpg_outcome_advantage(rewards, mask, index, p.f_norm)
+    if estimator in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        return _token_baseline(estimator, rewards, mask, index, batch, p)
     raise ValueError(f"unknown advantage estimator {estimator!r}: use one of {', '.join(ESTIMATORS)}")
+
+
+def _token_baseline(
+    estimator: str, rewards: torch.Tensor, mask: torch.Tensor, index: list[Any], batch: Batch, p: AdvantageParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OTB / TIR-OTB with the columns they read (see AdvantageParams)."""
+    old_name = "old_log_probs" if "old_log_probs" in batch.tensors else "rollout_log_probs"
+    where = f"compute_advantages({estimator})"
+    if p.sum_pi_squared_column not in batch.tensors:
+        raise KeyError(f"{where} needs a {p.sum_pi_squared_column!r} column (Σπ² per token): pass the batch of "
+                       f"actor.compute_log_prob(rollout, sum_pi_squared=True); the batch has {batch.keys()}")
+    cols = take(batch, [old_name, p.sum_pi_squared_column], where)
+    weights = batch.tensors.get("rollout_is_weights")
+    fn = compute_optimal_token_baseline_advantage if estimator == "optimal_token_baseline" else compute_tir_optimal_token_baseline_advantage
+    zero_tail = p.handle_zero_tail if p.handle_zero_tail is not None else estimator.startswith("tir")
+    return fn(rewards, mask, index, cols[old_name].float(), cols[p.sum_pi_squared_column].float(),
+              None if weights is None else weights.float(), zero_tail)
 
 
 def _non_tensor(batch: Batch, name: str) -> list[Any]:

@@ -33,7 +33,7 @@ def forward_equal(engine: TrainEngine, tensors: Tensors, endpoint: str, **kwargs
     with a process group) and cut back after; outputs on CPU, [rows, R]."""
     padded, pad = equal_rows(tensors, endpoint)
     out = engine.forward(padded, **kwargs)
-    parts = (out.log_probs, out.entropy, out.values)
+    parts = (out.log_probs, out.entropy, out.values, out.sum_pi_squared)
     return ForwardOutput(*(None if t is None else unpad(t, pad) for t in parts))
 
 

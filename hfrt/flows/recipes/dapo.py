@@ -195,11 +195,10 @@ async def dapo_step(cfg: DAPOConfig, step: int, prompts: BatchHandle, more_promp
     rollout, scores = BatchHandle.concat([p[0] for p in parts]), BatchHandle.concat([p[1] for p in parts])
     ref = [BatchHandle.concat([p[2] for p in parts if p[2] is not None])] if reference is not None else []
     # Stage 3: old log-probs, advantages (GRPO + overlong penalty), actor update on the kept groups
-    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))
-    adv = await t.one("advantages", actor.compute_advantages(
-        rollout, scores, old, *ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std,
-        overlong_buffer_len=cfg.overlong_buffer_len, overlong_penalty_factor=cfg.overlong_penalty_factor,
-        max_response_len=cfg.max_new_tokens, **kw))
+    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **kw))
+    adv = await t.one("advantages", actor.compute_advantages(rollout, scores, old, *ref, **cfg.advantage_call(
+        estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, overlong_buffer_len=cfg.overlong_buffer_len,
+        overlong_penalty_factor=cfg.overlong_penalty_factor, max_response_len=cfg.max_new_tokens), **kw))
     loss = actor_loss_options(cfg)  # with DAPO's clip-higher ratios (DAPOConfig.flow_actor_options)
     actor_ranks = await t.one("update", actor.update(rollout, old, *ref, adv, **loss, **kw))
     adv_m = dict(adv.meta["metrics"])

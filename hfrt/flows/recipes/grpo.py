@@ -55,9 +55,9 @@ async def grpo_step(cfg: GRPOConfig, step: int, prompts: BatchHandle, *, actor: 
     # Old log-probs: skipped when the update is one optimizer step (the actor then takes its
     # current log-probs, detached, as TRL does): a forward pass fewer, the same update.
     old = [] if cfg.on_policy(len(prompts) * cfg.n) else [
-        await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))]
+        await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **kw))]
     adv = await t.one("advantages", actor.compute_advantages(
-        rollout, scores, *old, ref, estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, **kw))
+        rollout, scores, *old, ref, **cfg.advantage_call(estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std), **kw))
     # Stage 3: actor training (no critic)
     actor_ranks = await t.one("update", actor.update(rollout, *old, ref, adv, **actor_loss_options(cfg), **kw))
     return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))

@@ -73,11 +73,10 @@ async def ppo_step(
         ref_log_prob=reference.compute_log_prob(rollout, **kw), reward=reward.score(rollout, **kw))
     # Old log-probs: skipped when the update is on-policy and no KL enters the reward (see grpo)
     old = [] if cfg.kl_coef == 0 and cfg.on_policy(len(prompts)) else [
-        await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))]
-    adv = await t.one("advantages", actor.compute_advantages(
-        rollout, scores, values, *old, ref, estimator="gae", gamma=cfg.gamma, lam=cfg.lam,
-        use_kl_in_reward=cfg.kl_coef > 0, kl_coef=cfg.kl_coef, kl_ctrl=cfg.kl_ctrl,
-        target_kl=cfg.target_kl, horizon=cfg.kl_horizon, **kw))
+        await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **kw))]
+    adv = await t.one("advantages", actor.compute_advantages(rollout, scores, values, *old, ref, **cfg.advantage_call(
+        estimator="gae", gamma=cfg.gamma, lam=cfg.lam, use_kl_in_reward=cfg.kl_coef > 0, kl_coef=cfg.kl_coef,
+        kl_ctrl=cfg.kl_ctrl, target_kl=cfg.target_kl, horizon=cfg.kl_horizon), **kw))
     # Stage 3: actor and critic training, at once
     critic_ranks, actor_ranks = await t.together(
         "update", critic_update=critic.update(rollout, values, adv, **cfg.critic_update_options(), **kw),

@@ -73,9 +73,10 @@ async def remax_step(cfg: ReMaxConfig, step: int, prompts: BatchHandle, *, actor
         greedy=scored(t, greedy, reward=reward))
     # Each sample's baseline: the greedy score of its prompt
     baseline = baseline_handle(rollout, greedy_rollout, greedy_scores)
-    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **KW))
+    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **KW))
     # rewards = scores − β·KL; advantages = reward-to-go − baseline
-    adv = await t.one("advantages", actor.compute_advantages(rollout, scores, old, ref, baseline, **cfg.advantage_options(), **KW))
+    adv = await t.one("advantages", actor.compute_advantages(
+        rollout, scores, old, ref, baseline, **cfg.advantage_call(**cfg.advantage_options()), **KW))
     # Stage 3: actor training (no critic)
     actor_ranks = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **KW))
     baseline_mean = statistics.fmean(float(s) for s in non_tensor(greedy_scores, "score"))

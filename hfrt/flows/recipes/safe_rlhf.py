@@ -112,11 +112,11 @@ async def safe_rlhf_step(
     # The multiplier: dual ascent on this step's episode costs
     mean_cost = statistics.fmean(non_tensor(costs, COST_SCORE))
     coef = lam.update(mean_cost)
-    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **kw))
-    adv = await t.one("advantages", actor.compute_advantages(
-        rollout, scores, costs, values, old, ref, estimator="gae", gamma=cfg.gamma, lam=cfg.lam,
-        cost_column=COST_TOKENS, cost_coef=coef, use_kl_in_reward=cfg.kl_coef > 0, kl_coef=cfg.kl_coef,
-        kl_ctrl=cfg.kl_ctrl, target_kl=cfg.target_kl, horizon=cfg.kl_horizon, **kw))
+    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **kw))
+    adv = await t.one("advantages", actor.compute_advantages(rollout, scores, costs, values, old, ref, **cfg.advantage_call(
+        estimator="gae", gamma=cfg.gamma, lam=cfg.lam, cost_column=COST_TOKENS, cost_coef=coef,
+        use_kl_in_reward=cfg.kl_coef > 0, kl_coef=cfg.kl_coef, kl_ctrl=cfg.kl_ctrl, target_kl=cfg.target_kl,
+        horizon=cfg.kl_horizon), **kw))
     # Stage 3: actor and critic training, at once
     critic_ranks, actor_ranks = await t.together(
         "update", critic_update=critic.update(rollout, values, adv, **cfg.critic_update_options(), **kw),

@@ -44,6 +44,8 @@ class ForwardOutput:
     log_probs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    #: Σ_v π_v² per position (the optimal token baseline's input), when asked for
+    sum_pi_squared: torch.Tensor | None = None
 
 
 #: loss_fn(output, micro_batch, scale) → (loss share, metrics). See hfrt.roles.losses for `scale`.
@@ -173,8 +175,9 @@ def model_forward(
     is_value: bool,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    with_sum_pi_squared: bool = False,
 ) -> ForwardOutput:
-    """Log-probs (+ entropy) of `responses`, or values at response positions, for one micro-batch."""
+    """Log-probs (+ entropy, + Σπ²) of `responses`, or values at response positions, for one micro-batch."""
     inputs = _model_inputs(mb, device)
     width = int(mb["responses"].shape[1])
     if is_value:
@@ -188,6 +191,8 @@ def model_forward(
     out = ForwardOutput(log_probs=token_log_probs(logits, mb["responses"].to(device)))
     if with_entropy:
         out.entropy = entropy_from_logits(logits)
+    if with_sum_pi_squared:
+        out.sum_pi_squared = torch.softmax(logits.float(), dim=-1).square().sum(dim=-1)
     return out
 
 
@@ -261,6 +266,7 @@ class TrainEngine(ABC):
         micro_batch_size: int | None = None,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        with_sum_pi_squared: bool = False,
     ) -> ForwardOutput:
         """Evaluation-mode forward over the whole batch in micro-batches; results on CPU."""
         module = self.forward_module
@@ -276,12 +282,14 @@ class TrainEngine(ABC):
                         is_value=self.is_value,
                         temperature=temperature,
                         with_entropy=with_entropy,
+                        with_sum_pi_squared=with_sum_pi_squared,
                     )
                 )
         return ForwardOutput(
             log_probs=_cat([o.log_probs for o in outs]),
             entropy=_cat([o.entropy for o in outs]),
             values=_cat([o.values for o in outs]),
+            sum_pi_squared=_cat([o.sum_pi_squared for o in outs]),
         )
 
     def forward_logprobs(self, batch: Batch, *, temperature: float = 1.0, **kwargs: Any) -> torch.Tensor:
