@@ -275,6 +275,7 @@ def _daemon(args: argparse.Namespace) -> int:
     config = ServeConfig(
         args.controller, heartbeat_s=args.heartbeat, orphan_timeout_s=args.orphan_timeout,
         limits=Limits(max_frame_bytes=args.max_frame_mb * 2**20, max_message_bytes=max(args.max_frame_mb, 256) * 2**20),
+        exit_with_controller=args.exit_with_controller,
     )
     return run(DaemonServer(cls, context, config, key).run())
 
@@ -346,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--key-file", help="file holding the hex cluster key (default: $HFRT_KEY, then $HFRT_KEY_FILE)")
     d.add_argument("--heartbeat", type=heartbeat_flag, default=2.0, help="heartbeat interval until the controller sets one")
     d.add_argument("--orphan-timeout", type=float, default=60.0, help="exit after this many seconds without a controller (0: never)")
+    d.add_argument("--exit-with-controller", action="store_true", help="exit once the controller that welcomed it is dead (its echoes stop and its connection closes): a run's daemons; not for daemons kept for --attach")
     d.add_argument("--max-frame-mb", type=int, default=64, help="largest frame accepted, in MiB")
     d.add_argument("--options", help="implementation options as a JSON object")
     d.add_argument("--log-level", default="info", help="debug, info, warning or error")

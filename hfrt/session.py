@@ -15,6 +15,7 @@ One process at a time writes a run folder: `hfrt controller` and `hfrt launch` h
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import json
 import os
@@ -199,6 +200,8 @@ class Session:
         keep_daemons: bool = False, settings: dict[str, dict[str, Any]] | None = None,
         missing: Callable[[set[str], float, str], str] | None = None,
     ) -> None:
+        if not keep_daemons:  # a run's daemons end with its controller, even a killed one (hfrt.daemon.heartbeat)
+            specs = [dataclasses.replace(s, exit_with_controller=True) for s in specs]
         self.run_dir, self.key, self.key_file, self.specs, self.launcher = run_dir, key, key_file, specs, launcher
         self.heartbeat_s, self.hello_timeout_s, self.keep_daemons = heartbeat_s, hello_timeout_s, keep_daemons
         self.settings = settings or {}
@@ -239,6 +242,8 @@ class Session:
         key = new_key()
         key_file = write_key_file(_made(run_dir) / "cluster.key", key)
         placed = place(spec)
+        if not keep_daemons:  # the launchers start what they placed: mark it there (see __init__)
+            placed = [dataclasses.replace(p, spec=dataclasses.replace(p.spec, exit_with_controller=True)) for p in placed]
         launch_id = cluster.new_launch_id(spec)
         launcher = cluster.launcher_for(spec, placed, run_dir=run_dir, launch_id=launch_id, key_file=key_file,
                                         orphan_timeout_s=orphan_timeout_s)

@@ -24,6 +24,8 @@ class DaemonSpec:
 
     impl: implementation name (default: the role name). dp_size: data-parallel size (-1: world).
     options: implementation settings, passed as JSON. env: extra environment for the process.
+    exit_with_controller: the daemon belongs to one run and exits once its controller is dead
+        (`hfrt daemon --exit-with-controller`); False for daemons kept for `--attach`.
     """
 
     role: str
@@ -33,6 +35,7 @@ class DaemonSpec:
     dp_size: int = -1
     options: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    exit_with_controller: bool = False
 
     @property
     def identity(self) -> str:
@@ -50,6 +53,8 @@ class DaemonSpec:
             args += ["--dp-size", str(self.dp_size)]
         if self.options:
             args += ["--options", json.dumps(self.options)]
+        if self.exit_with_controller:
+            args.append("--exit-with-controller")
         return args
 
 

@@ -3,7 +3,10 @@
 The cluster key goes to each child in $HFRT_KEY, never on its command line. A watcher per child
 reports an unexpected exit to the controller at once (faster than missed heartbeats), and removes
 the tensor files a killed child left in /dev/shm (hfrt.wire.shm). `relaunch` replaces one child by a
-fresh process with the same spec (hfrt.control.recovery's Relauncher).
+fresh process with the same spec (hfrt.control.recovery's Relauncher). With a log_dir, the pids it
+started are listed in log_dir/daemons.pids; daemons of an earlier launcher on the same folder that
+still run (a killed controller's, in the two heartbeats before they notice: hfrt.daemon.heartbeat)
+are killed before new ones start, so a resumed run never runs beside them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from hfrt.deploy.launchers.proc import with_tail
 from hfrt.log import get_logger
 from hfrt.protocols.signing import ENV_KEY
 from hfrt.wire import shm
+
+#: where a launcher with a log_dir lists the pids it started, one a line
+PIDS_FILE = "daemons.pids"
 
 
 class LocalLauncher:
@@ -56,6 +62,8 @@ class LocalLauncher:
 
     async def start(self, specs: list[DaemonSpec], *, controller: str, key: bytes, on_exit: OnExit) -> None:
         self._start = (controller, key, on_exit)
+        if self.log_dir is not None:
+            await self._end_earlier_daemons()
         try:
             for spec in specs:
                 await self._spawn(spec, controller, key, on_exit)
@@ -85,8 +93,33 @@ class LocalLauncher:
         )
         self.processes[spec.identity] = proc
         self._specs[spec.identity] = spec
+        if self.log_dir is not None:
+            with open(self.log_dir / PIDS_FILE, "a") as f:
+                f.write(f"{proc.pid}\n")
         self._log.info("daemon_started", daemon=spec.identity, pid=proc.pid)
         self._watchers.append(asyncio.get_running_loop().create_task(self._watch(spec.identity, proc, on_exit)))
+
+    async def _end_earlier_daemons(self) -> None:
+        """Kill the daemons listed in log_dir/daemons.pids that still run and still write to a log
+        in log_dir (not a reused pid), then start the list afresh."""
+        assert self.log_dir is not None
+        listed = self.log_dir / PIDS_FILE
+        try:
+            pids = [int(p) for p in listed.read_text().split()]
+        except (OSError, ValueError):
+            pids = []
+        ended = [pid for pid in pids if _our_daemon(pid, self.log_dir) and _kill(pid)]
+        for pid in ended:
+            for _ in range(200):  # 10 s
+                if not _our_daemon(pid, self.log_dir):
+                    break
+                await asyncio.sleep(0.05)
+            shm.remove_files_of(pid)
+        if ended:
+            self._log.warning("earlier_daemons_replaced", pids=ended, folder=str(self.log_dir),
+                              why="still running from an earlier controller of this run folder")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        listed.write_text("")
 
     async def _watch(self, identity: str, proc: asyncio.subprocess.Process, on_exit: OnExit) -> None:
         code = await proc.wait()
@@ -159,3 +192,25 @@ class LocalLauncher:
     @staticmethod
     async def _wait(procs: list[asyncio.subprocess.Process], timeout_s: float) -> None:
         await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=timeout_s)
+
+
+def _our_daemon(pid: int, log_dir: Path) -> bool:
+    """Whether `pid` is a live (not zombie) `hfrt daemon` whose stderr goes to a file in log_dir."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rpartition(")")[2].split()[0] == "Z":
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        stderr = os.readlink(f"/proc/{pid}/fd/2")
+    except OSError:
+        return False
+    return b"hfrt" in argv and b"daemon" in argv and Path(stderr).parent == log_dir.resolve()
+
+
+def _kill(pid: int) -> bool:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        return False
+    return True

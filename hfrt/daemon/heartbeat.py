@@ -6,6 +6,13 @@ reports two events to the serving loop: "rehello" (a controller with a new sessi
 "orphaned", it ends the process itself so no daemon outlives its controller. It knows the wire
 protocol and zmq; it knows nothing of endpoints.
 
+A daemon started for one run (`exit_with_controller`: launchers set it unless the daemons are kept
+for `--attach`) also ends when its controller is dead: the controller's echoes have stopped for
+CONTROLLER_DEAD_AFTER intervals *and* the connection to it is down (ZeroMQ's socket monitor saw it
+close). A killed controller's kernel closes its sockets, so its daemons exit within two intervals;
+a controller that is only busy keeps its connection, so a slow step never ends a run; a host that
+vanished without closing anything is caught by orphan_timeout_s.
+
 It beats BEATS_PER_INTERVAL times per heartbeat interval, so a beat delayed by a starved thread
 (a loaded machine, a C extension holding the GIL) is covered by the next one before the controller
 judges silence. A beat that cannot be sent (queue full, controller gone) is dropped and logged; the
@@ -31,6 +38,8 @@ POLL_CAP_S = 0.05
 BEATS_PER_INTERVAL = 2
 #: Beats queued for an unreachable controller before new ones are dropped (stale beats prove nothing).
 SEND_HWM = 4
+#: Heartbeat intervals without an echo, with the connection down, after which the controller is dead.
+CONTROLLER_DEAD_AFTER = 2.0
 
 
 def heartbeat_flag(text: str) -> float:
@@ -54,6 +63,7 @@ class HeartbeatThread(threading.Thread):
         notify: Callable[[str, str], None],
         limits: Limits | None = None,
         exit_grace_s: float = 10.0,
+        exit_with_controller: bool = False,
     ) -> None:
         super().__init__(name="hfrt-heartbeat", daemon=True)
         self._zmq = context
@@ -67,6 +77,8 @@ class HeartbeatThread(threading.Thread):
         self.session = ""
         self._notify = notify
         self._exit_grace_s = exit_grace_s
+        self.exit_with_controller = exit_with_controller
+        self.connected = False  # the heartbeat socket's connection to the controller is up
         self._stopping = threading.Event()
         self._log = get_logger(daemon=identity, part="heartbeat")
 
@@ -86,13 +98,19 @@ class HeartbeatThread(threading.Thread):
         sock.setsockopt(zmq.ROUTING_ID, f"{self._identity}/hb".encode())
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sock.connect(self._address)
         try:
-            self._beat(sock)
+            self._beat(sock, monitor)
         finally:
+            sock.disable_monitor()
+            monitor.close(linger=0)
             sock.close(linger=0)
 
-    def _beat(self, sock: zmq.Socket[Any]) -> None:
+    def _beat(self, sock: zmq.Socket[Any], monitor: zmq.Socket[Any]) -> None:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         last_heard = time.monotonic()
         next_beat = last_heard
         rehello_for: dict[str, float] = {}
@@ -104,7 +122,10 @@ class HeartbeatThread(threading.Thread):
                 self._send_beat(sock, seq)
                 seq += 1
                 next_beat = now + self.interval_s / BEATS_PER_INTERVAL
-            if sock.poll(int(1000 * min(POLL_CAP_S, max(0.0, next_beat - now)))):
+            ready = dict(poller.poll(int(1000 * min(POLL_CAP_S, max(0.0, next_beat - now)))))
+            if monitor in ready:
+                self._read_monitor(monitor)
+            if sock in ready:
                 while True:
                     try:
                         frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -119,14 +140,35 @@ class HeartbeatThread(threading.Thread):
                         rehello_for[session] = time.monotonic()
                         self._notify("rehello", session)
             silent = time.monotonic() - last_heard
-            if self.orphan_timeout_s > 0 and silent > self.orphan_timeout_s:
+            dead = self._controller_dead(silent)
+            if dead or (self.orphan_timeout_s > 0 and silent > self.orphan_timeout_s):
                 if orphaned_at is None:
                     orphaned_at = time.monotonic()
-                    self._log.warning("orphaned", silent_s=round(silent, 1))
-                    self._notify("orphaned", f"no word from the controller for {silent:.1f}s")
+                    why = "its controller is gone (connection closed), no echo" if dead else "no word from the controller"
+                    self._log.warning("orphaned", silent_s=round(silent, 1), controller_gone=dead)
+                    self._notify("orphaned", f"{why} for {silent:.1f}s")
                 elif time.monotonic() - orphaned_at > self._exit_grace_s:
                     self._log.error("orphaned_forced_exit", grace_s=self._exit_grace_s)
                     os._exit(3)
+
+    def _controller_dead(self, silent: float) -> bool:
+        """A run's daemon (exit_with_controller) that was welcomed: no echo for CONTROLLER_DEAD_AFTER
+        intervals and no connection to the controller."""
+        return (self.exit_with_controller and bool(self.session) and not self.connected
+                and silent > CONTROLLER_DEAD_AFTER * self.interval_s)
+
+    def _read_monitor(self, monitor: zmq.Socket[Any]) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_CONNECTED:
+                self.connected = True
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.connected = False
 
     def _send_beat(self, sock: zmq.Socket[Any], seq: int) -> None:
         """Send one beat now, or drop it: a full queue or any other send error costs one beat."""

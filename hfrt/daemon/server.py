@@ -63,6 +63,8 @@ class ServeConfig:
     heartbeat_s: beat interval until the controller's Welcome sets its own.
     orphan_timeout_s: exit after this long without word from any controller (0: never).
     shutdown_grace_s: how long running endpoints may take to finish on SIGTERM.
+    exit_with_controller: exit once the controller that welcomed it is dead (hfrt.daemon.heartbeat);
+        set for a run's daemons, not for daemons kept for `--attach`.
     """
 
     controller: str
@@ -70,6 +72,7 @@ class ServeConfig:
     orphan_timeout_s: float = 60.0
     shutdown_grace_s: float = 5.0
     limits: Limits = field(default_factory=Limits)
+    exit_with_controller: bool = False
 
     def __post_init__(self) -> None:
         check_heartbeat_s(self.heartbeat_s, "ServeConfig.heartbeat_s")
@@ -127,6 +130,7 @@ class DaemonServer(TensorPlaneServing):
             orphan_timeout_s=self.config.orphan_timeout_s,
             notify=self._notify_from_heartbeat_thread,
             limits=self.config.limits,
+            exit_with_controller=self.config.exit_with_controller,
         )
         self._hb = hb
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -146,10 +150,11 @@ class DaemonServer(TensorPlaneServing):
                 self._tensors.close()
             self._data.stop()
             self._data.join(timeout=2.0)
+            linger = 0 if code == EXIT_ORPHANED else 1000  # nobody is left to read a Bye
             if self._channel is not None:
-                self._channel.close(linger_ms=1000)
+                self._channel.close(linger_ms=linger)
             else:
-                sock.close(linger=1000)
+                sock.close(linger=linger)
             zctx.term()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)

@@ -278,3 +278,99 @@ def test_daemons_exit_on_their_own_when_the_controller_is_killed(tmp_path: Path)
         assert time.monotonic() - start < 10
     finally:
         controller.kill()
+
+
+def start_hanging_controller(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """`hfrt controller` running FLOW_THAT_HANGS on two echo daemons, and the daemons' pids."""
+    import json
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    flow = tmp_path / "hang.py"
+    flow.write_text(FLOW_THAT_HANGS)
+    pid_file = tmp_path / "pids.json"
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "hfrt", "controller", "--flow", str(flow), "--run-dir", str(tmp_path / "run"),
+         "--set", f"pid_file={pid_file}", *extra],
+    )
+    deadline = time.monotonic() + 60
+    while not pid_file.exists():
+        assert time.monotonic() < deadline and controller.poll() is None, "controller never started its daemons"
+        time.sleep(0.1)
+    time.sleep(0.2)
+    pids = json.loads(pid_file.read_text())
+    STARTED_PIDS.update(pids)
+    return controller, pids
+
+
+@pytest.mark.slow
+def test_a_killed_controllers_daemons_exit_within_two_heartbeats_not_the_orphan_timeout(tmp_path: Path) -> None:
+    heartbeat_s = 1.0
+    controller, pids = start_hanging_controller(tmp_path, "--heartbeat", str(heartbeat_s))  # orphan timeout: 30 s
+    try:
+        controller.kill()
+        controller.wait()
+        start = time.monotonic()
+        while any(pid_alive(p) for p in pids) and time.monotonic() - start < 20:
+            time.sleep(0.02)
+        took = time.monotonic() - start
+    finally:
+        controller.kill()
+    print(f"daemons exited {took:.2f}s after kill -9 of their controller (heartbeat {heartbeat_s}s)")
+    assert not any(pid_alive(p) for p in pids), "daemons outlived their controller"
+    assert took < 2 * heartbeat_s + 1.0, f"{took:.2f}s: not within two heartbeats"
+
+
+@pytest.mark.slow
+def test_a_stopped_controller_keeps_its_daemons_and_kept_daemons_outlive_a_killed_one(tmp_path: Path) -> None:
+    # a frozen (busy) controller still holds its connections: its daemons wait for it
+    controller, pids = start_hanging_controller(tmp_path / "a", "--heartbeat", "0.5")
+    try:
+        controller.send_signal(signal.SIGSTOP)
+        time.sleep(2.5)  # 5 heartbeats
+        assert all(pid_alive(p) for p in pids), "daemons left a controller that was only stopped"
+        controller.send_signal(signal.SIGCONT)
+    finally:
+        controller.kill()
+    # daemons kept for --attach do not end with the controller (their orphan timeout applies)
+    kept, kept_pids = start_hanging_controller(tmp_path / "b", "--heartbeat", "0.5", "--keep-daemons")
+    try:
+        kept.kill()
+        kept.wait()
+        time.sleep(2.5)
+        assert all(pid_alive(p) for p in kept_pids), "kept daemons ended with their controller"
+    finally:
+        kept.kill()
+        for p in kept_pids:
+            os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_replaces_daemons_still_running_from_its_killed_controller(tmp_path: Path) -> None:
+    import json
+
+    # heartbeats every 20 s: the killed controller's daemons would take 40 s to notice
+    first, old = start_hanging_controller(tmp_path, "--heartbeat", "20")
+    first.kill()
+    first.wait()
+    (tmp_path / "pids.json").unlink()
+    resumed = subprocess.Popen(
+        [sys.executable, "-m", "hfrt", "controller", "--resume", str(tmp_path / "run"), "--flow", str(tmp_path / "hang.py"),
+         "--heartbeat", "20"],
+    )
+    new: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "pids.json").exists():
+            assert time.monotonic() < deadline and resumed.poll() is None, "the resumed run never started its daemons"
+            time.sleep(0.1)
+        time.sleep(0.2)
+        new = json.loads((tmp_path / "pids.json").read_text())
+        STARTED_PIDS.update(new)
+        assert not [p for p in old if pid_alive(p)], "the old run's daemons still run beside the resumed one"
+        assert all(pid_alive(p) for p in new)
+    finally:
+        resumed.terminate()  # stops its daemons (hfrt.signals)
+        resumed.wait(30)
+        for p in old + new:
+            if pid_alive(p):
+                os.kill(p, signal.SIGKILL)
