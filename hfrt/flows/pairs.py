@@ -5,16 +5,20 @@ step takes its pairs (fixed by seed and step, so a resumed run takes what the in
 
 `prompt` is text or a chat (a list of {"role", "content"} messages); `chosen` / `rejected` are
 the responses: text, or the assistant message(s) that follow a chat prompt. No torch, no roles:
-the daemon tokenises.
+the daemon tokenises. With no file, `addition_pairs` makes pairs for the built-in addition task
+from its rule reward, as the RL flows fall back on the task's prompts.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import string
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from hfrt.flows.tasks import AdditionTask, addition_reward
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -127,4 +131,46 @@ def step_rows(rows: list[dict[str, Any]], step: int, per_step: int, seed: int) -
         take = order[index : index + per_step - len(out)]
         out += [rows[i] for i in take]
         position += len(take)
+    return out
+
+
+# ------------------------------------------------------------------ the addition task's pairs
+
+#: the tiny preset's EOS as text (its tokenizer reads it as the EOS token)
+EOS = "</s>"
+_OTHER = string.ascii_letters + string.punctuation + " "
+
+
+def addition_response(rng: random.Random, truth: str) -> str:
+    """One response in the form the `ppo` flow's actor produces (at most 2 tokens of the byte
+    tokenizer): a digit (often the right one) and EOS, two characters (no EOS: cut at
+    max_new_tokens), a non-digit and EOS or a digit, or EOS alone."""
+    digit = truth if rng.random() < 0.35 else str(rng.randint(0, 9))
+    form = rng.random()
+    if form < 0.45:
+        return digit + EOS
+    if form < 0.75:
+        return digit + rng.choice(string.digits + " =\n" + _OTHER[:10])
+    if form < 0.9:
+        return rng.choice(_OTHER) + rng.choice([EOS, rng.choice(string.digits)])
+    return EOS
+
+
+def addition_pairs(count: int, seed: int, max_operand: int, margin: bool = False) -> list[dict[str, Any]]:
+    """`count` pairs for the addition task: a prompt, two responses its rule reward
+    (hfrt.flows.tasks.addition_reward) scores differently, the higher one `chosen` (with
+    `margin`, the score difference as the pair's margin); numbered in `row` like a file's."""
+    rng = random.Random(seed)
+    task = AdditionTask(seed=seed, max_operand=max_operand)
+    out: list[dict[str, Any]] = []
+    while len(out) < count:
+        prompts = task.batch(1)
+        prompt, truth = prompts["prompt"][0], prompts["ground_truth"][0]
+        a, b = addition_response(rng, truth), addition_response(rng, truth)
+        score_a, score_b = (addition_reward(r.replace(EOS, ""), truth) for r in (a, b))
+        if score_a == score_b:
+            continue
+        chosen, rejected = (a, b) if score_a > score_b else (b, a)
+        row: dict[str, Any] = {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+        out.append(row | ({"margin": round(abs(score_a - score_b), 3)} if margin else {}))
     return out

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from hfrt.flows import load_flow
-from hfrt.flows.pairs import PairDataError, read_pairs, split_pairs, step_rows
+from hfrt.flows.pairs import PairDataError, addition_pairs, read_pairs, split_pairs, step_rows
 from hfrt.flows.recipes.rm import RMConfig
 from hfrt.flows.tasks import addition_reward
 
@@ -48,8 +48,8 @@ def test_a_bad_row_is_named(tmp_path: Path, row: dict[str, Any], message: str) -
 
 def test_config_keys_and_values_are_checked(tmp_path: Path) -> None:
     path = write(tmp_path / "pairs.jsonl", [GOOD, GOOD | {"chosen": "3 "}])
-    with pytest.raises(ValueError, match="needs a pair file"):
-        RMConfig.read({})
+    builtin = RMConfig.read({"pairs_count": 50})  # no file: the addition task's rule-labelled pairs
+    assert [len(part) for part in builtin.pairs()] == [45, 5]
     with pytest.raises(ValueError, match=r"unknown config key\(s\) \['epoch'\] \(did you mean `epochs`\?\)"):
         RMConfig.read({"data": str(path), "epoch": 2})
     with pytest.raises(ValueError, match="config pairs_per_step='8': expected int"):
@@ -70,9 +70,7 @@ def test_split_and_step_order_are_seeded() -> None:
 
 
 def test_recipe_pairs_follow_the_rule() -> None:
-    from hfrt.bench.recipes.make_pref_pairs import pairs
-
-    rows = pairs(200, seed=0, max_operand=2, margin=True)
+    rows = addition_pairs(200, seed=0, max_operand=2, margin=True)
     for row in rows:
         a, b = row["prompt"].rstrip("=").split("+")
         truth = str(int(a) + int(b))

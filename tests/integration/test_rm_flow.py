@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from hfrt.bench.recipes.make_pref_pairs import pairs
+from hfrt.flows.pairs import addition_pairs
 
 
 def hfrt(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -28,7 +28,7 @@ def summary(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 def pair_file(tmp_path: Path, count: int = 60) -> Path:
     path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in pairs(count, seed=0, max_operand=2)))
+    path.write_text("".join(json.dumps(r) + "\n" for r in addition_pairs(count, seed=0, max_operand=2)))
     return path
 
 

@@ -21,7 +21,7 @@ from hfrt.flows.batches import prompts_handle
 from hfrt.flows.checkpoint import load_checkpoint, resumable_checkpoint, save_checkpoint
 from hfrt.flows.config import CALL_TIMEOUT_S, did_you_mean
 from hfrt.flows.metrics import reduce_rank_metrics
-from hfrt.flows.pairs import PairDataError, columns, read_pairs, split_pairs, step_rows
+from hfrt.flows.pairs import PairDataError, addition_pairs, columns, read_pairs, split_pairs, step_rows
 from hfrt.flows.report import MetricsLog
 from hfrt.flows.timing import StageTimer
 from hfrt.flows.trainer import due, get_roles
@@ -40,7 +40,9 @@ class RMConfig:
     """The `rm` flow's settings.
 
     data: the pair file (JSONL / JSON / Parquet rows of prompt, chosen, rejected, optional margin;
-    hfrt/flows/pairs.py). val_data: held-out pairs; "" holds out val_fraction of data (seeded).
+    hfrt/flows/pairs.py); "" makes pairs_count pairs for the built-in addition task (addends up to
+    max_operand) from its rule reward (hfrt.flows.pairs.addition_pairs).
+    val_data: held-out pairs; "" holds out val_fraction of data (seeded).
     epochs: passes over the training pairs; max_steps: stop earlier (0: no cap). pairs_per_step:
     pairs per optimizer step, over all data-parallel ranks. seed: of the split and the order.
     val_every: pair accuracy on the held-out pairs every N steps and after the last (0: only
@@ -50,6 +52,8 @@ class RMConfig:
     """
 
     data: str = ""
+    pairs_count: int = 2000
+    max_operand: int = 2
     val_data: str = ""
     val_fraction: float = 0.1
     epochs: int = 1
@@ -68,12 +72,10 @@ class RMConfig:
     resume: bool = False
 
     def __post_init__(self) -> None:
-        if not self.data:
-            raise ValueError("config data: the rm flow needs a pair file (--set data=pairs.jsonl; docs/reward-models.md)")
-        for name in ("epochs", "pairs_per_step"):
+        for name in ("epochs", "pairs_per_step", "pairs_count"):
             if getattr(self, name) < 1:
                 raise ValueError(f"config {name}={getattr(self, name)!r}: must be at least 1")
-        for name in ("max_steps", "val_every", "checkpoint_every"):
+        for name in ("max_steps", "val_every", "checkpoint_every", "max_operand"):
             if getattr(self, name) < 0:
                 raise ValueError(f"config {name}={getattr(self, name)!r}: must not be negative")
         if not 0 < self.val_fraction < 1:
@@ -107,7 +109,10 @@ class RMConfig:
 
     def pairs(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(training pairs, held-out pairs), read and checked."""
-        rows = read_pairs(self.data)
+        rows = read_pairs(self.data) if self.data else addition_pairs(self.pairs_count, self.seed, self.max_operand)
+        for number, row in enumerate(rows, start=1):
+            row.setdefault("margin", 0.0)
+            row.setdefault("row", number)
         if self.val_data:
             return rows, read_pairs(self.val_data)
         return split_pairs(rows, self.val_fraction, self.seed)

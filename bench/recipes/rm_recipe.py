@@ -1,0 +1,95 @@
+"""The learned-reward recipe of docs/reward-models.md, measured: write rule-labelled preference
+pairs for the addition task, train a reward model on them (`hfrt controller --flow rm`), then run
+`hfrt controller --flow ppo` twice per seed — once with the rule reward, once with the learned
+reward model as the reward role — and grade both exported policies by the rule.
+
+`python -m hfrt.bench.recipes.rm_recipe --work runs/rm-recipe --out bench/results/rm-recipe.json`
+
+Reported: the reward model's held-out pair accuracy and mean margin, and per seed and reward the
+policy's greedy accuracy by the rule on every prompt of the task (all a+b with a, b <= max_operand),
+with its wall time. The PPO runs' own `val_accuracy_last` is the share of validation scores >= 1
+under the reward they trained with, meaningful only for the rule reward. It runs the CLI as a
+user does; it knows the flows' settings and the task, nothing of the daemons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hfrt.flows.pairs import addition_pairs
+from hfrt.flows.tasks import addition_reward
+
+
+def controller(*args: str) -> dict[str, Any]:
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "hfrt", "controller", *args, "--set", "progress=off"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"hfrt controller {' '.join(args)} failed:\n{done.stderr[-4000:]}")
+    out = dict(json.loads(done.stdout[done.stdout.index("{"):]))
+    return out | {"wall_s": round(time.perf_counter() - start, 1)}
+
+
+def rule_accuracy(model_dir: str, max_operand: int) -> float:
+    """Greedy accuracy by the rule reward on every prompt a+b of the task (the ppo flow's 2 new tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    questions = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+    enc = tok([f"{a}+{b}=" for a, b in questions], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=2, do_sample=False, pad_token_id=tok.pad_token_id)
+    texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return sum(addition_reward(t, a + b) == 1.0 for t, (a, b) in zip(texts, questions, strict=True)) / len(questions)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", default="runs/rm-recipe", help="where the pairs and the runs go")
+    parser.add_argument("--out", help="also write the figures as JSON here")
+    parser.add_argument("--seeds", default="0", help="PPO seeds, comma-separated")
+    parser.add_argument("--pairs", type=int, default=2000)
+    parser.add_argument("--rm-epochs", type=int, default=3)
+    parser.add_argument("--ppo-steps", type=int, default=500)
+    args = parser.parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in addition_pairs(args.pairs, seed=0, max_operand=2)))
+    rm = controller("--flow", "rm", "--run-dir", str(work / "rm"), "--overwrite", "--set", f"data={data}",
+                    "--set", f"epochs={args.rm_epochs}", "--set", "roles.reward_model.options.append_eos=false")
+    result: dict[str, Any] = {
+        "machine": "2 CPU cores (shared)", "preset": "tiny", "pairs": args.pairs,
+        "reward_model": {k: rm[k] for k in ("steps", "train_pairs", "val_pairs", "val_accuracy", "val_accuracy_before",
+                                            "val_margin_mean", "wall_s")},
+        "ppo_steps": args.ppo_steps, "runs": [],
+    }
+    learned = ["--set", "roles.reward.options.kind=model", "--set", f"roles.reward.options.model={rm['hf_export']}",
+               "--set", "roles.reward.options.normalize=config"]
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for reward, extra in (("rule", []), ("learned", learned)):
+            run = work / f"ppo-{reward}-seed{seed}"
+            ppo = controller("--flow", "ppo", "--run-dir", str(run), "--overwrite", "--set", f"seed={seed}",
+                             "--set", f"steps={args.ppo_steps}", *extra)
+            result["runs"].append({
+                "seed": seed, "reward": reward, "rule_accuracy": rule_accuracy(ppo["hf_export"], 2),
+                "val_accuracy_last_under_own_reward": ppo.get("val_accuracy_last"), "wall_s": ppo["wall_s"],
+            })
+            print(json.dumps(result["runs"][-1]), flush=True)
+    print(json.dumps(result, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
