@@ -57,9 +57,11 @@ def _controller(args: argparse.Namespace) -> int:
     with lock:
         roles = _parse_roles(args.role) or roles
         try:
+            if not args.resume:
+                _check_fresh_folder(run_dir, overwrite=args.overwrite)
             if args.resume:
                 _check_resume(flow, run_dir, config, set(attach.roles) if attach is not None else set(roles))
-            _write_config(run_dir, config, roles)
+            _write_config(run_dir, flow, config, roles)
         except ValueError as exc:
             print(f"hfrt controller: {exc}", file=sys.stderr)
             return 2
@@ -121,16 +123,64 @@ def _run_config(args: argparse.Namespace, flow: Any) -> tuple[Path, dict[str, An
     config = dict(rc.flow)
     if args.resume:
         config["resume"] = True
+    if args.overwrite and args.resume:
+        raise runconfig.ConfigError(f"--overwrite and --resume {run_dir}: continue the run or replace it, not both")
+    if (args.attach or args.keep_daemons) and _reads_flow_config(flow):
+        # daemons that outlive a run: their first weights are kept there, for reset_weights (Trainer)
+        config["daemons_dir"] = str(Path(args.attach).parent if args.attach else run_dir)
     flow.check({**config, "run_dir": str(run_dir)})
     return run_dir, config, flow.roles_for(config, rc.roles)
 
 
-def _write_config(run_dir: Path, config: dict[str, Any], roles: dict[str, dict[str, Any]]) -> None:
-    """RUN_DIR/config.json: the settings and roles this run uses, what `--resume` starts from."""
+#: what a run writes into its folder (docs/flows.md); the first three mean the folder holds a run
+RUN_OUTPUTS = ("config.json", "metrics.jsonl", "checkpoints", "hf", "tensorboard", "trace.json", "wandb", "metrics.png")
+#: settings `hfrt controller` sets for one run (its folder, --resume, the daemons' folder): not saved
+RUN_ONLY = ("run_dir", "resume", "daemons_dir")
+
+
+def _check_fresh_folder(run_dir: Path, *, overwrite: bool) -> None:
+    """A run folder that already holds a run (config.json, metrics.jsonl or checkpoints/) is
+    refused without --resume (its records would mix with this run's), unless --overwrite: then
+    that run's outputs (RUN_OUTPUTS) are deleted first. A folder of daemons only (hfrt launch,
+    attach.json, cluster.key, logs/) is no run."""
+    import shutil
+
+    held = [name for name in RUN_OUTPUTS[:3] if (run_dir / name).exists()]
+    if not held:
+        return
+    if not overwrite:
+        raise ValueError(
+            f"run folder {run_dir} already holds a run ({', '.join(held)}); continue it with --resume {run_dir}, "
+            "replace it with --overwrite, or pick another --run-dir")
+    for name in RUN_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def _write_config(run_dir: Path, flow: Any, config: dict[str, Any], roles: dict[str, dict[str, Any]]) -> None:
+    """RUN_DIR/config.json: every setting this run uses, defaults included (the flow's Config as
+    read), and its roles — what `--resume` starts from, and what `--config RUN_DIR/config.json`
+    runs again."""
+    import dataclasses
+
     from hfrt import config as runconfig
 
-    saved = runconfig.RunConfig({k: v for k, v in config.items() if k != "resume"}, roles)
+    settings = config
+    if flow.config_cls is not None:
+        typed = flow.read({**config, "run_dir": str(run_dir)})  # as checked before: read once
+        if dataclasses.is_dataclass(typed):
+            settings = {f.name: getattr(typed, f.name) for f in dataclasses.fields(typed)}
+    saved = runconfig.RunConfig({k: v for k, v in settings.items() if k not in RUN_ONLY}, roles)
     (run_dir / "config.json").write_text(saved.to_json())
+
+
+def _reads_flow_config(flow: Any) -> bool:
+    from hfrt.flows.config import FlowConfig
+
+    return isinstance(flow.config_cls, type) and issubclass(flow.config_cls, FlowConfig)
 
 
 def _check_attach_roles(flow: Any, config: dict[str, Any], attach: Any, path: str) -> None:
@@ -325,13 +375,14 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("controller", help="run an algorithm script (flow) against role daemons")
     c.add_argument("--flow", required=True, help="built-in flow (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf, dapo, grpo_async, agent_calc, ping) or a .py file defining `async def flow(ctl, config)`")
     c.add_argument("--role", action="append", default=[], metavar="NAME=IMPL[:RANKS]", help="override the flow's roles, e.g. echo=echo:4 (repeatable)")
-    c.add_argument("--config", metavar="FILE", help="flow settings and role overrides (TOML or YAML); see docs/configuration.md")
+    c.add_argument("--config", metavar="FILE", help="flow settings and role overrides (TOML or YAML, or a run's RUN_DIR/config.json to run it again); see docs/configuration.md")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one setting (dots nest: roles.actor.options.engine.optim.lr=1e-3); VALUE parsed as JSON when it can be (repeatable)")
     c.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint (its config.json, then --config/--set)")
     c.add_argument("--attach", metavar="FILE", help="run against daemons already up, described by an attach.json")
     c.add_argument("--cluster", metavar="SPEC", help="launch the daemons a cluster spec (TOML) places, run the flow, stop them")
     c.add_argument("--keep-daemons", action="store_true", help="leave the launched daemons running and write RUN_DIR/attach.json")
-    c.add_argument("--run-dir", help="where the run writes (default: runs/FLOW-TIMESTAMP)")
+    c.add_argument("--run-dir", help="where the run writes (default: runs/FLOW-TIMESTAMP); a folder that already holds a run is refused without --resume or --overwrite")
+    c.add_argument("--overwrite", action="store_true", help="replace the run the --run-dir folder holds (its config, metrics, checkpoints, export) instead of refusing it")
     c.add_argument("--heartbeat", type=heartbeat_flag, default=2.0, help="daemon heartbeat interval in seconds")
     c.add_argument("--orphan-timeout", type=float, default=30.0, help="launched daemons exit after this many seconds without a controller")
     c.add_argument("--log-level", default="warning", help="debug, info, warning or error")

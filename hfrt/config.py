@@ -1,6 +1,8 @@
 """A run's configuration as `hfrt controller` assembles it: a TOML or YAML file (`--config`), then
 `--set key=value` overrides, checked against the flow's config class and role table before any
-daemon starts, and saved as RUN_DIR/config.json so `--resume` can read it back.
+daemon starts, and saved as RUN_DIR/config.json (every setting, defaults included, and the
+roles: `{"flow": {...}, "roles": {...}}`) so `--resume` can read it back and `--config
+RUN_DIR/config.json` runs it again.
 
 Layout (the same in a file and in --set's dotted keys): flow settings at the top level, role
 overrides under `roles` — e.g. `steps = 50` and `[roles.actor.options.engine.optim] lr = 1e-3`,
@@ -17,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hfrt.flows.config import did_you_mean
 
 ROLE_KEYS = frozenset({"impl", "world_size", "dp_size", "options"})
 
@@ -62,6 +66,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {file}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {file}: the top level must be a table of settings")
+    if set(data) == {"flow", "roles"} and isinstance(data["flow"], dict):
+        return {**data["flow"], "roles": data["roles"]}  # a run's saved RUN_DIR/config.json
     return data
 
 
@@ -120,9 +126,10 @@ def build(
             raise ConfigError(f"roles.{name} must be a table (impl, world_size, dp_size, options)")
         unknown = sorted(set(settings) - ROLE_KEYS)
         if unknown:
-            raise ConfigError(f"roles.{name}: unknown key(s) {unknown}; a role takes {sorted(ROLE_KEYS)}")
+            raise ConfigError(f"roles.{name}: unknown key(s) {unknown}{did_you_mean(unknown, ROLE_KEYS)}; a role takes {sorted(ROLE_KEYS)}")
         if name not in roles and "impl" not in settings:
-            raise ConfigError(f"roles.{name}: the flow has no role {name!r}, so its impl must be given")
+            raise ConfigError(f"roles.{name}: the flow has no role {name!r}, so its impl must be given"
+                              f"{did_you_mean([name], roles)}; its roles: {sorted(roles)}")
         roles[name] = merge(roles.get(name, {}), settings)
     for name, settings in roles.items():
         _check_role(name, settings)

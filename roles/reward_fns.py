@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import math
 import re
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -158,10 +159,14 @@ def score_all(
 ) -> list[float]:
     """fn over every sample. A sample on which fn raises or returns a non-finite / non-number
     value is an error naming fn and the sample: raised (error_score None), or scored
-    `error_score` with the message appended to `errors` ("" for the samples that scored)."""
+    `error_score` with the message appended to `errors` ("" for the samples that scored). The
+    first sample of each kind of error (the exception's type; a non-number return) in the call
+    also carries the traceback, on the lines after its one-line message — what the controller
+    shows once per kind (hfrt/flows/reward_errors.py)."""
     label: str = name or str(getattr(fn, "__qualname__", repr(fn)))
     infos = infos if infos is not None else [{}] * len(responses)
     scores = []
+    kinds: set[str] = set()
     for index, (response, truth, info) in enumerate(zip(responses, ground_truths, infos, strict=True)):
         try:
             scores.append(_one_score(fn, label, index, response, truth, info))
@@ -171,9 +176,21 @@ def score_all(
                 raise
             scores.append(float(error_score))
             problem = str(exc)
+            kind = type(exc.__cause__).__name__ if exc.__cause__ is not None else "non-number"
+            if kind not in kinds:
+                kinds.add(kind)
+                problem += "\n" + _traceback(exc)
         if errors is not None:
             errors.append(problem)
     return scores
+
+
+def _traceback(exc: RewardFunctionError) -> str:
+    """The user function's traceback (from the call into it on), or the message of a bad return."""
+    cause = exc.__cause__
+    if cause is None:
+        return f"RewardFunctionError: {exc}"
+    return "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)).rstrip()
 
 
 def _one_score(fn: RewardFn, label: str, index: int, response: str, truth: Any, info: Mapping[str, Any]) -> float:

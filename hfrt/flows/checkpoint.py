@@ -180,6 +180,30 @@ async def load_checkpoint(ckpt: Checkpoint, roles: Mapping[str, Any], *, timeout
     await asyncio.gather(*(roles[name].load(str(ckpt.path / name), timeout_s=timeout_s) for name in ckpt.state["roles"]))
 
 
+async def save_weights(folder: Path, roles: Mapping[str, Any], *, timeout_s: float) -> Path:
+    """Have each role save itself under `folder/<role>` (replacing what was there), then write
+    `folder/roles.json` last: a folder without it is not whole (a daemon's starting weights,
+    which `reset_weights` loads back; see hfrt/flows/trainer.py)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    await asyncio.gather(*(group.save(str(folder / name), timeout_s=timeout_s) for name, group in roles.items()))
+    _write_atomic(folder / "roles.json", json.dumps(sorted(roles)))
+    return folder
+
+
+async def load_weights(folder: Path, roles: Mapping[str, Any], *, timeout_s: float) -> None:
+    """Load what save_weights wrote into every role of `roles`; CheckpointError when the folder
+    is not whole or lacks one of them."""
+    try:
+        saved = set(json.loads((folder / "roles.json").read_text()))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{folder}: no whole set of saved weights ({exc})") from None
+    missing = sorted(set(roles) - saved)
+    if missing:
+        raise CheckpointError(f"{folder}: holds no weights of role(s) {missing} (it has {sorted(saved)})")
+    await asyncio.gather(*(group.load(str(folder / name), timeout_s=timeout_s) for name, group in roles.items()))
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w") as f:

@@ -8,8 +8,9 @@ they turn into; it does not know what a flow does with them.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -64,6 +65,13 @@ class FlowConfig:
     that failed with it, and relaunches a dead actor / critic and rewinds to the last checkpoint
     (hfrt.control.recovery; local, SSH and Slurm launchers, not --attach); recovery_max_restarts restarts of one daemon within
     recovery_window_s seconds are allowed, one more ends the run.
+    reward_error_limit: a sample on which the reward function raises scores the reward role's
+    error_score (each kind of error is logged once on stderr with its traceback); when more than
+    this share of a step's samples failed, the run stops with the traceback and exit 1 (1: never).
+    reset_weights: a run on daemons an earlier run trained (--attach) continues from their trained
+    weights by default, and says so (a warning and `started_from_trained_weights` in the summary);
+    true loads the weights they started with instead (kept in daemons_dir/initial_weights, which
+    `hfrt controller` sets to the attach file's folder, or RUN_DIR with --keep-daemons).
     """
 
     steps: int = 150
@@ -98,6 +106,9 @@ class FlowConfig:
     recovery: str = "off"
     recovery_max_restarts: int = 3
     recovery_window_s: float = 600.0
+    reward_error_limit: float = 0.5
+    reset_weights: bool = False
+    daemons_dir: str = ""
 
     def __post_init__(self) -> None:
         self._resolve_aliases()
@@ -109,6 +120,8 @@ class FlowConfig:
                 raise ValueError(f"config {name}={getattr(self, name)!r}: must not be negative")
         if self.temperature < 0:
             raise ValueError(f"config temperature={self.temperature!r}: must not be negative")
+        if not 0.0 <= self.reward_error_limit <= 1.0:
+            raise ValueError(f"config reward_error_limit={self.reward_error_limit!r}: a share of a step's samples, 0 to 1 (1: never stop)")
         if self.tis_cap < 0:
             raise ValueError(f"config tis_cap={self.tis_cap!r}: must not be negative (0: off)")
         self.check_update_options()
@@ -220,7 +233,7 @@ class FlowConfig:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(config) - set(fields))
         if unknown:
-            raise ValueError(f"unknown config key(s) {unknown}; this flow reads {sorted(fields)}")
+            raise ValueError(f"unknown config key(s) {unknown}{did_you_mean(unknown, fields)}; this flow reads {sorted(fields)}")
         values: dict[str, Any] = {}
         for key, raw in config.items():
             kind = _field_type(fields[key])
@@ -242,6 +255,13 @@ class FlowConfig:
         """The dict this config was read from (its fields' values when it was built directly)."""
         source = getattr(self, "_source", None)
         return dict(source) if source is not None else {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def did_you_mean(unknown: list[str], known: Iterable[str]) -> str:
+    """` (did you mean `steps`?)` naming the closest known key to each unknown one (difflib), or ""."""
+    names = list(known)
+    guesses = [f"`{match[0]}`" for key in unknown if (match := difflib.get_close_matches(key, names, n=1, cutoff=0.6))]
+    return f" (did you mean {', '.join(dict.fromkeys(guesses))}?)" if guesses else ""
 
 
 def _field_type(f: dataclasses.Field[Any]) -> type:

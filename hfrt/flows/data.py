@@ -75,6 +75,8 @@ def _normalise(row: Any, file: Path, number: int, where: str = "") -> dict[str, 
     where = where or f"{file}: row {number}"
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected an object, got {type(row).__name__}")
+    if "prompt" not in row:
+        raise DatasetError(f"{where}: missing key 'prompt' (a row has {sorted(row)[:8]})")
     prompt = row.get("prompt")
     if isinstance(prompt, str):
         pass
@@ -100,6 +102,8 @@ def _normalise(row: Any, file: Path, number: int, where: str = "") -> dict[str, 
 CHECK_ALL_BYTES = 32 * 2**20
 #: rows checked before launch in a file larger than CHECK_ALL_BYTES (and in .json / Parquet files)
 CHECK_ROWS = 1000
+#: bad lines of a JSONL file named in one error before the rest are only counted
+REPORT_BAD = 10
 
 
 def check_data_file(path: str | Path, what: str = "") -> int:
@@ -130,7 +134,9 @@ def _check_file(file: Path) -> int:
 
 
 def _check_jsonl(file: Path, *, check_all: bool) -> int:
-    count = 0
+    """Row count of a JSONL file; every bad line checked is a problem, and the first REPORT_BAD
+    of them are named in one DatasetError (the rest counted), so one run shows what to fix."""
+    count, bad = 0, []
     with file.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -139,10 +145,14 @@ def _check_jsonl(file: Path, *, check_all: bool) -> int:
             if not check_all and count > CHECK_ROWS:
                 continue
             try:
-                row = json.loads(raw)
+                _normalise(json.loads(raw), file, count, f"{file}:{number}")
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise DatasetError(f"{file}:{number}: not JSON ({getattr(exc, 'msg', exc)})") from None
-            _normalise(row, file, count, f"{file}:{number}")
+                bad.append(f"{file}:{number}: not JSON ({getattr(exc, 'msg', exc)})")
+            except DatasetError as exc:
+                bad.append(str(exc))
+    if bad:
+        more = f"; and {len(bad) - REPORT_BAD} more bad line(s)" if len(bad) > REPORT_BAD else ""
+        raise DatasetError("; ".join(bad[:REPORT_BAD]) + more)
     return count
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hfrt.flows.batches import non_tensor
+from hfrt.flows.reward_errors import ERRORS_KEY
 from hfrt.flows.timing import StageTimer
 from hfrt.protocols import BatchHandle
 
@@ -72,11 +73,14 @@ def reduce_rank_metrics(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, floa
 
 def step_metrics(timer: StageTimer, scores: BatchHandle, rollout: BatchHandle, *parts: Mapping[str, Any]) -> dict[str, Any]:
     """A step's record: reward stats from the scores' `score` column (and `reward/errors`, the
-    samples the reward function failed on and scored its error_score), what each part (advantage,
+    samples the reward function failed on and scored its error_score, with the column itself under
+    ERRORS_KEY when there are any: see hfrt/flows/reward_errors.py), what each part (advantage,
     update metrics) returned, rollout lengths and timings, stage timings and throughput."""
     record: dict[str, Any] = reward_stats(non_tensor(scores, "score"))
     errors = non_tensor(scores, "score_error")
     record["reward/errors"] = float(sum(1 for message in errors if message))
+    if record["reward/errors"]:
+        record[ERRORS_KEY] = errors  # the Trainer takes it out: logged per kind, limited (reward_errors)
     for part in parts:
         record.update(part)
     record |= rollout_metrics(rollout.meta) | timer.timings

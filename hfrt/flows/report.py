@@ -58,6 +58,9 @@ class MetricsLog:
         self._file: TextIO | None = None
         self._sinks: list[Sink] = []
         self.rewards: list[float] = []
+        #: every validation accuracy of the run in order (val_before/ then val/ of each record),
+        #: the records kept from before a resume included, so the summary describes the whole run
+        self.val_accuracy: list[float] = []
 
     def __enter__(self) -> MetricsLog:
         if self.path is not None:
@@ -90,6 +93,7 @@ class MetricsLog:
             return
         kept = []
         self.rewards.clear()  # refilled from the kept records (a mid-run rewind had written some)
+        self.val_accuracy.clear()
         for line in self.path.read_text().splitlines():
             try:
                 record = json.loads(line)
@@ -97,7 +101,7 @@ class MetricsLog:
                 continue  # a line cut short by a kill
             if int(record.get("step", -1)) < steps:
                 kept.append(line)
-                self.rewards.append(float(record.get("reward/mean", math.nan)))
+                self._note(record)
         tmp = self.path.with_name(".metrics.jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         tmp.replace(self.path)
@@ -105,8 +109,15 @@ class MetricsLog:
             self._file.close()
             self._file = self.path.open("a")
 
-    def write(self, record: dict[str, Any]) -> None:
+    def _note(self, record: dict[str, Any]) -> None:
+        """What the summary needs of a record: its mean reward and validation accuracies."""
         self.rewards.append(float(record.get("reward/mean", math.nan)))
+        for key in ("val_before/accuracy", "val/accuracy"):
+            if isinstance(record.get(key), int | float):
+                self.val_accuracy.append(float(record[key]))
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._note(record)
         if self._file is not None:
             self._file.write(json.dumps(record, default=float) + "\n")
             self._file.flush()
@@ -114,16 +125,19 @@ class MetricsLog:
             sink.write(record)
 
     def summary(self) -> dict[str, Any]:
-        """First / last mean reward, and the means of the first and last quarter of the steps."""
+        """First / last mean reward, the means of the first and last quarter of the steps, and the
+        first / last validation accuracy (val_before/ counts as the first) — over the whole run's
+        records, those kept from before a resume included, as metrics.jsonl holds them."""
+        val = {"val_accuracy_first": self.val_accuracy[0], "val_accuracy_last": self.val_accuracy[-1]} if self.val_accuracy else {}
         r = [x for x in self.rewards if not math.isnan(x)]
         if not r:
-            return {"steps": len(self.rewards)}
+            return {"steps": len(self.rewards)} | val
         q = max(1, len(r) // 4)
         return {
             "steps": len(self.rewards), "reward_first": r[0], "reward_last": r[-1],
             "reward_first_quarter": statistics.fmean(r[:q]), "reward_last_quarter": statistics.fmean(r[-q:]),
             "metrics": str(self.path) if self.path else None,
-        }
+        } | val
 
 
 def open_sinks(

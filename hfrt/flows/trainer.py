@@ -22,10 +22,18 @@ from hfrt.control.controller import Controller
 from hfrt.control.group import RoleGroup
 from hfrt.control.recovery import RecoveryFailed
 from hfrt.flows.batches import non_tensor, prompts_handle
-from hfrt.flows.checkpoint import Checkpoint, load_checkpoint, resumable_checkpoint, save_checkpoint
+from hfrt.flows.checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    load_weights,
+    resumable_checkpoint,
+    save_checkpoint,
+    save_weights,
+)
 from hfrt.flows.config import CALL_TIMEOUT_S, FlowConfig
 from hfrt.flows.data import make_source, validation_rows
 from hfrt.flows.report import MetricsLog
+from hfrt.flows.reward_errors import ERRORS_KEY, RewardErrors
 from hfrt.log import get_logger
 from hfrt.protocols import BatchHandle
 from hfrt.wire.errors import HfrtError
@@ -68,7 +76,8 @@ class Trainer:
         self.resumed_from = 0  # the checkpoint step a resumed run started from
         self.rewinds: list[list[int]] = []  # [failed step, checkpoint step] per in-run rewind (hfrt.control.recovery)
         self._val_rows: dict[str, list[Any]] | None = None  # read once, on the first validation
-        self._val_accuracy: dict[str, float] = {}  # the first and last validation accuracy, for the summary
+        self.reward_errors = RewardErrors(cfg.reward_error_limit)
+        self.started: dict[str, int] = {}  # what the weights were at the start, for the summary (_start_weights)
 
     async def run(self, step_fn: StepFn) -> dict[str, Any]:
         cfg = self.cfg
@@ -76,6 +85,8 @@ class Trainer:
         with MetricsLog(cfg.run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project, progress=cfg.progress, total_steps=cfg.steps) as log:
             if cfg.resume:
                 await self._resume(log)
+            if not self.resumed_from:
+                await self._start_weights()
             before: dict[str, float] = {}
             if cfg.val_every and cfg.val_before_train and self.start_step == 0:
                 before = {k.replace("val/", "val_before/", 1): v for k, v in (await self.validate()).items()}
@@ -90,12 +101,12 @@ class Trainer:
                     continue
                 step += 1
         summary = log.summary() | {"controller_bulk_bytes": self.ctl.stats()["controller_bulk_bytes"]}
-        summary |= {f"val_accuracy_{k}": v for k, v in self._val_accuracy.items()}
         if cfg.export_hf and cfg.run_dir and "actor" in self.roles:
             await self.roles["actor"].export_hf(str(Path(cfg.run_dir) / "hf"), timeout_s=CALL_TIMEOUT_S)
             summary["hf_export"] = str(Path(cfg.run_dir) / "hf")
         if self.resumed_from:
             summary["resumed_from_step"] = self.resumed_from
+        summary |= self.started
         if self.rewinds:
             summary["rewound"] = self.rewinds
         return summary
@@ -105,6 +116,7 @@ class Trainer:
         cfg = self.cfg
         prompts = prompts_handle(self.source.batch(cfg.prompts_per_step))
         record = {"step": step, **before, **await self.step_fn(step, prompts)}
+        self.reward_errors.observe(record.pop(ERRORS_KEY, []), step=step)
         if due(cfg.val_every, step, cfg.steps):
             record |= await self.validate()
         stats = self.ctl.stats()
@@ -160,13 +172,37 @@ class Trainer:
         rollout = await actor.generate(
             prompts_handle(rows), temperature=0.0, max_new_tokens=cfg.max_new_tokens, timeout_s=CALL_TIMEOUT_S
         )
-        scores = [float(s) for s in non_tensor(await reward.score(rollout, timeout_s=CALL_TIMEOUT_S), "score")]
+        scored = await reward.score(rollout, timeout_s=CALL_TIMEOUT_S)
+        self.reward_errors.observe(non_tensor(scored, "score_error"), step=None)
+        scores = [float(s) for s in non_tensor(scored, "score")]
         accuracy = sum(s >= 1.0 for s in scores) / len(scores)
-        self._val_accuracy.setdefault("first", accuracy)
-        self._val_accuracy["last"] = accuracy
         return {"val/reward_mean": sum(scores) / len(scores), "val/accuracy": accuracy}
 
     # -- checkpoints -----------------------------------------------------------------------
+
+    async def _start_weights(self) -> None:
+        """Daemons that outlive a run (cfg.daemons_dir: --attach, --keep-daemons) may hold weights an
+        earlier run trained (the actor's weight_version, its optimizer steps, above 0). Untrained,
+        their weights are kept in DAEMONS_DIR/initial_weights; trained, the run says so and goes on
+        from them (summary `started_from_trained_weights`: the actor's steps), or, with
+        reset_weights, loads the kept ones back (summary `weights_reset`)."""
+        cfg, actor = self.cfg, self.roles.get("actor")
+        if not cfg.daemons_dir or actor is None or "weight_version" not in actor.endpoints:
+            return
+        version = max(int(v) for v in await actor.weight_version(timeout_s=CALL_TIMEOUT_S))
+        folder = Path(cfg.daemons_dir) / "initial_weights"
+        log = get_logger(part="trainer")
+        if version == 0:
+            await save_weights(folder, self.trained, timeout_s=CALL_TIMEOUT_S)
+        elif cfg.reset_weights:
+            await load_weights(folder, self.trained, timeout_s=CALL_TIMEOUT_S)
+            log.warning("weights_reset", discarded_actor_steps=version, loaded=str(folder))
+            self.started["weights_reset"] = version
+        else:
+            log.warning("continuing_from_trained_weights", actor_steps=version,
+                        why="these daemons were trained by an earlier run",
+                        hint="--set reset_weights=true starts from the weights they started with")
+            self.started["started_from_trained_weights"] = version
 
     async def save(self, steps_done: int) -> None:
         state: dict[str, Any] = {"data": self.source.state_dict()}
