@@ -3,6 +3,7 @@ core_algos conventions: sums of token rewards, unbiased group std, unbiased mask
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -191,3 +192,96 @@ def test_advantage_state_survives_a_checkpoint() -> None:
     b = resumed.compute(rollout, logp, **opts).meta["metrics"]["actor/reward_kl_penalty_coeff"]
     assert a == b == saved["value"]  # not the initial 0.1: the resumed run goes on from the saved coefficient
     assert first.state() == resumed.state()
+
+
+# -------------------------------------------------------------------- opo, grpo_passk, gpg, OTB
+
+
+def test_opo_baseline_is_the_length_weighted_group_mean() -> None:
+    from hfrt.roles.losses import compute_opo_outcome_advantage
+
+    # a: scores 1 (2 tokens), 0 (1 token), 2 (2 tokens) → b = (2·1 + 1·0 + 2·2)/5 = 1.2; b alone: 0; c: (1·1 + 2·1)/3 = 1
+    adv, ret = compute_opo_outcome_advantage(OUT_REWARDS, OUT_MASK, INDEX)
+    close(adv, (T([-0.2, -1.2, 0.8, 3.0, 0.0, 0.0])[:, None] * OUT_MASK).tolist())
+    assert torch.equal(adv, ret)
+
+
+def test_grpo_passk_gives_only_the_best_sample_the_gap_to_the_second() -> None:
+    from hfrt.roles.losses import compute_grpo_passk_outcome_advantage
+
+    rewards = T([[0.0, 1.0], [0.0, 0.0], [1.0, 2.0], [0.0, 0.5], [1.0, 0.0]])  # a = 1, 0, 3; c = 0.5, 1
+    index = ["a", "a", "a", "c", "c"]
+    mask = torch.ones(5, 2)
+    adv, _ = compute_grpo_passk_outcome_advantage(rewards, mask, index, norm_adv_by_std=False)
+    close(adv, (T([0.0, 0.0, 2.0, 0.0, 0.5])[:, None] * mask).tolist())
+    adv, _ = compute_grpo_passk_outcome_advantage(rewards, mask, index)  # ÷ (group std + ε)
+    std_a, std_c = float(T([1.0, 0.0, 3.0]).std()), float(T([0.5, 1.0]).std())
+    close(adv[:, 0], [0.0, 0.0, 2.0 / (std_a + 1e-6), 0.0, 0.5 / (std_c + 1e-6)])
+    with pytest.raises(ValueError, match="at least 2 samples per group; group 'b' has 1"):
+        compute_grpo_passk_outcome_advantage(OUT_REWARDS, OUT_MASK, INDEX)
+
+
+def test_gpg_scales_the_centred_score_by_the_share_of_nonzero_rows() -> None:
+    from hfrt.roles.losses import compute_gpg_outcome_advantage
+
+    # scores a = 1, 0, 2; b = 3; c = 1, 1 → 5 of 6 non-zero: α = 6/5; b alone has mean 0
+    adv, _ = compute_gpg_outcome_advantage(OUT_REWARDS, OUT_MASK, INDEX, f_norm=2.0)
+    close(adv, (T([0.0, -1.0, 1.0, 3.0, 0.0, 0.0])[:, None] * 0.6 * OUT_MASK).tolist())
+
+
+def _otb_case() -> dict[str, torch.Tensor]:
+    """One group of two: row 0 has 2 tokens and reward 1 at its end, row 1 has 1 token and reward 0;
+    π = 0.5 everywhere and Σπ² = 0.5, so each w = 1 − 2·0.5 + 0.5 = 0.5."""
+    return {"rewards": T([[0.0, 1.0], [0.0, 0.0]]), "mask": T([[1.0, 1.0], [1.0, 0.0]]),
+            "old": torch.full((2, 2), math.log(0.5)), "spp": torch.full((2, 2), 0.5)}
+
+
+def test_optimal_token_baseline_by_hand() -> None:
+    from hfrt.roles.losses import compute_optimal_token_baseline_advantage
+
+    c = _otb_case()
+    adv, ret = compute_optimal_token_baseline_advantage(c["rewards"], c["mask"], ["p", "p"], c["old"], c["spp"])
+    close(ret, [[1.0, 1.0], [0.0, 0.0]])
+    # W (cumulative w): row 0 [.5, 1], row 1 [.5, .5→masked]. t0: B = (1·.5 + 0·.5)/(.5 + .5) = .5;
+    # t1: only row 0 counts: B = 1·1/1 = 1
+    close(adv, [[0.5, 0.0], [-0.5, 0.0]])
+    weights = T([[2.0, 1.0], [1.0, 1.0]])  # ρ̄² scales w: row 0's t0 weight 4·.5 = 2
+    adv, _ = compute_optimal_token_baseline_advantage(c["rewards"], c["mask"], ["p", "p"], c["old"], c["spp"], weights)
+    close(adv[:, 0], [1 - 2 / 2.5, -2 / 2.5])  # B_0 = (1·2 + 0·.5)/2.5
+    adv, _ = compute_optimal_token_baseline_advantage(c["rewards"], c["mask"], ["p", "p"], c["old"], c["spp"], handle_zero_tail=True)
+    close(adv, [[0.5, 1.0], [-0.5, 0.0]])  # past the second-longest length the longest gets baseline 0
+
+
+def test_tir_token_baseline_aligns_response_tokens_across_holes() -> None:
+    from hfrt.roles.losses import compute_tir_optimal_token_baseline_advantage
+
+    # row 0's response tokens sit at positions 0 and 2 (position 1 is a tool's output, masked)
+    rewards, mask = T([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]), T([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    old, spp = torch.full((2, 3), math.log(0.5)), torch.full((2, 3), 0.5)
+    adv, ret = compute_tir_optimal_token_baseline_advantage(rewards, mask, ["p", "p"], old, spp, handle_zero_tail=False)
+    close(ret, [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    close(adv, [[0.5, 0.0, 0.0], [-0.5, 0.0, 0.0]])  # packed step 1 is row 0's alone: baseline = its return
+    adv, _ = compute_tir_optimal_token_baseline_advantage(rewards, mask, ["p", "p"], old, spp)  # zero tail: verl's default
+    close(adv, [[0.5, 0.0, 1.0], [-0.5, 0.0, 0.0]])
+
+
+def test_new_estimators_through_the_endpoint() -> None:
+    from hfrt.daemon.batch import Batch
+    from hfrt.roles.mixins.advantage import Advantages, AdvantageParams
+    from hfrt.wire.loss_options import ADVANTAGE_OPTIONS
+
+    assert set(ADVANTAGE_OPTIONS) == {f.name for f in dataclasses.fields(AdvantageParams)}  # the wire's list is the daemon's
+    rollout = Batch({"response_mask": OUT_MASK, "token_level_scores": OUT_REWARDS}, {"uid": list(INDEX)})
+    out = Advantages().compute(rollout, estimator="opo")
+    close(out["advantages"], (T([-0.2, -1.2, 0.8, 3.0, 0.0, 0.0])[:, None] * OUT_MASK).tolist())
+    out = Advantages().compute(rollout, estimator="gpg", f_norm=2.0)
+    close(out["advantages"][:, 0], [0.0, -0.6, 0.6, 1.8, 0.0, 0.0])
+    c = _otb_case()
+    otb = Batch({"response_mask": c["mask"], "token_level_scores": c["rewards"]}, {"uid": ["p", "p"]})
+    with pytest.raises(KeyError, match="sum_pi_squared=True"):
+        Advantages().compute(otb, Batch({"old_log_probs": c["old"]}), estimator="optimal_token_baseline")
+    out = Advantages().compute(otb, Batch({"old_log_probs": c["old"], "sum_pi_squared": c["spp"]}), estimator="optimal_token_baseline")
+    close(out["advantages"], [[0.5, 0.0], [-0.5, 0.0]])
+    out = Advantages().compute(otb, Batch({"old_log_probs": c["old"], "sum_pi_squared": c["spp"]}),
+                               estimator="tir_optimal_token_baseline", handle_zero_tail=False)
+    close(out["advantages"], [[0.5, 0.0], [-0.5, 0.0]])
