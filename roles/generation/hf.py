@@ -157,7 +157,9 @@ class HFGenerationEngine:
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
         self.share_weights = share_weights
-        self._params = dict(model.named_parameters())
+        # a tensor-parallel model's parameters are DTensors: push, adopt and free their local
+        # pieces (the very tensors the DTensors compute with)
+        self._params = {name: _local_piece(p) for name, p in model.named_parameters()}
         self._shapes = {name: (p.shape, p.dtype) for name, p in self._params.items()}
         self.awake = True
 
@@ -275,3 +277,13 @@ class HFGenerationEngine:
             torch.stack(logps, dim=1).float().cpu(),
             params.n,
         )
+
+
+def _local_piece(param: torch.Tensor) -> torch.Tensor:
+    """A DTensor parameter's local tensor (replacing its .data re-points the DTensor), else itself."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(param, DTensor):
+        with torch.no_grad():
+            return param.to_local()
+    return param

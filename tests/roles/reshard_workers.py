@@ -1,5 +1,8 @@
-"""Rank bodies for the reshard tests: cut the tiny preset into training pieces, reshard, compare
-with exact slices of the full weights. Not a test module: spawned ranks import it by name."""
+"""Rank bodies for the reshard tests, for two model families (tiny random Llama and Qwen3 configs
+built here, never from a hub): cut the full weights into DTensor-rule training pieces, reshard,
+compare with the exact generation slices, and generate at the generation layout with a
+tensor-parallel model (tp_generation) in strided generation TP groups. Not a test module: spawned
+ranks import it by name."""
 
 from __future__ import annotations
 
@@ -9,169 +12,163 @@ from typing import Any
 import torch
 
 
-def _setup() -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]], Any]:
-    from hfrt.roles.models import ModelConfig, load_model
-    from hfrt.roles.training.parallel.shard import ModelShape
+def family_configs() -> dict[str, Any]:
+    """llama: tied head, 3 layers (pp=2 stages of 2 and 1), vocabulary 96 (tp=4 splits it);
+    qwen3: separate head, q/k norms, head_dim ≠ hidden/heads, vocabulary 90 (split at tp=2,
+    whole at tp=4, whose pieces then do not nest with tp=2's)."""
+    from transformers import LlamaConfig, Qwen3Config
 
-    model = load_model(ModelConfig("tiny"))
-    full = {n: p.detach() for n, p in model.named_parameters()}
-    return full, {n: tuple(t.shape) for n, t in full.items()}, ModelShape.of(model.config)
-
-
-def train_pieces(full: dict[str, torch.Tensor], train: Any, rank: int, shape: Any) -> dict[str, torch.Tensor]:
-    from hfrt.roles.training.parallel import layout as L
-    from hfrt.roles.training.parallel.shard import holds, tp_piece
-
-    c = L.train_coords(train, rank)
+    common = dict(hidden_size=32, intermediate_size=64, num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64)
     return {
-        n: tp_piece(n, tuple(t.shape), train.tp, c.tp, shape).take(t).clone()
-        for n, t in full.items()
-        if holds(n, shape, train.pp, c.pp)
+        "llama": LlamaConfig(vocab_size=96, num_hidden_layers=3, tie_word_embeddings=True, **common),
+        "qwen3": Qwen3Config(vocab_size=90, num_hidden_layers=2, head_dim=8, tie_word_embeddings=False, **common),
     }
 
 
-def expected_pieces(full: dict[str, torch.Tensor], train: Any, gen: Any, rank: int, shape: Any) -> dict[str, torch.Tensor]:
-    from hfrt.roles.training.parallel import layout as L
-    from hfrt.roles.training.parallel.shard import holds, tp_piece
+def full_model(config: Any) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
 
-    g, _ = L.gen_coords(train, gen, rank)
-    return {
-        n: tp_piece(n, tuple(t.shape), gen.tp, g.tp, shape).take(t)
-        for n, t in full.items()
-        if holds(n, shape, gen.pp, g.pp)
-    }
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
 
 
-def reshard_pairs(rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+class Dims:
+    """Each parameter's split dim at a tp size, read from a generation model sharded with the TP
+    plan (tp_plan.split_dims); meshes of size 2 and 4 over the 4 ranks, built once (collective)."""
+
+    def __init__(self) -> None:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        self.meshes = {
+            2: DeviceMesh("cpu", torch.tensor([[0, 1], [2, 3]]), mesh_dim_names=("x", "tp"))["tp"],
+            4: DeviceMesh("cpu", torch.tensor([[0, 1, 2, 3]]), mesh_dim_names=("x", "tp"))["tp"],
+        }
+        self.cache: dict[tuple[str, int], dict[str, int | None]] = {}
+
+    def at(self, family: str, config: Any, tp: int) -> dict[str, int | None]:
+        from hfrt.roles.training.parallel import tp_generation, tp_plan
+
+        if tp == 1:
+            return {}
+        if (family, tp) not in self.cache:
+            self.cache[family, tp] = tp_plan.split_dims(tp_generation.empty_tp_model(config, self.meshes[tp]))
+        return self.cache[family, tp]
+
+
+def params_of(full: dict[str, torch.Tensor], config: Any, train_dims: dict, gen_dims: dict) -> Any:
+    from hfrt.roles.training.parallel.reshard_plan import Params
+
+    shapes = {n: tuple(t.shape) for n, t in full.items()}
+    return Params(shapes, dict(train_dims), dict(gen_dims), int(config.num_hidden_layers))
+
+
+def pieces(full: dict[str, torch.Tensor], layout: Any, c: Any, dims: dict, num_layers: int, clone: bool = False) -> dict[str, torch.Tensor]:
+    """The pieces a rank at coordinates `c` holds in `layout`: its stage's parameters, each cut
+    along its split dim by DTensor's chunk rule."""
+    from hfrt.roles.training.parallel.stages import holds
+    from hfrt.roles.training.parallel.tp_plan import chunk_bounds
+
+    out = {}
+    for n, t in full.items():
+        if not holds(n, num_layers, layout.pp, c.pp):
+            continue
+        d = dims.get(n)
+        if d is not None and layout.tp > 1:
+            a, b = chunk_bounds(t.shape[d], layout.tp, c.tp)
+            t = t.narrow(d, a, b - a)
+        out[n] = t.clone() if clone else t
+    return out
+
+
+def reshard_pairs(rank: int, dims: Dims, family: str, config: Any, pairs: list[tuple[str, str]]) -> dict[str, Any]:
     """For each (train, gen) pair: reshard and the naive baseline; what each rank saw."""
     from hfrt.roles.training.parallel import layout as L
     from hfrt.roles.training.parallel.reshard import Resharder, naive_to_generation
 
-    full, shapes, shape = _setup()
+    full = {n: p.detach() for n, p in full_model(config).named_parameters()}
     out: dict[str, Any] = {}
     for train_s, gen_s in pairs:
         train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
         groups = L.new_groups(train, gen, rank)
-        pieces = train_pieces(full, train, rank, shape)
-        want = expected_pieces(full, train, gen, rank, shape)
-        r = Resharder(train, gen, rank, shapes, shape, groups)
-        got = r.to_generation(pieces)
-        naive, nstats = naive_to_generation(train, gen, rank, shapes, shape, pieces, groups)
+        params = params_of(full, config, dims.at(family, config, train.tp), dims.at(family, config, gen.tp))
+        mine = pieces(full, train, L.train_coords(train, rank), params.train_dims, params.num_layers, clone=True)
+        want = pieces(full, gen, L.gen_coords(train, gen, rank)[0], params.gen_dims, params.num_layers)
+        r = Resharder(train, gen, rank, params, groups)
+        got = r.to_generation(mine)
+        naive, nstats = naive_to_generation(train, gen, rank, params, mine, groups)
         out[f"{train_s}->{gen_s}"] = {
             "names_equal": sorted(got) == sorted(want) == sorted(naive),
             "bitwise": all(torch.equal(got[n], want[n]) for n in want),
             "naive_bitwise": all(torch.equal(naive[n], want[n]) for n in want),
-            "shared": sum(got[n].untyped_storage().data_ptr() == pieces[n].untyped_storage().data_ptr() for n in got if n in pieces),
+            "shared": sum(got[n].untyped_storage().data_ptr() == mine[n].untyped_storage().data_ptr() for n in got if n in mine),
             "n_gen": len(want),
-            "own_bytes": sum(t.numel() * t.element_size() for t in pieces.values()),
-            "own_in_gen_bytes": _own_in_gen(pieces, want, r),
+            "own_in_gen_bytes": _own_in_gen(mine, want, r),
             "gen_bytes": sum(t.numel() * t.element_size() for t in want.values()),
             "sent": r.last.bytes_sent,
             "received": r.last.bytes_received,
             "naive_received": nstats.bytes_received,
             "naive_sent": nstats.bytes_sent,
+            "fallback": sorted(r.fallback),
         }
         r.to_train()
         assert r.pieces == {}
     return out
 
 
-def _own_in_gen(pieces: dict[str, torch.Tensor], want: dict[str, torch.Tensor], r: Any) -> int:
+def _own_in_gen(mine: dict[str, torch.Tensor], want: dict[str, torch.Tensor], r: Any) -> int:
     """Bytes of this rank's training rows that lie inside its generation pieces."""
-    from hfrt.roles.training.parallel.reshard_plan import split_dim
-
     total = 0
-    for name, t in pieces.items():
+    for name, t in mine.items():
         if name not in want:
             continue
-        mine = r.held(name)
-        g = r.plan.want[name]
-        rows = max(0, min(mine[1], g[1]) - max(mine[0], g[0]))
-        total += t.numel() // t.shape[split_dim(name)] * rows * t.element_size()
+        held = r.held(name)
+        g = r.plan.want[name] if name in r.plan.want else r.fallback_plan.want[name]
+        rows = max(0, min(held[1], g[1]) - max(held[0], g[0]))
+        total += t.numel() // t.shape[r.params.axis(name)] * rows * t.element_size()
     return total
 
 
-def generate_after_reshard(rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """Greedy tokens from a TP model built at the generation layout (in its generation TP group)
-    and loaded with the resharded pieces, against the single-process full model."""
+def generate_after_reshard(rank: int, dims: Dims, family: str, config: Any, pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Greedy tokens from a TP model at the generation layout (tp_generation, in its possibly
+    strided generation TP group) filled with the resharded pieces, against one full model."""
     from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
-    from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
     from hfrt.roles.training.parallel import layout as L
-    from hfrt.roles.training.parallel import tp_model
+    from hfrt.roles.training.parallel import tp_generation
     from hfrt.roles.training.parallel.reshard import Resharder
 
-    full, shapes, shape = _setup()
-    config = load_model(ModelConfig("tiny")).config
-    tok = load_tokenizer("tiny")
-    prompts = [tok(text)["input_ids"] for text in ("2+2=", "the cat sat", "hi")]
-    params = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
+    reference_model = full_model(config)
+    full = {n: p.detach() for n, p in reference_model.named_parameters()}
+    prompts = [[5, 9, 13, 2], [7, 3], [11, 12, 40]]
+    params = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
 
     def sample(model: torch.nn.Module) -> torch.Tensor:
-        gen = HFGenerationEngine(model, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, share_weights=True)
-        return gen.generate(prompts, params)["responses"]
+        return HFGenerationEngine(model, pad_token_id=0, eos_token_id=None, share_weights=True).generate(prompts, params)["responses"]
 
-    reference = sample(load_model(ModelConfig("tiny")))
+    reference = sample(reference_model)
     out: dict[str, Any] = {}
     for train_s, gen_s in pairs:
         train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
         groups = L.new_groups(train, gen, rank)
-        r = Resharder(train, gen, rank, shapes, shape, groups)
-        pieces = r.to_generation(train_pieces(full, train, rank, shape))
-        model = tp_model.empty_parallel(config, tp_group=groups.gen_tp if gen.tp > 1 else None)
-        tp_model.load_pieces(model, pieces.items())
+        spec = params_of(full, config, dims.at(family, config, train.tp), dims.at(family, config, gen.tp))
+        r = Resharder(train, gen, rank, spec, groups)
+        got = r.to_generation(pieces(full, train, L.train_coords(train, rank), spec.train_dims, spec.num_layers))
+        model = tp_generation.empty_tp_model(config, tp_generation.gen_tp_mesh(train, gen)["tp"])
+        tp_generation.load_local(model, got)
         out[f"{train_s}->{gen_s}"] = torch.equal(sample(model), reference)
     return out
 
 
-def uneven_shapes() -> tuple[dict[str, tuple[int, ...]], Any]:
-    """A Llama-shaped parameter set with a 10-row vocabulary: 3+3+2+2 over tp=4 but 5+5 over tp=2."""
-    from hfrt.roles.training.parallel.shard import ModelShape
-
-    shape = ModelShape(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=2, vocab_size=10)
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (10, 8)}
-    for i in range(2):
-        p = f"model.layers.{i}."
-        shapes |= {p + "self_attn.q_proj.weight": (8, 8), p + "self_attn.k_proj.weight": (4, 8),
-                   p + "self_attn.o_proj.weight": (8, 8), p + "mlp.down_proj.weight": (8, 16),
-                   p + "input_layernorm.weight": (8,)}  # fmt: skip
-    return shapes | {"model.norm.weight": (8,), "lm_head.weight": (10, 8)}, shape
-
-
-def uneven_pairs(rank: int, pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """Reshard random weights of the uneven shapes; the pieces against exact slices, and which
-    parameters took the fallback over the training model-parallel group."""
-    from hfrt.roles.training.parallel import layout as L
-    from hfrt.roles.training.parallel.reshard import Resharder
-
-    shapes, shape = uneven_shapes()
-    g = torch.Generator().manual_seed(0)
-    full = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
+def everything(
+    rank: int, world: int, *, out_dir: Path, pairs: list[tuple[str, str]], gen_pairs: list[tuple[str, str]], uneven: list[tuple[str, str]]
+) -> dict[str, Any]:
+    """All bodies, both families, in one spawn (the processes' start-up dominates the test's time).
+    `uneven` pairs run on qwen3 only (its vocabulary of 90 does not split over tp=4)."""
+    torch.set_num_threads(1)
+    dims = Dims()
     out: dict[str, Any] = {}
-    for train_s, gen_s in pairs:
-        train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
-        groups = L.new_groups(train, gen, rank)
-        r = Resharder(train, gen, rank, shapes, shape, groups)
-        got = r.to_generation(train_pieces(full, train, rank, shape))
-        want = expected_pieces(full, train, gen, rank, shape)
-        out[f"{train_s}->{gen_s}"] = {
-            "bitwise": sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want),
-            "fallback": sorted(r.fallback),
+    for family, config in family_configs().items():
+        out[family] = {
+            "reshard": reshard_pairs(rank, dims, family, config, pairs + (uneven if family == "qwen3" else [])),
+            "generate": generate_after_reshard(rank, dims, family, config, gen_pairs),
         }
     return out
-
-
-def everything(
-    rank: int,
-    world: int,
-    *,
-    out_dir: Path,
-    pairs: list[tuple[str, str]],
-    gen_pairs: list[tuple[str, str]],
-    uneven: list[tuple[str, str]],
-) -> dict[str, Any]:
-    """All bodies in one spawn (the processes' start-up dominates the test's time)."""
-    return {
-        "reshard": reshard_pairs(rank, world, out_dir=out_dir, pairs=pairs),
-        "generate": generate_after_reshard(rank, world, out_dir=out_dir, pairs=gen_pairs),
-        "uneven": uneven_pairs(rank, uneven),
-    }

@@ -1,20 +1,45 @@
-"""roles/parallel/layout.py: training coordinates, the micro-DP grouping of a generation layout over
+"""roles/training/parallel/layout.py: training coordinates, the micro-DP grouping of a generation layout over
 a training one, and the nesting of every rank's shards (pure logic, no processes)."""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import pytest
 
 from hfrt.roles.training.parallel import layout as L
-from hfrt.roles.training.parallel.shard import ModelShape, split_kind, stage_of, tp_piece
-
-#: tiny-like (4 heads, 2 kv heads, uneven 259 vocab) with 4 layers so pp=4 fits.
-SHAPE = ModelShape(num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=259)
+from hfrt.roles.training.parallel.stages import stage_of
+from hfrt.roles.training.parallel.tp_plan import chunk_bounds
 
 
-def params(model: ModelShape, hidden: int = 64, inter: int = 128) -> dict[str, tuple[int, ...]]:
+@dataclass(frozen=True)
+class Shape:
+    """The sizes of a synthetic Llama-shaped parameter set (no model is built)."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+
+
+#: 4 heads, 4 kv heads, 4 layers so pp=4 and tp=4 fit; a vocabulary every tp here divides
+SHAPE = Shape(num_layers=4, num_heads=4, num_kv_heads=4, head_dim=16, vocab_size=256)
+#: what transformers' Llama plan splits (the embedding stays whole; the head only when tp divides the vocabulary)
+_DIMS = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0, "lm_head": 0, "o_proj": 1, "down_proj": 1}
+
+
+def config(model: Shape) -> object:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=model.vocab_size, hidden_size=model.num_heads * model.head_dim, intermediate_size=128,
+        num_hidden_layers=model.num_layers, num_attention_heads=model.num_heads, num_key_value_heads=model.num_kv_heads,
+    )  # fmt: skip
+
+
+def params(model: Shape, hidden: int = 64, inter: int = 128) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (model.vocab_size, hidden)}
     kv = model.num_kv_heads * model.head_dim
     for i in range(model.num_layers):
@@ -33,15 +58,27 @@ def params(model: ModelShape, hidden: int = 64, inter: int = 128) -> dict[str, t
     return out
 
 
+def dims(model: Shape, tp: int) -> dict[str, int | None]:
+    """Split dims at `tp` as tp_plan.split_dims reports them for this parameter set."""
+    out: dict[str, int | None] = {}
+    for name in params(model):
+        dim = _DIMS.get(name.split(".")[-2])
+        if tp == 1 or (name.startswith("lm_head") and model.vocab_size % tp):
+            dim = None
+        out[name] = dim
+    return out
+
+
 def layouts(world: int) -> list[L.Layout]:
     return [L.Layout(t, p, world // (t * p)) for t in (1, 2, 4) for p in (1, 2, 4) if world % (t * p) == 0]
 
 
 def nesting_pairs(world: int = 4) -> list[tuple[L.Layout, L.Layout]]:
     pairs = []
+    cfg = config(SHAPE)
     for a, b in itertools.product(layouts(world), layouts(world)):
         try:
-            L.check_pair(a, b, SHAPE)
+            L.check_pair(a, b, cfg)
         except ValueError:
             continue
         pairs.append((a, b))
@@ -52,15 +89,15 @@ PAIRS = nesting_pairs(4) + nesting_pairs(8)
 
 
 def rows(name: str, shape: tuple[int, ...], layout: L.Layout, c: L.Coords) -> set[tuple[int, ...]] | None:
-    """The (dim, index) slices a rank holds of one parameter along its split dim; None if its
-    stage does not hold the parameter."""
-    if c.pp not in stage_of(name, SHAPE, layout.pp):
+    """The (dim, index) slices a rank holds of one parameter along its split dim (DTensor's chunk
+    rule); None if its stage does not hold the parameter."""
+    if c.pp not in stage_of(name, SHAPE.num_layers, layout.pp):
         return None
-    piece = tp_piece(name, shape, layout.tp, c.tp, SHAPE)
-    if piece.dim is None:  # whole: every index along the dim it would be split on
-        dim = 1 if split_kind(name) == "row" else 0
-        return {(dim, i) for i in range(shape[dim])}
-    return {(piece.dim, i) for i in range(piece.start, piece.stop)}
+    dim = dims(SHAPE, layout.tp)[name]
+    if dim is None:  # whole: every index along the dim it would be split on
+        axis = _DIMS.get(name.split(".")[-2]) or 0
+        return {(axis, i) for i in range(shape[axis])}
+    return {(dim, i) for i in range(*chunk_bounds(shape[dim], layout.tp, c.tp))}
 
 
 def test_parse_and_format() -> None:
@@ -73,8 +110,10 @@ def test_parse_and_format() -> None:
         L.Layout.for_world(4, tp=3)
     with pytest.raises(ValueError, match="needs 8 ranks, the role has 4"):
         L.Layout(2, 2, 2).check(4)
-    with pytest.raises(ValueError, match="tp=3 does not divide"):
-        L.Layout(3, 1, 1).check(3, SHAPE)
+    with pytest.raises(ValueError, match="tp=3 does not divide the model's 4 attention heads"):
+        L.Layout(3, 1, 1).check(3, config(SHAPE))
+    with pytest.raises(ValueError, match="pp=5 must be between 1 and the model's 4 layers"):
+        L.Layout(1, 5, 1).check(5, config(SHAPE))
 
 
 def test_train_coords_order_and_inverse() -> None:

@@ -6,7 +6,7 @@ assembles its generation pieces. Where a generation piece equals or lies inside 
 Bytes are counted from the tensors handed to the collectives: received = the other members'
 buffers this rank got, sent = its own buffer times the members that got it (payload, not the
 algorithm's relays). It knows plans, tensors and torch.distributed; nothing of layouts' meaning,
-engines or models beyond parameter names and shapes.
+engines or models beyond parameter names, shapes and split dims.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from hfrt.roles.training.parallel.reshard_plan import Interval, Plan, Slice, split_dim
+from hfrt.roles.training.parallel.reshard_plan import Interval, Params, Plan, Slice
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -44,14 +44,14 @@ class Stats:
         }
 
 
-def narrow_rows(t: Tensor, name: str, held: Interval, rows: Interval) -> Tensor:
-    """Rows `rows` (full coordinates) of a local tensor that holds rows `held`."""
-    return t.narrow(split_dim(name), rows[0] - held[0], rows[1] - rows[0])
+def narrow_rows(t: Tensor, dim: int, held: Interval, rows: Interval) -> Tensor:
+    """Rows `rows` (full coordinates, along `dim`) of a local tensor that holds rows `held`."""
+    return t.narrow(dim, rows[0] - held[0], rows[1] - rows[0])
 
 
-def _slice_shape(shape: tuple[int, ...], name: str, s: Slice) -> list[int]:
-    out = list(shape)
-    out[split_dim(name)] = s.stop - s.start
+def _slice_shape(params: Params, s: Slice) -> list[int]:
+    out = list(params.shapes[s.name])
+    out[params.axis(s.name)] = s.stop - s.start
     return out
 
 
@@ -61,7 +61,7 @@ def exchange(
     group: Any,
     pieces: Mapping[str, Tensor],
     held: Any,
-    shapes: Mapping[str, tuple[int, ...]],
+    params: Params,
     stats: Stats,
     *,
     names: set[str] | None = None,
@@ -84,27 +84,27 @@ def exchange(
         if mine is not None and mine[0] <= want[0] and want[1] <= mine[1]:
             if name not in pieces:
                 raise KeyError(f"rank {rank}: the training pieces lack {name!r} that this rank holds")
-            kept = pieces[name] if mine == want else narrow_rows(pieces[name], name, mine, want)
+            kept = pieces[name] if mine == want else narrow_rows(pieces[name], params.axis(name), mine, want)
             out[name] = kept.clone() if copy else kept
             stats.shared += 1
     built: set[str] = set()
     for block in sorted(plan.blocks if blocks is None else blocks & plan.blocks.keys()):
         slices = plan.blocks[block]
-        sizes = [sum(_numel(shapes[s.name], s) for s in member) for member in slices]
+        sizes = [sum(_numel(params, s) for s in member) for member in slices]
         if len(sizes) == 1 or not any(sizes):  # the same decision on every member
             continue
-        flat = _pack(slices[me], pieces, held)
+        flat = _pack(slices[me], pieces, held, params)
         bufs = _all_gather_v(flat, sizes, me, plan.members, group, like, stats)
         for j, member in enumerate(slices):
             offset = 0
             for s in member:
-                n = _numel(shapes[s.name], s)
+                n = _numel(params, s)
                 if j != me and (s.name not in out or s.name in built):
                     if s.name not in out:
-                        out[s.name] = _allocate(s.name, shapes[s.name], plan.want[s.name], pieces, held, like)
+                        out[s.name] = _allocate(s.name, params, plan.want[s.name], pieces, held, like)
                         built.add(s.name)
-                    src = bufs[j].narrow(0, offset, n).view(_slice_shape(shapes[s.name], s.name, s))  # type: ignore[union-attr]
-                    _copy_rows(out[s.name], plan.want[s.name], src, (s.start, s.stop), s.name)
+                    src = bufs[j].narrow(0, offset, n).view(_slice_shape(params, s))  # type: ignore[union-attr]
+                    _copy_rows(out[s.name], plan.want[s.name], src, (s.start, s.stop), params.axis(s.name))
                 offset += n
         del bufs, flat
     stats.built += len(built)
@@ -114,16 +114,16 @@ def exchange(
     return out
 
 
-def _numel(shape: tuple[int, ...], s: Slice) -> int:
-    n = s.stop - s.start
-    for i, d in enumerate(shape):
-        if i != split_dim(s.name):
+def _numel(params: Params, s: Slice) -> int:
+    n, axis = s.stop - s.start, params.axis(s.name)
+    for i, d in enumerate(params.shapes[s.name]):
+        if i != axis:
             n *= d
     return n
 
 
-def _pack(slices: list[Slice], pieces: Mapping[str, Tensor], held: Any) -> Tensor | None:
-    parts = [narrow_rows(pieces[s.name], s.name, held(s.name), (s.start, s.stop)).reshape(-1) for s in slices]
+def _pack(slices: list[Slice], pieces: Mapping[str, Tensor], held: Any, params: Params) -> Tensor | None:
+    parts = [narrow_rows(pieces[s.name], params.axis(s.name), held(s.name), (s.start, s.stop)).reshape(-1) for s in slices]
     return torch.cat(parts) if parts else None
 
 
@@ -151,22 +151,20 @@ def _all_gather_v(
     return bufs
 
 
-def _copy_rows(target: Tensor, target_rows: Interval, src: Tensor, src_rows: Interval, name: str) -> None:
+def _copy_rows(target: Tensor, target_rows: Interval, src: Tensor, src_rows: Interval, dim: int) -> None:
     rows = (max(src_rows[0], target_rows[0]), min(src_rows[1], target_rows[1]))
     if rows[0] < rows[1]:
-        narrow_rows(target, name, target_rows, rows).copy_(narrow_rows(src, name, src_rows, rows))
+        narrow_rows(target, dim, target_rows, rows).copy_(narrow_rows(src, dim, src_rows, rows))
 
 
-def _allocate(
-    name: str, shape: tuple[int, ...], want: Interval, pieces: Mapping[str, Tensor], held: Any, like: Tensor
-) -> Tensor:
+def _allocate(name: str, params: Params, want: Interval, pieces: Mapping[str, Tensor], held: Any, like: Tensor) -> Tensor:
     """An empty generation piece with this rank's own rows already copied in."""
-    dims = list(shape)
-    dims[split_dim(name)] = want[1] - want[0]
+    dims = list(params.shapes[name])
+    dims[params.axis(name)] = want[1] - want[0]
     target = torch.empty(dims, dtype=like.dtype, device=like.device)
     mine = held(name)
     if mine is not None:
-        _copy_rows(target, want, pieces[name], mine, name)
+        _copy_rows(target, want, pieces[name], mine, params.axis(name))
     return target
 
 

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from hfrt.roles.training.parallel.shard import ModelShape
+from typing import Any
 
 _TEXT = re.compile(r"^t(\d+)p(\d+)d(\d+)$")
 
@@ -73,13 +70,17 @@ class Layout:
         """Model-parallel group size: ranks that together hold one copy of the model."""
         return self.tp * self.pp
 
-    def check(self, world: int, model: ModelShape | None = None, where: str = "parallel") -> None:
-        """Raise ValueError naming what does not fit: the world size, or the model's heads/layers."""
+    def check(self, world: int, config: Any = None, where: str = "parallel") -> None:
+        """Raise ValueError naming what does not fit: the world size, or (given a transformers
+        config) the model's heads, kv heads, intermediate size or layers (tp_plan.check_tp)."""
         if self.world != world:
             raise ValueError(f"{where}: layout {self} needs {self.world} ranks, the role has {world}")
-        if model is not None:
-            model.check_tp(self.tp, where)
-            model.check_pp(self.pp, where)
+        if config is not None:
+            from hfrt.roles.training.parallel.stages import check_pp
+            from hfrt.roles.training.parallel.tp_plan import check_tp, text_config
+
+            check_tp(config, self.tp, where)
+            check_pp(int(text_config(config).num_hidden_layers), self.pp, where)
 
 
 def train_coords(layout: Layout, rank: int) -> Coords:
@@ -97,7 +98,7 @@ def rank_of(layout: Layout, c: Coords) -> int:
     return (c.pp * layout.dp + c.dp) * layout.tp + c.tp
 
 
-def check_pair(train: Layout, gen: Layout, model: ModelShape | None = None) -> None:
+def check_pair(train: Layout, gen: Layout, config: Any = None) -> None:
     """Raise ValueError unless `gen` can be laid over `train` by micro-DP grouping: the same ranks,
     and generation shards that nest with training shards in both tp and pp."""
     if train.world != gen.world:
@@ -109,9 +110,9 @@ def check_pair(train: Layout, gen: Layout, model: ModelShape | None = None) -> N
             f"generation layout {gen} does not nest with training layout {train}: need tp_g | tp and pp_g | pp "
             f"(generation merges training shards) or tp | tp_g and pp | pp_g (generation slices them)"
         )
-    if model is not None:
-        train.check(train.world, model, "training parallel")
-        gen.check(gen.world, model, "generation parallel")
+    if config is not None:
+        train.check(train.world, config, "training parallel")
+        gen.check(gen.world, config, "generation parallel")
 
 
 def micro_dp_size(train: Layout, gen: Layout) -> int:

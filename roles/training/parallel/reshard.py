@@ -6,7 +6,8 @@ model is built only when the generation layout is t1p1. The naive baseline
 (`naive_to_generation`) all-gathers every piece over the training model-parallel group, builds the
 full model, then slices. FSDP's all-gather over the training dp group is not part of a transition
 (it is paid by every forward); `dp_gather` does it and counts it separately. It knows no engines,
-no models beyond parameter names and shapes, and no optimizer state.
+no models beyond parameter names, shapes and split dims (reshard_plan.Params), and no optimizer
+state.
 """
 
 from __future__ import annotations
@@ -22,15 +23,15 @@ from hfrt.roles.training.parallel import layout as L
 from hfrt.roles.training.parallel.exchange import Stats, exchange, narrow_rows, synchronize
 from hfrt.roles.training.parallel.reshard_plan import (
     Interval,
+    Params,
     Plan,
     block_of,
     fallback_names,
     held_rows,
     interval,
     make_plan,
-    split_dim,
 )
-from hfrt.roles.training.parallel.shard import ModelShape, holds
+from hfrt.roles.training.parallel.stages import holds, is_input_embedding
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -44,19 +45,20 @@ class Resharder:
         train: L.Layout,
         gen: L.Layout,
         rank: int,
-        shapes: Mapping[str, tuple[int, ...]],
-        model: ModelShape,
+        params: Params,
         groups: L.RankGroups | None = None,
     ) -> None:
-        L.check_pair(train, gen, model)
-        self.train, self.gen, self.rank, self.model = train, gen, rank, model
-        self.shapes = dict(shapes)
-        self.fallback = fallback_names(train, gen, rank, self.shapes, model)
-        self.plan = make_plan(train, gen, rank, self.shapes, model, skip=self.fallback)
+        L.check_pair(train, gen)
+        for layout in (train, gen):
+            if layout.pp > params.num_layers:
+                raise ValueError(f"layout {layout}: pp={layout.pp} exceeds the model's {params.num_layers} layers")
+        self.train, self.gen, self.rank, self.params = train, gen, rank, params
+        self.fallback = fallback_names(train, gen, rank, params)
+        self.plan = make_plan(train, gen, rank, params, skip=self.fallback)
         self.fallback_plan: Plan | None = None
         if self.fallback:
             members = next(grp for grp in L.train_mp_groups(train) if rank in grp)
-            self.fallback_plan = make_plan(train, gen, rank, self.shapes, model, members=members, dedup=False, only=self.fallback)
+            self.fallback_plan = make_plan(train, gen, rank, params, members=members, dedup=False, only=self.fallback)
         if groups is None and (len(self.plan.members) > 1 or self.fallback_plan is not None):
             raise ValueError(f"rank {rank}: {train} → {gen} gathers over micro-DP group {self.plan.members}; pass its groups")
         self.groups = groups
@@ -65,7 +67,7 @@ class Resharder:
         self.last = Stats()
 
     def held(self, name: str) -> Interval | None:
-        return held_rows(self.train, self.coords, name, self.shapes[name], self.model)
+        return held_rows(self.train, self.coords, name, self.params, self.params.train_dims)
 
     def to_generation(
         self, pieces: Mapping[str, Tensor] | Iterable[Mapping[str, Tensor]], *, copy: bool = False
@@ -83,10 +85,10 @@ class Resharder:
             elif copy:
                 pieces = {n: t.clone() for n, t in pieces.items()}
             micro = self.groups.micro_dp if self.groups is not None else None
-            out = exchange(self.plan, self.rank, micro, pieces, self.held, self.shapes, stats)
+            out = exchange(self.plan, self.rank, micro, pieces, self.held, self.params, stats)
             if self.fallback_plan is not None:
                 assert self.groups is not None
-                out |= exchange(self.fallback_plan, self.rank, self.groups.train_mp, pieces, self.held, self.shapes, stats)
+                out |= exchange(self.fallback_plan, self.rank, self.groups.train_mp, pieces, self.held, self.params, stats)
             self.pieces = out
             synchronize()
         stats.time_s, stats.peak_rss_mb = time.perf_counter() - start, peak.peak_mb
@@ -98,7 +100,7 @@ class Resharder:
     ) -> Iterator[tuple[str, Tensor]]:
         """This rank's generation pieces as (name, tensor), one exchange unit at a time: the
         transition without ever holding the whole training shard twice. `units` are the full-model
-        names in the order `blocks` comes in (an engine's layout.buckets and local_pieces(): one
+        names in the order `blocks` comes in (an engine's buckets and local_pieces(): one
         block per unit this rank holds, none for the others); every rank passes the same units, so
         the micro-DP collectives line up. A block is pulled only when its unit is exchanged, and
         nothing of it is kept but the generation rows: with copy=False (the pieces are the training
@@ -119,7 +121,7 @@ class Resharder:
         with PeakRSS() as peak:
             for unit in units:
                 names = set(unit)
-                if "model.embed_tokens.weight" in names:
+                if any(is_input_embedding(n) for n in names):
                     names.add("lm_head.weight")  # a tied head on the last stage comes under its own name
                 nxt = source.peek()
                 pieces: Mapping[str, Tensor] = {}
@@ -128,12 +130,12 @@ class Resharder:
                     extra = set(pieces) - names
                     if extra:
                         raise ValueError(f"rank {self.rank}: block {sorted(pieces)[:3]}… does not match the unit {unit[:3]}…")
-                wanted = {b for b in (block_of(n, self.model.num_layers) for n in unit)}
-                out = exchange(self.plan, self.rank, micro, pieces, self.held, self.shapes, stats,
+                wanted = {block_of(n, self.params.num_layers) for n in unit}
+                out = exchange(self.plan, self.rank, micro, pieces, self.held, self.params, stats,
                                names=names, blocks=wanted, copy=copy, like=like_tensor)  # fmt: skip
                 if self.fallback_plan is not None:
                     assert self.groups is not None
-                    out |= exchange(self.fallback_plan, self.rank, self.groups.train_mp, pieces, self.held, self.shapes,
+                    out |= exchange(self.fallback_plan, self.rank, self.groups.train_mp, pieces, self.held, self.params,
                                     stats, names=names, blocks=wanted, copy=copy, like=like_tensor)  # fmt: skip
                 del pieces
                 yield from out.items()
@@ -155,8 +157,7 @@ def naive_to_generation(
     train: L.Layout,
     gen: L.Layout,
     rank: int,
-    shapes: Mapping[str, tuple[int, ...]],
-    model: ModelShape,
+    params: Params,
     pieces: Mapping[str, Tensor],
     groups: L.RankGroups,
 ) -> tuple[dict[str, Tensor], Stats]:
@@ -167,20 +168,20 @@ def naive_to_generation(
     stats = Stats()
     start = time.perf_counter()
     full_layout = L.Layout(1, 1, train.world)
-    plan = make_plan(train, full_layout, rank, shapes, model, members=groups.train_mp_ranks, dedup=False)
+    plan = make_plan(train, full_layout, rank, params, members=groups.train_mp_ranks, dedup=False)
     coords = L.train_coords(train, rank)
 
     def held(name: str) -> Interval | None:
-        return held_rows(train, coords, name, shapes[name], model)
+        return held_rows(train, coords, name, params, params.train_dims)
 
     g, _ = L.gen_coords(train, gen, rank)
     with PeakRSS() as peak:
-        full = exchange(plan, rank, groups.train_mp, pieces, held, shapes, stats)
+        full = exchange(plan, rank, groups.train_mp, pieces, held, params, stats)
         out = {}
         for name, tensor in full.items():
-            if holds(name, model, gen.pp, g.pp):
-                want = interval(name, shapes[name], gen.tp, g.tp, model)
-                out[name] = narrow_rows(tensor, name, (0, shapes[name][split_dim(name)]), want).clone()
+            if holds(name, params.num_layers, gen.pp, g.pp):
+                want = interval(params, params.gen_dims, name, gen.tp, g.tp)
+                out[name] = narrow_rows(tensor, params.axis(name), (0, params.rows(name)), want).clone()
         del full
         synchronize()
     stats.time_s, stats.peak_rss_mb = time.perf_counter() - start, peak.peak_mb

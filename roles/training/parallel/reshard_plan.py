@@ -1,11 +1,15 @@
-"""The exchange plan of a 3D-HybridEngine transition: from two layouts and the full parameter
-shapes, which member of a micro-DP group sends which rows of which parameter, so no sizes travel.
+"""The exchange plan of a 3D-HybridEngine transition: from two layouts, the full parameter shapes
+and each parameter's split dim on each side, which member of a micro-DP group sends which rows of
+which parameter, so no sizes travel.
 
+Pieces follow DTensor's Shard rule (tp_plan.chunk_bounds) along the dim the TP plan split
+(`Params.train_dims` / `gen_dims`, from tp_plan.split_dims; None: every tp rank holds it whole).
 A micro-DP group's training pieces cover exactly its generation piece (layout.py), so gathered
-bytes never exceed one generation shard. The one exception is an uneven split whose bounds do not
-nest (a vocabulary of 10 rows is 3+3+2+2 at tp=4 but 5+5 at tp=2): those parameters alone are
-planned over the training model-parallel group (`fallback_names`). Pure logic: it knows parameter
-names and shapes, and nothing of tensors, collectives or engines (exchange.py runs a plan).
+bytes never exceed one generation shard. The exception is a parameter whose training and
+generation pieces do not nest (the vocabulary split over tp=2 for training but kept whole at a
+generation tp that does not divide it; an uneven chunking): those alone are planned over the
+training model-parallel group (`fallback_names`). Pure logic: it knows parameter names, shapes
+and split dims, and nothing of tensors, collectives, engines or model families.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hfrt.roles.training.parallel import layout as L
-from hfrt.roles.training.parallel.shard import ModelShape, holds, layer_of, split_kind, tp_piece
+from hfrt.roles.training.parallel.stages import holds, is_input_embedding, layer_of
+from hfrt.roles.training.parallel.tp_plan import chunk_bounds
 
 Interval = tuple[int, int]
+Dims = Mapping[str, "int | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,24 +34,50 @@ class Slice:
     stop: int
 
 
-def split_dim(name: str) -> int:
-    """The dim a parameter is cut along (row-parallel: 1; everything else: 0, whole when replicated)."""
-    return 1 if split_kind(name) == "row" else 0
+@dataclass(frozen=True)
+class Params:
+    """What a plan knows of the model: every parameter's full shape (HF names, tied aliases once),
+    its split dim at the training tp and at the generation tp (None or absent: held whole), and
+    the number of decoder layers (for pipeline stages)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    train_dims: dict[str, int | None]
+    gen_dims: dict[str, int | None]
+    num_layers: int
+
+    def __post_init__(self) -> None:
+        for name, shape in self.shapes.items():
+            a, b = self.train_dims.get(name), self.gen_dims.get(name)
+            if a is not None and b is not None and a != b:
+                raise ValueError(f"{name}: split along dim {a} for training but dim {b} for generation")
+            if not shape:
+                raise ValueError(f"{name}: a 0-d parameter cannot be resharded")
+
+    def axis(self, name: str) -> int:
+        """The dim rows are counted along: the split dim of either side, else 0."""
+        a = self.train_dims.get(name)
+        if a is None:
+            a = self.gen_dims.get(name)
+        return 0 if a is None else a
+
+    def rows(self, name: str) -> int:
+        return self.shapes[name][self.axis(name)]
 
 
-def interval(name: str, shape: tuple[int, ...], tp: int, tp_rank: int, model: ModelShape) -> Interval:
-    piece = tp_piece(name, shape, tp, tp_rank, model)
-    if piece.dim is None:
-        return 0, shape[split_dim(name)]
-    return piece.start, piece.stop
+def interval(params: Params, dims: Dims, name: str, tp: int, tp_rank: int) -> Interval:
+    """The rows of `name` tp rank `tp_rank` of `tp` holds (all of them when it is not split)."""
+    size = params.rows(name)
+    if tp == 1 or dims.get(name) is None:
+        return 0, size
+    return chunk_bounds(size, tp, tp_rank)
 
 
 def block_of(name: str, num_layers: int) -> int:
-    """Exchange bucket: -1 for the embedding, the layer index, num_layers for the final norm / head."""
+    """Exchange bucket: -1 for the input embedding, the layer index, num_layers for the rest."""
     layer = layer_of(name)
     if layer is not None:
         return layer
-    return -1 if "embed_tokens" in name else num_layers
+    return -1 if is_input_embedding(name) else num_layers
 
 
 @dataclass(slots=True)
@@ -58,19 +90,18 @@ class Plan:
     want: dict[str, Interval] = field(default_factory=dict)
 
 
-def held_rows(layout: L.Layout, c: L.Coords, name: str, shape: tuple[int, ...], model: ModelShape) -> Interval | None:
+def held_rows(layout: L.Layout, c: L.Coords, name: str, params: Params, dims: Dims) -> Interval | None:
     """The rows of `name` a rank at coordinates `c` holds in `layout`; None when its stage lacks it."""
-    if not holds(name, model, layout.pp, c.pp):
+    if not holds(name, params.num_layers, layout.pp, c.pp):
         return None
-    return interval(name, shape, layout.tp, c.tp, model)
+    return interval(params, dims, name, layout.tp, c.tp)
 
 
 def make_plan(
     train: L.Layout,
     gen: L.Layout,
     rank: int,
-    shapes: Mapping[str, tuple[int, ...]],
-    model: ModelShape,
+    params: Params,
     *,
     members: list[int] | None = None,
     dedup: bool = True,
@@ -88,16 +119,16 @@ def make_plan(
         members = next(grp for grp in L.micro_dp_groups(train, gen) if rank in grp)
     coords = [L.train_coords(train, r) for r in members]
     plan = Plan(members, {})
-    for name, shape in shapes.items():
-        if not holds(name, model, gen.pp, g.pp) or name in skip or (only is not None and name not in only):
+    for name in params.shapes:
+        if not holds(name, params.num_layers, gen.pp, g.pp) or name in skip or (only is not None and name not in only):
             continue
-        want = interval(name, shape, gen.tp, g.tp, model)
+        want = interval(params, params.gen_dims, name, gen.tp, g.tp)
         plan.want[name] = want
-        held = [held_rows(train, c, name, shape, model) for c in coords]
+        held = [held_rows(train, c, name, params, params.train_dims) for c in coords]
         if dedup and all(h is not None and h[0] <= want[0] and want[1] <= h[1] for h in held):
             continue  # every member already holds its generation rows
         slices = _contributions(name, want, held, dedup, members)
-        block = plan.blocks.setdefault(block_of(name, model.num_layers), [[] for _ in members])
+        block = plan.blocks.setdefault(block_of(name, params.num_layers), [[] for _ in members])
         for i, s in enumerate(slices):
             if s is not None:
                 block[i].append(s)
@@ -126,7 +157,7 @@ def _contributions(
     if total < want[1] - want[0]:
         raise ValueError(
             f"{name}: ranks {members} hold only {total} of the rows [{want[0]}, {want[1]}) their generation "
-            f"shard needs (an uneven split that does not nest); this layout pair is not supported"
+            f"shard needs (pieces that do not nest); this layout pair is not supported"
         )
     return out
 
@@ -141,12 +172,10 @@ def _covered(want: Interval, held: list[Interval]) -> bool:
     return reach >= want[1]
 
 
-def fallback_names(
-    train: L.Layout, gen: L.Layout, rank: int, shapes: Mapping[str, tuple[int, ...]], model: ModelShape
-) -> set[str]:
+def fallback_names(train: L.Layout, gen: L.Layout, rank: int, params: Params) -> set[str]:
     """Parameters that some micro-DP group of `rank`'s training replica cannot assemble from its
-    own rows: an uneven split (vocabulary) whose training and generation bounds do not nest, e.g.
-    10 rows as 3+3+2+2 over tp=4 but 5+5 over tp=2. Those few are gathered over the training
+    own rows: pieces that do not nest, e.g. a 10-row vocabulary split 5+5 at training tp=2 but
+    whole at generation tp=4 (which does not divide it). Those few are gathered over the training
     model-parallel group instead (the same answer on every rank of it, so they all join)."""
     dp = L.train_coords(train, rank).dp
     groups = [grp for grp in L.micro_dp_groups(train, gen) if L.train_coords(train, grp[0]).dp == dp]
@@ -154,10 +183,10 @@ def fallback_names(
     for grp in groups:
         g, _ = L.gen_coords(train, gen, grp[0])
         coords = [L.train_coords(train, r) for r in grp]
-        for name, shape in shapes.items():
-            if not holds(name, model, gen.pp, g.pp):
+        for name in params.shapes:
+            if not holds(name, params.num_layers, gen.pp, g.pp):
                 continue
-            held = [h for h in (held_rows(train, c, name, shape, model) for c in coords) if h is not None]
-            if not _covered(interval(name, shape, gen.tp, g.tp, model), held):
+            held = [h for h in (held_rows(train, c, name, params, params.train_dims) for c in coords) if h is not None]
+            if not _covered(interval(params, params.gen_dims, name, gen.tp, g.tp), held):
                 out.add(name)
     return out
