@@ -100,3 +100,68 @@ def test_flow_configs_merge_mode_tis_and_tables_into_update_options() -> None:
 def test_flow_configs_refuse_bad_update_options(config: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         GRPOFlowConfig.read(config)
+
+
+# -------------------------------------------------------------------- verl's newer modes and the advantage table
+
+
+def test_new_modes_and_rollout_correction_options_parse() -> None:
+    from hfrt.wire.loss_options import POLICY_LOSS_MODES
+
+    assert {"sapo", "gpg", "geo_mean", "clip_cov", "kl_cov", "reinforce"} <= set(POLICY_LOSS_MODES)
+    _, loss = check_update_options("actor", {
+        "policy_loss_mode": "reinforce", "bypass_mode": True, "rollout_is": "sequence", "rollout_is_threshold": 5,
+        "rollout_is_batch_normalize": True, "rollout_rs": "token_k1,seq_mean_k3", "rollout_rs_threshold": "0.5_2,0.01",
+        "loss_seed": 7, "tau_pos": 1, "keep_loss_agg_mode": True,
+    })
+    assert loss.rollout_is_threshold == 5.0 and loss.reads_rollout_log_probs and loss.loss_seed == 7
+    assert check_update_options("actor", {"rollout_rs": "seq_sum_k2", "rollout_rs_threshold": 2})[1].rollout_rs_threshold == 2.0
+    assert not ActorLoss().reads_rollout_log_probs
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"policy_loss_mode": "ppo"}, "use one of vanilla, gspo, cispo, decoupled, sapo, gpg, geo_mean, clip_cov, kl_cov, reinforce"),
+    ({"rollout_is": "tokens"}, "rollout_is='tokens': use one of token, sequence"),
+    ({"rollout_rs": "token_k9", "rollout_rs_threshold": 2}, "rollout_rs='token_k9': use one or more"),
+    ({"rollout_rs": "token_k1"}, "needs rollout_rs_threshold"),
+    ({"rollout_rs": "seq_max_k2", "rollout_rs_threshold": "0.1_2"}, "is not a threshold for seq_max_k2"),
+    ({"rollout_is_batch_normalize": True}, "rollout_is_batch_normalize=True needs rollout_is"),
+    ({"bypass_mode": True, "policy_loss_mode": "gspo"}, "bypass_mode=True works with policy_loss_mode vanilla"),
+    ({"bypass_mode": True, "tis_cap": 2}, "use rollout_is for the weights"),
+    ({"tau_neg": 0}, "tau_neg=0.0: must be > 0"),
+    ({"clip_cov_lb": 5, "clip_cov_ub": 1}, "lb must be < ub"),
+    ({"loss_seed": 1.5}, "loss_seed=1.5 must be int"),
+])
+def test_bad_new_options_are_refused(options: dict, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        check_update_options("actor", options)
+    assert message in str(err.value)
+
+
+def test_the_advantage_table_selects_an_estimator_before_launch() -> None:
+    from hfrt.flows.recipes.remax import ReMaxConfig
+
+    cfg = GRPOFlowConfig.read({"advantage": {"estimator": "opo"}, "policy_loss_mode": "sapo"})
+    assert cfg.advantage_call(estimator="grpo", norm_adv_by_std=False) == {"estimator": "opo", "norm_adv_by_std": False}
+    assert GRPOFlowConfig.read({}).advantage_call(estimator="grpo") == {"estimator": "grpo"}
+    otb = GRPOFlowConfig.read({"advantage": {"estimator": "optimal_token_baseline"}})
+    assert otb.log_prob_options() == {"sum_pi_squared": True} and not otb.on_policy(8)  # the Σπ² pass is not skipped
+    assert GRPOFlowConfig.read({}).on_policy(8)
+    assert PPOConfig.read({"advantage": {"estimator": "gae", "lam": 0.9}}).advantage == {"estimator": "gae", "lam": 0.9}
+    assert ReMaxConfig.read({"advantage": {"estimator": "remax"}}).advantage["estimator"] == "remax"
+    assert PPOConfig.read({"advantage": {"estimator": "reinforce_plus_plus"}}).CRITIC
+
+
+@pytest.mark.parametrize(("cls", "config", "message"), [
+    ("grpo", {"advantage": {"estimator": "ppo"}}, "estimator='ppo': use one of gae, grpo"),
+    ("grpo", {"advantage": {"gama": 1.0}}, "unknown option(s) ['gama']"),
+    ("grpo", {"n": 1, "advantage": {"estimator": "opo"}}, "estimator='opo' compares a prompt's samples, so it needs n >= 2 (n=1)"),
+    ("ppo", {"advantage": {"estimator": "grpo_passk"}}, "needs n >= 2 (n=1)"),
+    ("grpo", {"advantage": {"estimator": "gae"}}, "estimator='gae' needs values (a critic)"),
+    ("rloo", {"advantage": {"estimator": "remax"}}, "estimator='remax' needs a greedy baseline score"),
+])
+def test_advantage_tables_a_flow_cannot_run_are_refused(cls: str, config: dict, message: str) -> None:
+    classes = {"grpo": GRPOFlowConfig, "ppo": PPOConfig, "rloo": RLOOConfig}
+    with pytest.raises(ValueError) as err:
+        classes[cls].read(config)
+    assert message in str(err.value) and "(from the advantage table)" in str(err.value)
