@@ -13,7 +13,10 @@ samples what the interrupted one would have without saving the daemons' torch ge
 
 Resuming: `latest` is followed only to a whole checkpoint (see check_checkpoint); a damaged one
 is passed over for the newest whole `step_*` folder, and a run whose checkpoints are all damaged
-is refused rather than restarted from step 0.
+is refused rather than restarted from step 0. Checksums: state.json's "files" lists every file the
+roles saved with its size and sha256 (hashed on a worker thread after the save), and a checkpoint
+whose files do not match (truncated, overwritten, bit rot) is damaged like any other; a
+checkpoint written before checksums existed has no "files" and is taken as it is.
 
 It knows role handles and file layout; what a role's state holds is the role's business.
 """
@@ -21,6 +24,7 @@ It knows role handles and file layout; what a role's state holds is the role's b
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -64,7 +68,8 @@ async def save_checkpoint(
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     await asyncio.gather(*(group.save(str(staging / name), timeout_s=timeout_s) for name, group in roles.items()))
-    _write_atomic(staging / STATE_FILE, json.dumps({"step": step, "roles": sorted(roles), **state}, indent=1))
+    files = await asyncio.to_thread(file_sums, staging)
+    _write_atomic(staging / STATE_FILE, json.dumps({"step": step, "roles": sorted(roles), **state, "files": files}, indent=1))
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
@@ -154,7 +159,51 @@ def check_checkpoint(path: Path, *, max_step: int | None = None) -> Checkpoint:
     if max_step is not None and step > max_step:
         raise CheckpointError(f"checkpoint {path}: step {step} is beyond this run's {max_step} steps")
     _check_parts(path, state)
+    _check_files(path, state.get("files"))
     return Checkpoint(path, step, state)
+
+
+def file_sums(folder: Path) -> dict[str, list[int | str]]:
+    """Every file under `folder` but state.json: relative path → [bytes, sha256 hex]."""
+    sums: dict[str, list[int | str]] = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if rel != STATE_FILE:
+            with path.open("rb") as f:
+                sums[rel] = [path.stat().st_size, hashlib.file_digest(f, "sha256").hexdigest()]
+    return sums
+
+
+#: checkpoint folder → the (file, bytes, mtime) it was verified with: the check before launch and the
+#: Trainer's resume run in one process, and a checkpoint's bytes are read once
+_VERIFIED: dict[str, tuple[tuple[str, int, int], ...]] = {}
+
+
+def _check_files(path: Path, files: Any) -> None:
+    """The saved files match state.json's sizes and sha256 (None: a checkpoint from before checksums)."""
+    if files is None:
+        return
+    if not isinstance(files, dict) or not all(
+        isinstance(k, str) and ".." not in Path(k).parts and not Path(k).is_absolute() and isinstance(v, list)
+        and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str) for k, v in files.items()
+    ):
+        raise CheckpointError(f"checkpoint {path}: 'files' must map saved files to [bytes, sha256], got {files!r:.80}")
+    seen = []
+    for rel, (size, _) in sorted(files.items()):
+        try:
+            st = (path / rel).stat()
+        except OSError:
+            raise CheckpointError(f"checkpoint {path}: {rel} is missing (state.json lists it)") from None
+        if st.st_size != size:
+            raise CheckpointError(f"checkpoint {path}: {rel} is {st.st_size} bytes, it was {size} when saved (truncated?)")
+        seen.append((rel, st.st_size, st.st_mtime_ns))
+    if _VERIFIED.get(str(path)) == tuple(seen):
+        return
+    for rel, (_, digest) in sorted(files.items()):
+        with (path / rel).open("rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() != digest:
+                raise CheckpointError(f"checkpoint {path}: {rel} does not match the sha256 it was saved with (damaged)")
+    _VERIFIED[str(path)] = tuple(seen)
 
 
 def _check_parts(path: Path, state: dict[str, Any]) -> None:
