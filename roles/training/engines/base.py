@@ -79,6 +79,10 @@ class EngineConfig:
     backend: "local" (one process, no sharding), "fsdp2", "deepspeed" or "tp" (tensor × pipeline
         × data parallel; fsdp2 with tp * pp > 1 selects it too).
     tp, pp: tensor- and pipeline-parallel sizes (dp = world size / (tp * pp)); see engines.tp.
+    pp_schedule: the pipeline schedule with pp > 1: "1f1b" (default; activations of at most pp
+        micro-batches alive) or "gpipe" (all forwards, then all backwards).
+    tp_plan: entries added to / replacing the model's transformers TP plan (module pattern →
+        style name, e.g. {"model.layers.*.mlp.down_proj": "rowwise"}).
     zero_stage: DeepSpeed ZeRO stage (1, 2 or 3); ignored by other backends.
     mixed_precision: "fp32" or "bf16" (bf16 compute, fp32 master weights and grad reduction).
     micro_batch_size: default rows per forward/backward pass.
@@ -93,6 +97,8 @@ class EngineConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     tp: int = 1
     pp: int = 1
+    pp_schedule: str = "1f1b"
+    tp_plan: Mapping[str, str] | None = None
 
 
 def lr_multiplier(optim: OptimConfig) -> Callable[[int], float]:

@@ -1,22 +1,24 @@
-"""The tensor × pipeline × data parallel training engine (backend "tp", or fsdp2 with tp*pp > 1).
+"""The tensor × pipeline × data parallel training engine on one DeviceMesh (backend "tp", or fsdp2
+with tp·pp > 1), composed from torch's own parts the way torchtitan composes them.
 
-Rank order: a (pp, dp, tp) device mesh, tp innermost:
-    rank = (pp_rank * dp_size + dp_rank) * tp_size + tp_rank
-so a tp group is tp consecutive ranks (one node's GPUs), dp groups stride by tp, pp groups by
-dp*tp. TP comes from `roles.parallel.tp_model` (plain-tensor Megatron layers), DP from FSDP2
-`fully_shard` over the dp sub-mesh (each TP piece sharded again over dp), PP from the model's
-stage cut (`tp_model.pipeline_backward`: one micro-batch in flight, no 1F1B); a tied embedding /
-head held by the first and last stages gets its gradient summed over the two.
+Mesh: (pp, dp, tp), tp innermost: rank = (pp_rank·dp_size + dp_rank)·tp_size + tp_rank, so a tp
+group is tp consecutive ranks (one node's GPUs), dp groups stride by tp, pp groups by dp·tp.
+TP: the model's transformers TP plan as DTensor (parallel/tp_plan). PP: the rank's stage of the
+model run by a torch.distributed.pipelining schedule (parallel/pipeline; gpipe or 1f1b). DP:
+FSDP2 `fully_shard` over the dp sub-mesh (every TP piece sharded again). Checkpoints: DCP over the
+whole world, which reshards on load, so a checkpoint written at one layout loads at any other.
+A tied embedding / head held by the first and the last stage gets its gradient summed over both.
 
-It knows nothing of RL losses, generation layouts or resharding; it exposes its coordinates,
-groups and this rank's pieces (`local_pieces`) for whoever does.
+It knows nothing of RL losses, generation layouts or resharding; it exposes its coordinates, the
+full parameter shapes and buckets, each parameter's tp split dim, and this rank's pieces
+(`local_pieces`) for whoever does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,13 +29,25 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
-from hfrt.roles.models import transformer_blocks
-from hfrt.roles.training.engines.base import EngineConfig, TrainEngine, _comm_device, optimizer_and_scheduler
+from hfrt.roles.losses import LossScale
+from hfrt.roles.models import ValueModel, transformer_blocks
+from hfrt.roles.training.engines.base import (
+    Batch,
+    EngineConfig,
+    ForwardOutput,
+    LossFn,
+    TrainEngine,
+    _comm_device,
+    batch_rows,
+    named_buckets,
+    optimizer_and_scheduler,
+    position_ids_from_mask,
+)
 from hfrt.roles.training.engines.fsdp2 import _mp_policy, engine_state, restore
-from hfrt.roles.training.parallel import tp_model
-from hfrt.roles.training.parallel.shard import ModelShape
+from hfrt.roles.training.parallel import pipeline, tp_plan
+from hfrt.roles.training.parallel.shard import stage_layers
 
 
 @dataclass(frozen=True)
@@ -72,39 +86,73 @@ def build_mesh(tp: int, pp: int, device_type: str = "cpu") -> Mesh3D:
     return Mesh3D(mesh, tp=tp, pp=pp, dp=dp, tp_rank=tp_rank, pp_rank=pp_rank, dp_rank=dp_rank)
 
 
+def lm_of(model: nn.Module) -> nn.Module:
+    """The transformers model whose plan and embeddings apply (a value model's backbone)."""
+    return model.backbone if isinstance(model, ValueModel) else model
+
+
 class TPEngine(TrainEngine):
     """Training over a (pp, dp, tp) mesh. Every rank of a tp (and pp) group receives the same
-    rows; dp groups receive different rows. Attributes for the resharding side: mesh (Mesh3D),
-    tp_rank / pp_rank / dp_rank, tp_size / pp_size / dp_size, tp_group / pp_group / dp_group,
-    layout (tp_model.ParallelLayout)."""
+    rows; dp groups receive different rows. For the resharding side: mesh (Mesh3D), tp_rank /
+    pp_rank / dp_rank, tp_size / pp_size / dp_size, tp_group / pp_group / dp_group, full_shapes,
+    buckets, split_dims, local_pieces()."""
 
     def __init__(self, model: nn.Module, config: EngineConfig) -> None:
         if not dist.is_initialized():
             raise RuntimeError("TPEngine needs torch.distributed initialised (see engines.init_distributed)")
         super().__init__(model, config)
-        shape = ModelShape.of(model.config)
-        shape.check_tp(config.tp, "engine")
-        shape.check_pp(config.pp, "engine")
+        lm = lm_of(model)
+        tp_plan.check_tp(lm.config, config.tp, "engine")
+        pipeline.check_pp(tp_plan.text_config(lm.config), config.pp, "engine")
+        pipeline.check_schedule(config.pp_schedule, "engine")
         self.mesh = build_mesh(config.tp, config.pp, self.device.type)
         self.tp_size, self.pp_size, self.dp_size = self.mesh.tp, self.mesh.pp, self.mesh.dp
         self.tp_rank, self.pp_rank, self.dp_rank = self.mesh.tp_rank, self.mesh.pp_rank, self.mesh.dp_rank
         self.tp_group, self.pp_group, self.dp_group = self.mesh.tp_group, self.mesh.pp_group, self.mesh.dp_group
-        self.layout = tp_model.parallelize(
-            model,
-            tp_group=self.tp_group if self.tp_size > 1 else None,
-            pp_group=self.pp_group if self.pp_size > 1 else None,
-        )
+        # the full model's names, shapes and buckets, before anything is cut or sharded
+        self.full_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+        self.full_dtypes = {n: p.dtype for n, p in model.named_parameters()}
+        self.buckets = [names for _, names in named_buckets(model, transformer_blocks(model))]
+        self.embedding_name = _param_name(model, lm.get_input_embeddings().weight)
+        self.tied = _is_tied(model)
+        self.head_name = _head_name(model) if self.tied else ""
+        self.owner = self._owner_stages()
         model.to(self.device)
-        self.embed_group = self._tied_embedding_group(model)
+        if self.pp_size > 1:
+            pipeline.cut_stage(model, self.pp_rank, self.pp_size)
+        if self.tp_size > 1:
+            prefix = "backbone." if isinstance(model, ValueModel) else ""
+            override = dict(config.tp_plan or {})
+            tp_plan.apply_tp(model, self.mesh.mesh["tp"], tp_plan.resolve_plan(lm, self.tp_size, override, prefix), lm)
+        self.split_dims = tp_plan.split_dims(model)
+        self.embed_group = self._tied_embedding_group()
         self.blocks = transformer_blocks(model)
+        self.stage = pipeline.StageModule(model, self.pp_rank, self.pp_size) if self.pp_size > 1 else None
         self.sharded = self.dp_size > 1  # FSDP2 over the dp sub-mesh; a dp of 1 keeps plain tensors
         if self.sharded:
             policy = _mp_policy(config.mixed_precision)
             dp_mesh = self.mesh.mesh["dp"]
             for block in self.blocks:
                 fully_shard(block, mesh=dp_mesh, mp_policy=policy)
-            fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+            fully_shard(self.stage if self.stage is not None else model, mesh=dp_mesh, mp_policy=policy)
         self.optimizer, self.scheduler = optimizer_and_scheduler(model, config)
+        self._copies = self._copies_per_param()
+        #: activation size and dtype between stages (static pipeline shapes; None: inferred)
+        width = int(tp_plan.text_config(lm.config).hidden_size)
+        self._hidden = (width, self.full_dtypes[self.embedding_name]) if config.mixed_precision == "fp32" else None
+
+    def _owner_stages(self) -> dict[str, int]:
+        """The stage whose copy of each full parameter is authoritative: a decoder layer's stage,
+        the embedding's the first, everything else (final norm, head) the last."""
+        owner = {}
+        layers = len(self.buckets) - 1
+        for index, names in enumerate(self.buckets):
+            for name in names:
+                if index < layers:
+                    owner[name] = next(s for s in range(self.pp_size) if index in stage_layers(layers, self.pp_size, s))
+                else:
+                    owner[name] = 0 if name == self.embedding_name else self.pp_size - 1
+        return owner
 
     @property
     def forward_module(self) -> nn.Module:
@@ -115,10 +163,10 @@ class TPEngine(TrainEngine):
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _tied_embedding_group(self, model: nn.Module) -> Any:
+    def _tied_embedding_group(self) -> Any:
         """With pp > 1 and a tied head: the group of the first and last stage at this rank's (dp,
         tp) coordinates (every rank creates every such group, in the same order)."""
-        if self.pp_size == 1 or not tp_model.is_tied(model):
+        if self.pp_size == 1 or not self.tied:
             return None
         mine = None
         for dp in range(self.dp_size):
@@ -129,15 +177,88 @@ class TPEngine(TrainEngine):
                     mine = group
         return mine
 
-    def _tied_name(self) -> str | None:
-        """This rank's copy of a tied embedding / head that another stage also holds, if any."""
-        if self.embed_group is None:
-            return None
-        return "model.embed_tokens.weight" if self.pp_rank == 0 else "lm_head.weight"
+    def _copies_per_param(self) -> dict[str, int]:
+        """How many ranks hold the same values as this rank's piece of each parameter (so each
+        value's square counts once in the global gradient norm)."""
+        stage_ranks = self.tp_size * self.dp_size
+        out = {}
+        for name, p in self.model.named_parameters():
+            pieces = 1
+            if isinstance(p, DTensor):
+                for size, placement in zip(p.device_mesh.mesh.shape, p.placements, strict=True):
+                    pieces *= int(size) if isinstance(placement, Shard) else 1
+            stages = 2 if self.embed_group is not None and name in (self.embedding_name, self.head_name) else 1
+            out[name] = stage_ranks // pieces * stages
+        return out
 
-    # ---- training
-    def _backward(self, loss: torch.Tensor) -> None:
-        tp_model.pipeline_backward(self.model, loss)
+    # ---- forward and training through the pipeline (pp > 1); pp = 1 uses the base class
+    def _pipeline_batch(self, batch: Batch) -> dict[str, torch.Tensor]:
+        out = dict(batch)
+        if "position_ids" not in out:
+            out["position_ids"] = position_ids_from_mask(out["attention_mask"])
+        return out
+
+    def _micro_batches(self, rows: int, size: int | None) -> int:
+        size = size or self.config.micro_batch_size
+        if size <= 0:
+            raise ValueError(f"micro_batch_size must be positive, got {size}")
+        per = -(-rows // -(-rows // size))
+        return -(-rows // per)
+
+    @torch.no_grad()
+    def forward(
+        self, batch: Batch, *, micro_batch_size: int | None = None, temperature: float = 1.0, with_entropy: bool = False
+    ) -> ForwardOutput:
+        if self.stage is None:
+            return super().forward(batch, micro_batch_size=micro_batch_size, temperature=temperature, with_entropy=with_entropy)
+        self.stage.eval()
+        self.stage.temperature, self.stage.with_entropy = temperature, with_entropy and not self.is_value
+        out = self._run(self._pipeline_batch(batch), micro_batch_size, None)
+        if self.is_value:
+            return ForwardOutput(values=out.cpu())
+        if isinstance(out, tuple):
+            return ForwardOutput(log_probs=out[0].cpu(), entropy=out[1].cpu())
+        return ForwardOutput(log_probs=out.cpu())
+
+    def _run(self, batch: Mapping[str, torch.Tensor], micro_batch_size: int | None, loss: Any) -> Any:
+        assert self.stage is not None
+        return pipeline.run_schedule(
+            self.stage, stage=self.pp_rank, num_stages=self.pp_size, group=self.pp_group, device=self.device,
+            schedule=self.config.pp_schedule, batch=batch,
+            micro_batches=self._micro_batches(batch_rows(batch), micro_batch_size), loss=loss, hidden=self._hidden,
+        )  # fmt: skip
+
+    def step(
+        self,
+        loss_fn: LossFn,
+        batch: Batch,
+        micro_batch_size: int | None = None,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> dict[str, float]:
+        if self.stage is None:
+            return super().step(loss_fn, batch, micro_batch_size, temperature=temperature, with_entropy=with_entropy)
+        if not self.config.trainable:
+            raise RuntimeError("this engine was built with trainable=False (no optimizer)")
+        scale = self.loss_scale(batch)
+        full = {k: v.to(self.device) for k, v in self._pipeline_batch(batch).items()}
+        self.stage.train()
+        self.stage.temperature, self.stage.with_entropy = temperature, with_entropy and not self.is_value
+        self._zero_grad()
+        n = self._micro_batches(batch_rows(full), micro_batch_size)
+        shares = _Shares(loss_fn, full, scale, self.is_value, n)
+        self._run(full, micro_batch_size, shares)
+        metrics = self._from_last_stage(shares.metrics())
+        grad_norm = self._optimizer_step()
+        self.steps += 1
+        return self._reduce_metrics(metrics) | {"grad_norm": grad_norm, "lr": self.current_lr()}
+
+    def _from_last_stage(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The loss and metrics the last stage computed, on every stage of the pipeline."""
+        box: list[Any] = [metrics if self.pp_rank == self.pp_size - 1 else None]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.pp_group, self.pp_size - 1), group=self.pp_group)
+        return dict(box[0])
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
         """Loss scales and metrics: summed over the dp group only (tp / pp replicas hold the same rows)."""
@@ -149,12 +270,17 @@ class TPEngine(TrainEngine):
 
     def _optimizer_step(self) -> float:
         assert self.optimizer is not None and self.scheduler is not None
-        grads = self._local_grads()
-        self._sum_replicated_kv_grads(grads)
-        tied = self._tied_name()
-        if tied is not None and tied in grads:
-            dist.all_reduce(grads[tied], group=self.embed_group)
-        norm = self._global_grad_norm(grads)
+        grads = {n: _local(p.grad) for n, p in self.model.named_parameters() if p.grad is not None}
+        if self.embed_group is not None:
+            for name in (self.embedding_name, self.head_name):
+                if name in grads:
+                    dist.all_reduce(grads[name], group=self.embed_group)
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for name, grad in grads.items():
+            total += grad.double().pow(2).sum() / self._copies[name]
+        work = total.to(_comm_device())
+        dist.all_reduce(work)  # over the world: every rank's share of every distinct value
+        norm = float(work.sqrt())
         limit = self.config.optim.grad_clip
         if limit > 0 and norm > limit:
             coef = limit / (norm + 1e-6)
@@ -164,97 +290,89 @@ class TPEngine(TrainEngine):
         self.scheduler.step()
         return norm
 
-    def _local_grads(self) -> dict[str, torch.Tensor]:
-        """This rank's gradient tensors by name (the local shard of an FSDP DTensor gradient)."""
-        out = {}
-        for name, p in self.model.named_parameters():
-            if p.grad is not None:
-                out[name] = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-        return out
-
-    def _sum_replicated_kv_grads(self, grads: dict[str, torch.Tensor]) -> None:
-        """With tp > kv heads, the ranks sharing a kv head each hold part of its gradient: sum them."""
-        shape = self.layout.shape
-        if self.tp_size <= shape.num_kv_heads:
-            return
-        head_of = [t * shape.num_kv_heads // self.tp_size for t in self.layout.tp_of_member]  # by group rank
-        for name, grad in grads.items():
-            if not tp_model.is_kv(name):
-                continue
-            parts = [torch.empty_like(grad) for _ in range(self.tp_size)]
-            dist.all_gather(parts, grad.contiguous(), group=self.tp_group)
-            mine = head_of[dist.get_rank(self.tp_group)]
-            grad.copy_(sum(p for r, p in enumerate(parts) if head_of[r] == mine))  # type: ignore[arg-type]
-
-    def _global_grad_norm(self, grads: dict[str, torch.Tensor]) -> float:
-        """The whole model's gradient norm: each piece's squares once (a value replicated over k tp
-        ranks weighs 1/k), summed over tp, pp and (FSDP shards) dp."""
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        tied = self._tied_name()
-        for name, grad in grads.items():
-            stages = 2 if name == tied else 1  # a tied embedding's two copies count once
-            total += grad.double().pow(2).sum() / (self.layout.tp_replicas(name) * stages)
-        work = total.to(_comm_device())
-        dist.all_reduce(work)  # over the world: every rank's disjoint share
-        replicas = 1 if self.sharded else self.dp_size  # plain tensors are replicated over dp
-        return float((work / replicas).sqrt())
-
-    def current_lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
-
     # ---- weights
     def _unsharded(self, names: list[str]) -> contextlib.AbstractContextManager[None]:
         """The FSDP unit holding `names` gathered over dp for the duration (no-op without FSDP)."""
         if not self.sharded:
             return contextlib.nullcontext()
-        held = [self.model.get_parameter(n) for n in names if _has_param(self.model, n)]
-        ids = {id(p) for p in held}
-        unit = next((b for b in self.blocks if ids and ids <= {id(p) for p in b.parameters()}), self.model)
-        return _gathered(unit)
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        ids = {id(params[n]) for n in names if n in params}
+        unit = next((b for b in self.blocks if ids and ids <= {id(p) for p in b.parameters()}), None)
+        return _gathered(unit if unit is not None else (self.stage if self.stage is not None else self.model))
+
+    def _local_block(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """This rank's tp pieces of `names` its stage holds (a tied head on the last stage comes as
+        lm_head.weight); call inside _unsharded."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        block = {n: _local(params[n].detach()) for n in names if n in params}
+        if self.tied and self.embedding_name in names and self.embedding_name not in params and self.head_name in params:
+            block[self.head_name] = _local(params[self.head_name].detach())
+        return block
 
     def local_pieces(self) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's tp/pp pieces (HF names), gathered over dp, one decoder layer at a time, then
-        the rest. Collective over the dp group when FSDP shards them: every rank must exhaust it.
-        Tensors may be views of temporary buffers: copy what you keep."""
-        for names in self.layout.buckets:
+        the rest; buckets this stage does not hold are skipped. Collective over the dp group when
+        FSDP shards them: every rank must exhaust it. Tensors may be views of temporary buffers:
+        copy what you keep."""
+        for names in self.buckets:
             with self._unsharded(names):
-                block = tp_model.local_block(self.model, names)
+                block = self._local_block(names)
                 if block:
                     yield block
 
     def _gathered_buckets(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Full weights, one bucket at a time: dp-gathered, tp-gathered, pp-broadcast."""
-        for names in self.layout.buckets:
+        """Full weights, one bucket at a time: dp-gathered, tp-gathered, pp-broadcast from the
+        owning stage. Collective over the world."""
+        for names in self.buckets:
             with self._unsharded(names):
-                yield tp_model.full_block(self.model, names)
+                yield self._full_block(names, lambda p: p.detach())
+
+    def _full_block(self, names: list[str], pick: Any) -> dict[str, torch.Tensor]:
+        """pick(parameter) of each of `names` as a full tensor on every rank (tp-gathered, then
+        broadcast over pp from the owning stage)."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        out = {}
+        for name in names:
+            full = None
+            if self.owner[name] == self.pp_rank:
+                held = pick(params[name] if name in params else params[self.head_name])
+                full = held.full_tensor() if isinstance(held, DTensor) else held
+            out[name] = self._from_stage(full, name)
+        return out
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """Every parameter's full gradient after a step (test / debugging helper; collective)."""
+        names = [n for bucket in self.buckets for n in bucket]
+        return {k: v.clone() for k, v in self._full_block(names, lambda p: p.grad).items()}
+
+    def _from_stage(self, full: torch.Tensor | None, name: str) -> torch.Tensor:
+        if self.pp_size == 1:
+            assert full is not None
+            return full
+        src = dist.get_global_rank(self.pp_group, self.owner[name])
+        if full is None:
+            full = torch.empty(self.full_shapes[name], dtype=self.full_dtypes[name], device=self.device)
+        work = full.contiguous().to(_comm_device())
+        dist.broadcast(work, src=src, group=self.pp_group)
+        return work.to(self.device)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every full parameter (test / debugging helper; collective)."""
         return {k: v.clone() for bucket in self._gathered_buckets() for k, v in bucket.items()}
 
-    # ---- checkpoints: one DCP folder per (tp, pp) coordinate, written by its dp group
-    @property
-    def _ckpt_name(self) -> str:
-        return f"dcp_tp{self.tp_rank}_pp{self.pp_rank}"
-
+    # ---- checkpoints: one DCP folder for the whole world; it loads at any layout
     def _state(self) -> dict[str, Any]:
         return engine_state(self.model, self.optimizer)
 
     def _save_into(self, folder: Path) -> None:
-        dcp.save(self._state(), checkpoint_id=str(folder / self._ckpt_name), process_group=self.dp_group)
-        if self.dp_rank == 0 and self.tp_rank == 0 and self.pp_rank == 0:
+        dcp.save(self._state(), checkpoint_id=str(folder / "dcp"))
+        if dist.get_rank() == 0:
             (folder / "layout.json").write_text(json.dumps({"tp": self.tp_size, "pp": self.pp_size, "dp": self.dp_size}))
             if self.scheduler is not None:
                 torch.save(self.scheduler.state_dict(), folder / "scheduler.pt")
 
     def _load_from(self, folder: Path) -> None:
-        if not (folder / "layout.json").exists():
-            raise ValueError(f"checkpoint {folder} was not written by the tp engine (no layout.json)")
-        saved = json.loads((folder / "layout.json").read_text())
-        mine = {"tp": self.tp_size, "pp": self.pp_size, "dp": self.dp_size}
-        if saved != mine:
-            raise ValueError(f"checkpoint {folder} was written with layout {saved}, this engine runs {mine}")
-        restore(self.model, self.optimizer, self.scheduler, self._state(), folder / self._ckpt_name, self.dp_group)
+        restore(self.model, self.optimizer, self.scheduler, self._state(), folder / "dcp")
 
     def is_checkpoint_leader(self) -> bool:
         return dist.get_rank() == 0
@@ -263,12 +381,56 @@ class TPEngine(TrainEngine):
         dist.barrier()
 
 
-def _has_param(model: nn.Module, name: str) -> bool:
-    try:
-        model.get_parameter(name)
-    except AttributeError:
+class _Shares:
+    """The pipeline's loss function: the caller's loss on the rows of one micro-batch (padding rows,
+    index -1, dropped), with the loss and metrics summed for the step's report."""
+
+    def __init__(self, loss_fn: LossFn, batch: Mapping[str, torch.Tensor], scale: LossScale, is_value: bool, n: int) -> None:
+        self.loss_fn, self.batch, self.scale, self.is_value, self.n = loss_fn, batch, scale, is_value, n
+        self.total = 0.0
+        self.extra: dict[str, float] = {}
+
+    def __call__(self, output: Any, index: torch.Tensor) -> torch.Tensor:
+        keep = index >= 0
+        rows = index[keep]
+        mb = {k: v[rows] for k, v in self.batch.items()}
+        if self.is_value:
+            out = ForwardOutput(values=output[keep])
+        elif isinstance(output, tuple):
+            out = ForwardOutput(log_probs=output[0][keep], entropy=output[1][keep])
+        else:
+            out = ForwardOutput(log_probs=output[keep])
+        loss, metrics = self.loss_fn(out, mb, self.scale)
+        self.total += float(loss.detach())
+        for key, value in metrics.items():
+            self.extra[key] = self.extra.get(key, 0.0) + float(value) / self.n
+        return loss
+
+    def metrics(self) -> dict[str, float]:
+        return {"loss": self.total, **self.extra}
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _param_name(model: nn.Module, param: nn.Parameter) -> str:
+    return next(n for n, p in model.named_parameters() if p is param)
+
+
+def _head_name(model: nn.Module) -> str:
+    """The tied head's parameter name on the last stage (e.g. lm_head.weight)."""
+    head = model.get_output_embeddings()
+    module = next(n for n, m in model.named_modules() if m is head)
+    return f"{module}.weight"
+
+
+def _is_tied(model: nn.Module) -> bool:
+    """Whether the causal LM's head shares the embedding's weight (value models have no head)."""
+    if isinstance(model, ValueModel):
         return False
-    return True
+    head = model.get_output_embeddings()
+    return head is not None and head.weight is model.get_input_embeddings().weight
 
 
 @contextlib.contextmanager

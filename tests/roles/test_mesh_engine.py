@@ -1,0 +1,118 @@
+"""The TP × PP × DP training engine on torch's own parallelism (DTensor TP from each model's
+transformers plan, torch.distributed.pipelining, FSDP2, DCP) against one process: every model
+family at t2p1d1, t1p2d1, t1p1d2, t2p2d1 and t2p1d2 — log-probs, loss, gradients and weights after
+one PPO update — plus checkpoints moved across layouts and the refusals before launch.
+
+Two spawns (2 and 4 real ranks, gloo) run every rank-side case; the tests read their results.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
+from hfrt.roles.training.parallel import pipeline, tp_plan
+
+from . import model_zoo
+from .dist_workers import make_batch, ppo_loss, run_ranks
+from .mesh_workers import across_layouts, zoo
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+
+WORLD2 = [(2, 1), (1, 2), (1, 1)]  # t2p1d1, t1p2d1, t1p1d2
+WORLD4 = [(2, 2), (2, 1)]  # t2p2d1, t2p1d2 (mixed: tp and dp)
+CASES = {2: [(f, tp, pp, False) for f in model_zoo.FAMILIES for tp, pp in WORLD2],
+         4: [(f, tp, pp, False) for f in model_zoo.FAMILIES for tp, pp in WORLD4] + [("llama", 2, 2, True)]}  # fmt: skip
+#: fp32 sums of a few hundred terms in another order: 1e-5 relative to the tensor's scale
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, Any]]]:
+    return {world: run_ranks(zoo, world, tmp_path_factory.mktemp(f"zoo{world}"), cases=cases)
+            for world, cases in CASES.items()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def references() -> dict[tuple[str, bool], dict[str, Any]]:
+    out = {}
+    for family, tied in {(c[0], c[3]) for cases in CASES.values() for c in cases}:
+        model = model_zoo.model(family, tied=tied)
+        engine = build_train_engine(model, EngineConfig(backend="local", micro_batch_size=2, optim=OptimConfig(lr=1e-2)))
+        batch = make_batch(128)
+        log_probs = engine.forward_logprobs(batch)
+        metrics = engine.step(ppo_loss, batch, micro_batch_size=2)
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+        out[(family, tied)] = {"log_probs": log_probs, "metrics": metrics, "grads": grads, "weights": weights}
+    return out
+
+
+def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert sorted(a) == sorted(b)
+    return max(float((a[k] - b[k]).abs().max() / (b[k].abs().max() + 1e-3)) for k in a)
+
+
+@pytest.mark.parametrize("case", [c for cases in CASES.values() for c in cases], ids=lambda c: f"{c[0]}-t{c[1]}p{c[2]}{'-tied' if c[3] else ''}")
+def test_one_update_equals_one_process(
+    ranks: dict[int, list[dict[str, Any]]], references: dict[tuple[str, bool], dict[str, Any]], case: tuple[str, int, int, bool]
+) -> None:
+    family, tp, pp, tied = case
+    world = next(w for w, cases in CASES.items() if case in cases)
+    key = f"{family}-t{tp}p{pp}{'-tied' if tied else ''}"
+    ref = references[(family, tied)]
+    results = [r[key] for r in ranks[world]]
+    dp = world // (tp * pp)
+    per = 8 // dp
+    for rank, res in enumerate(results):
+        t, p, d = res["coords"]
+        assert (p * dp + d) * tp + t == rank  # tp innermost, then dp, then pp
+        expected = ref["log_probs"][d * per : (d + 1) * per]
+        assert float((res["log_probs"] - expected).abs().max()) < TOL, (rank, "log-probs")
+        for name in ("loss", "grad_norm"):
+            assert res["metrics"][name] == pytest.approx(ref["metrics"][name], rel=TOL, abs=1e-7), (rank, name)
+    assert _diff(results[0]["grads"], ref["grads"]) < TOL
+    assert _diff(results[0]["weights"], ref["weights"]) < TOL
+
+
+def test_checkpoint_loads_at_any_layout(tmp_path: Path) -> None:
+    """Saved at t2p1d2, resumed at t1p2d2, then t1p1d4: weights equal after every load and the
+    run continues as the uninterrupted one does (each step's loss, the final weights)."""
+    layouts = [(2, 1), (1, 2), (1, 1)]
+    results = run_ranks(across_layouts, 4, tmp_path, family="qwen3", layouts=layouts)
+    for res in results:
+        assert all(d < 1e-6 for d in res["loaded_diff"]), res["loaded_diff"]
+        assert res["losses"] == pytest.approx(res["ref_losses"], rel=1e-5)
+        assert res["final_diff"] < 1e-5
+    assert "dcp" in results[0]["files"] and "hfrt_engine.json" in results[0]["files"]
+
+
+def test_bad_layouts_are_refused_naming_the_numbers() -> None:
+    qwen3 = model_zoo.config("qwen3")
+    with pytest.raises(tp_plan.PlanError, match="tp=4 does not divide the model's 2 key/value heads"):
+        tp_plan.check_tp(qwen3, 4)
+    with pytest.raises(tp_plan.PlanError, match="tp=3 does not divide the model's 4 attention heads"):
+        tp_plan.check_tp(qwen3, 3)
+    with pytest.raises(ValueError, match="pp=5 must be between 1 and the model's 4 decoder layers"):
+        pipeline.check_pp(qwen3, 5)
+    with pytest.raises(ValueError, match="unknown pipeline schedule 'zb'; use one of gpipe, 1f1b"):
+        pipeline.check_schedule("zb")
+
+
+def test_a_model_without_a_tp_plan_is_refused_saying_what_to_add() -> None:
+    config = model_zoo.config("llama")
+    config.base_model_tp_plan = None
+    with pytest.raises(tp_plan.PlanError, match="has no tensor-parallel plan.*options.parallel.tp_plan"):
+        tp_plan.check_tp(config, 2)
+
+
+def test_uneven_vocabulary_keeps_embedding_and_head_replicated() -> None:
+    model = model_zoo.model("llama")
+    plan = tp_plan.resolve_plan(model, 3)
+    assert "lm_head" not in plan and "model.embed_tokens" not in plan
+    assert plan["model.layers.*.self_attn.o_proj"] == "rowwise"
+    assert tp_plan.chunk_bounds(10, 4, 3) == (9, 10) and tp_plan.chunk_bounds(259, 2, 1) == (130, 259)
