@@ -174,12 +174,14 @@ class FlowConfig:
 
     def on_policy(self, rows: int) -> bool:
         """Whether the actor's update over a rollout of `rows` rows is one optimizer step
-        (ppo_epochs 1, one mini-batch, after the actor_loss table): then its old log-probs are
-        its current ones and the flow skips the pass that computes them."""
+        (ppo_epochs 1, one mini-batch, after the actor_loss table), or the update runs in bypass_mode:
+        then its old log-probs are its current ones (bypass: the rollout's) and the flow skips the
+        pass that computes them — unless an optimal token baseline needs that pass's Σπ²."""
         options = self.actor_update_options()
         mini = int(options.get("ppo_mini_batch_size", 0))
         one_step = int(options.get("ppo_epochs", 1)) == 1 and (mini == 0 or mini >= rows)
-        return one_step and not self.log_prob_options()  # an optimal token baseline reads that pass's Σπ²
+        bypass = bool(options.get("bypass_mode"))  # the rollout's log-probs are the old ones
+        return (one_step or bypass) and not self.log_prob_options()  # an optimal token baseline reads that pass's Σπ²
 
     def critic_update_options(self) -> dict[str, Any]:
         """Every critic.update option: the schedule, the flow's own, then the critic_loss table."""
