@@ -147,6 +147,8 @@ def test_the_advantage_table_selects_an_estimator_before_launch() -> None:
     otb = GRPOFlowConfig.read({"advantage": {"estimator": "optimal_token_baseline"}})
     assert otb.log_prob_options() == {"sum_pi_squared": True} and not otb.on_policy(8)  # the Σπ² pass is not skipped
     assert GRPOFlowConfig.read({}).on_policy(8)
+    bypass = GRPOFlowConfig.read({"ppo_epochs": 2, "actor_loss": {"bypass_mode": True}})
+    assert bypass.on_policy(8) and not GRPOFlowConfig.read({"ppo_epochs": 2}).on_policy(8)  # bypass: no old-log-prob pass
     assert PPOConfig.read({"advantage": {"estimator": "gae", "lam": 0.9}}).advantage == {"estimator": "gae", "lam": 0.9}
     assert ReMaxConfig.read({"advantage": {"estimator": "remax"}}).advantage["estimator"] == "remax"
     assert PPOConfig.read({"advantage": {"estimator": "reinforce_plus_plus"}}).CRITIC
