@@ -83,8 +83,10 @@ def test_flow_config_values_are_checked() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--set", "stepz=3"], r"unknown config key\(s\) \['stepz'\]"),
-        (["--set", "roles.actor.options.engine.optim.lr=1e-3", "--set", "roles.critik.world_size=2"], "roles.critik"),
+        (["--set", "stepz=3"], r"unknown config key\(s\) \['stepz'\] \(did you mean `steps`\?\); this flow reads"),
+        (["--set", "roles.actor.options.engine.optim.lr=1e-3", "--set", "roles.critik.world_size=2"],
+         r"roles.critik: the flow has no role 'critik', so its impl must be given \(did you mean `critic`\?\)"),
+        (["--set", "roles.actor.wordl_size=2"], r"roles.actor: unknown key\(s\) \['wordl_size'\] \(did you mean `world_size`\?\)"),
         (["--config", "/nonexistent.toml"], "config file /nonexistent.toml does not exist"),
         (["--resume", "/nonexistent-run"], "no config.json there"),
         (["--set", "roles.actor.options.engine.optim.lrr=1e-3"], r"roles.actor: engine.optim: unknown field\(s\) \['lrr'\]"),

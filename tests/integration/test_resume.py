@@ -115,11 +115,13 @@ def _check_hf_export(folder: Path) -> None:
 @pytest.mark.timeout(400)
 def test_resume_passes_over_a_damaged_latest_checkpoint(tmp_path: Path) -> None:
     """A truncated state.json in the newest checkpoint: the resume says so before any daemon
-    starts, then continues from the previous whole checkpoint (no step lost or repeated)."""
+    starts, then continues from the previous whole checkpoint (no step lost or repeated); the
+    summary's validation accuracies are the whole run's (val_before/ of step 0 first)."""
     run_dir = tmp_path / "run"
     first = subprocess.run(
         [sys.executable, "-m", "hfrt", "controller", "--flow", "ppo", "--run-dir", str(run_dir), "--set", "steps=3",
-         "--set", "checkpoint_every=1", "--set", "export_hf=false", "--set", "trace=false"],
+         "--set", "checkpoint_every=1", "--set", "export_hf=false", "--set", "trace=false", "--set", "val_every=1",
+         "--set", "val_prompts=8"],
         capture_output=True, text=True, timeout=240,
     )
     assert first.returncode == 0, first.stderr[-3000:]
@@ -133,6 +135,10 @@ def test_resume_passes_over_a_damaged_latest_checkpoint(tmp_path: Path) -> None:
     assert f"hfrt controller: warning: checkpoint {newest}: state.json is not readable JSON" in out.stderr
     previous = run_dir / "checkpoints" / "step_00000002"
     assert f"hfrt controller: warning: resuming from {previous} (step 2), the newest whole checkpoint" in out.stderr
-    assert json.loads(out.stdout)["resumed_from_step"] == 2
+    summary = json.loads(out.stdout)
+    assert summary["resumed_from_step"] == 2
     assert [_step_of(line) for line in read_metrics(run_dir)] == [0, 1, 2]
+    records = [json.loads(line) for line in read_metrics(run_dir)]
+    assert summary["val_accuracy_first"] == records[0]["val_before/accuracy"]  # not the resumed part's first
+    assert summary["val_accuracy_last"] == records[2]["val/accuracy"] and summary["steps"] == 3
     assert json.loads((newest / "state.json").read_text())["step"] == 3  # written whole again

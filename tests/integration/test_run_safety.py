@@ -58,9 +58,16 @@ def test_one_run_per_folder_and_no_stale_lock_after_kill_9(tmp_path: Path) -> No
         assert json.loads((run_dir / "config.json").read_text())["flow"] == {"hold": 100}  # not overwritten
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=10)
-        third = hfrt("controller", "--flow", str(flow), "--run-dir", str(run_dir), "--set", "hold=0")
+        reused = hfrt("controller", "--flow", str(flow), "--run-dir", str(run_dir), "--set", "hold=0")
+        assert reused.returncode == 2, reused.stderr  # the OS dropped the lock, but the folder holds a run
+        assert (f"hfrt controller: run folder {run_dir} already holds a run (config.json); continue it with "
+                f"--resume {run_dir}, replace it with --overwrite") in reused.stderr
+        (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+        third = hfrt("controller", "--flow", str(flow), "--run-dir", str(run_dir), "--set", "hold=0", "--overwrite")
         assert third.returncode == 0, third.stderr  # the OS dropped the dead run's lock
         assert json.loads(third.stdout)["held"] == 0
+        assert not (run_dir / "metrics.jsonl").exists()  # the old run's records went with --overwrite
+        assert json.loads((run_dir / "config.json").read_text())["flow"] == {"hold": 0}
     finally:
         if first.poll() is None:
             first.kill()
@@ -115,7 +122,7 @@ def test_resume_refuses_when_no_checkpoint_is_whole(tmp_path: Path, damage: str)
 
 BAD_ROWS = [
     ('{"prompt": "1+1="}\n[1, 2]\n', "train.jsonl:2: expected an object, got list"),
-    ('{"prompt": "1+1="}\n\n{"ground_truth": "2"}\n', "train.jsonl:3: 'prompt' must be a string or a list"),
+    ('{"prompt": "1+1="}\n\n{"ground_truth": "2"}\n', "train.jsonl:3: missing key 'prompt' (a row has ['ground_truth'])"),
     ('{"prompt": 7}\n', "train.jsonl:1: 'prompt' must be a string or a list"),
     ('{"prompt": "1+1="}\n{"prompt": "1+2="\n', "train.jsonl:2: not JSON"),
     ("\n\n", "train.jsonl: no rows"),
@@ -161,7 +168,8 @@ def test_attach_refuses_role_settings_and_missing_roles(tmp_path: Path) -> None:
         assert (f"--attach {attach}: flow 'ppo' needs role(s) ['actor', 'critic', 'reference', 'reward'], which these "
                 "daemons do not have (attach.json has ['echo'])") in out.stderr
         assert time.monotonic() - start < 30
-        again = hfrt("controller", "--flow", "ping", "--set", "rounds=1", "--attach", attach, "--run-dir", str(tmp_path / "warm"))
+        again = hfrt("controller", "--flow", "ping", "--set", "rounds=1", "--attach", attach, "--run-dir", str(tmp_path / "warm"),
+                     "--overwrite")
         assert again.returncode == 0, again.stderr  # the keep-daemons folder is free once its run ended
         assert hfrt("stop", attach).returncode == 0
     finally:
@@ -183,3 +191,27 @@ def test_launch_refuses_a_folder_in_use(tmp_path: Path) -> None:
     assert out.returncode == 2, out.stderr
     assert f"hfrt launch: run folder {run_dir} is in use by another hfrt process (pid {os.getpid()}," in out.stderr
     assert not (run_dir / "attach.json").exists() and not (run_dir / "cluster.key").exists()
+
+
+def test_every_bad_jsonl_line_is_named_up_to_a_limit(tmp_path: Path) -> None:
+    """Not only the first: one run shows every line to fix (REPORT_BAD of them, the rest counted)."""
+    from hfrt.flows.data import REPORT_BAD, DatasetError, check_data_file
+
+    lines = ['{"prompt": "1+1="}', "[1]", '{"ground_truth": "2"}', '{"prompt": 7}', "{oops"] + ["[2]"] * REPORT_BAD
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DatasetError) as raised:
+        check_data_file(tmp_path / "train.jsonl", "config data")
+    message = str(raised.value)
+    for where in ("train.jsonl:2: expected an object", "train.jsonl:3: missing key 'prompt'",
+                  "train.jsonl:4: 'prompt' must be a string", "train.jsonl:5: not JSON"):
+        assert where in message, message
+    assert message.startswith("config data: ") and message.endswith("; and 4 more bad line(s)")
+
+
+def test_a_flow_file_with_a_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    flow = tmp_path / "typo.py"
+    flow.write_text("ROLES = {}\n\nasync def flow(ctl, config)\n    return {}\n")
+    out = hfrt("controller", "--flow", str(flow), "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 2, out.stderr
+    assert f"hfrt controller: flow file {flow}, line 3, column 28: expected ':'" in out.stderr
+    assert "async def flow(ctl, config)" in out.stderr and "Traceback" not in out.stderr
