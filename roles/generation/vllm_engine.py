@@ -7,15 +7,22 @@ checkpoint tensors arrived), fed by an iterator that pulls one training block at
 mode frees weights and KV cache between rollouts where the platform supports it (CUDA); on CPU
 vLLM ignores it. It knows nothing of training engines or RL; see roles/generation/hf.py for the
 output layout and the GenerationEngine contract.
+
+Shared memory: at TP/PP > 1 on CPU, vLLM's communicator creates /dev/shm segments named after its
+init method, which the external launcher makes the same for every engine ("-tp:0-[0-1]-cpushm_*").
+A killed engine leaves them (8 MB) and the next one fails with `create shm ... errno 17`, so an
+engine removes the segments no live process holds before it starts, and its own at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -144,6 +151,7 @@ class VLLMGenerationEngine:
         parallel: dict[str, Any] = {}
         if config.external_launcher:
             parallel = _external_launcher(config)
+            remove_stale_cpushm()
         self.llm = vllm.LLM(
             **parallel,
             model=config.model_dir,
@@ -157,6 +165,8 @@ class VLLMGenerationEngine:
             logprobs_mode="processed_logprobs",
             seed=config.seed,
         )
+        if config.external_launcher:
+            atexit.register(_unlink, _own_cpushm())  # a kill -9 leaves them to the next engine's start
         self._sleep_mode = sleep_ok
         self._asleep = False
         self._kv_asleep = False
@@ -305,3 +315,62 @@ def _owned(named: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None 
             yield name, tensor.detach().to(dtype=dtype, copy=True)
         else:
             yield name, tensor.detach().clone()
+
+
+SHM_DIR = Path("/dev/shm")
+#: the segments of vLLM's CPU shared-memory communicator (vllm/distributed/device_communicators/cpu_communicator.py)
+CPUSHM_GLOB = "*-cpushm*"
+
+
+def remove_stale_cpushm(shm_dir: Path = SHM_DIR) -> list[Path]:
+    """Remove vLLM CPU communicator segments that no live process has open or mapped (left by a
+    killed engine); returns those removed."""
+    files = sorted(shm_dir.glob(CPUSHM_GLOB))
+    held = _held(files) if files else set()
+    removed = [f for f in files if str(f) not in held and _unlink([f])]
+    if removed:
+        logging.getLogger(__name__).warning("removed %d stale vLLM shared-memory segment(s): %s", len(removed),
+                                            ", ".join(f.name for f in removed))
+    return removed
+
+
+def _held(files: list[Path]) -> set[str]:
+    """The paths among `files` that some process has mapped (/proc/PID/maps) or open (/proc/PID/fd)."""
+    names, held = {str(f) for f in files}, set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for line in (proc / "maps").read_text().splitlines():
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].removesuffix(" (deleted)") in names:
+                    held.add(parts[5])
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target in names:
+                    held.add(target)
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return held
+
+
+def _own_cpushm() -> list[Path]:
+    """The communicator segments this process has mapped."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    paths = {parts[5] for line in lines if len(parts := line.split(None, 5)) == 6}
+    return sorted(Path(p) for p in paths if p.startswith(str(SHM_DIR) + "/") and Path(p).match(CPUSHM_GLOB))
+
+
+def _unlink(paths: list[Path]) -> bool:
+    """Remove `paths` (another rank may have removed them first); True when all are gone."""
+    for path in paths:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+    return True
