@@ -22,6 +22,7 @@ from hfrt.roles.losses import (
     value_loss,
 )
 from hfrt.roles.training.updates import UpdateSchedule, counts, run_updates
+from hfrt.wire.loss_options import POLICY_LOSS_MODES
 
 T = torch.tensor
 NAN, INF = float("nan"), float("inf")
@@ -134,15 +135,17 @@ def _clean(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: torch.where(b["mask"].bool(), v, 0.0) if k != "mask" else v for k, v in b.items()}
 
 
-@pytest.mark.parametrize("mode", ["vanilla", "gspo", "cispo", "decoupled"])
+@pytest.mark.parametrize("mode", POLICY_LOSS_MODES)
 @pytest.mark.parametrize("agg", AGG_MODES)
 def test_nan_on_padding_reaches_neither_loss_nor_gradient(mode: str, agg: str) -> None:
     dirty, clean = _padded_batch(), _clean(_padded_batch())
-    config = PolicyLossConfig(agg_mode=agg, mode=mode, tis_cap=2.0)
+    config = PolicyLossConfig(agg_mode=agg, mode=mode, tis_cap=2.0, clip_cov_lb=-10.0, clip_cov_ratio=0.3)
     results = []
     for b in (dirty, clean):
         log_prob = b["log_prob"].clone().requires_grad_(True)
-        loss, metrics = policy_loss(log_prob, b["old"], b["adv"], b["mask"], config, rollout_log_probs=b["rollout"])
+        weights = torch.where(b["mask"].bool(), 1.5, NAN)  # rollout-correction weights, NaN on padding too
+        loss, metrics = policy_loss(log_prob, b["old"], b["adv"], b["mask"], config, rollout_log_probs=b["rollout"],
+                                    weights=weights, generator=torch.Generator().manual_seed(0))
         loss.backward()
         assert log_prob.grad is not None
         results.append((loss.detach(), log_prob.grad, metrics))
