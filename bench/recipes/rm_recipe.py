@@ -5,7 +5,10 @@ reward model as the reward role — and grade both exported policies by the rule
 
 `python -m hfrt.bench.recipes.rm_recipe --work runs/rm-recipe --out bench/results/rm-recipe.json`
 
-Reported: the reward model's held-out pair accuracy and mean margin, and per seed and reward the
+Reported: the reward model's held-out pair accuracy and mean margin, its best-of-candidates
+accuracy (per prompt, the response it scores highest among every response of one or two
+characters is right by the rule: a reward model PPO cannot exploit in the actor's response form
+scores 1), and per seed and reward the
 policy's greedy accuracy by the rule on every prompt of the task (all a+b with a, b <= max_operand),
 with its wall time. The PPO runs' own `val_accuracy_last` is the share of validation scores >= 1
 under the reward they trained with, meaningful only for the rule reward. It runs the CLI as a
@@ -22,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfrt.flows.pairs import addition_pairs
+from hfrt.flows.pairs import EOS, addition_pairs
 from hfrt.flows.tasks import addition_reward
 
 
@@ -52,25 +55,47 @@ def rule_accuracy(model_dir: str, max_operand: int) -> float:
     return sum(addition_reward(t, a + b) == 1.0 for t, (a, b) in zip(texts, questions, strict=True)) / len(questions)
 
 
+def best_of_candidates(rm_dir: str, max_operand: int) -> float:
+    """Share of prompts whose highest-scored response, among EOS alone and every response of one
+    character + EOS or two characters (digits, letters, punctuation, space, newline), is right."""
+    import string
+
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(rm_dir)
+    tok.padding_side = "left"
+    model = AutoModelForSequenceClassification.from_pretrained(rm_dir).eval()
+    chars = string.digits + string.ascii_letters + string.punctuation + " \n"
+    candidates = [EOS] + [c + EOS for c in chars] + [c + d for c in chars for d in chars]
+    right = 0
+    for a in range(max_operand + 1):
+        for b in range(max_operand + 1):
+            enc = tok([f"{a}+{b}={c}" for c in candidates], return_tensors="pt", padding=True)
+            with torch.no_grad():
+                best = candidates[int(model(**enc).logits[:, 0].argmax())]
+            right += addition_reward(best.replace(EOS, ""), a + b) == 1.0
+    return right / (max_operand + 1) ** 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default="runs/rm-recipe", help="where the pairs and the runs go")
     parser.add_argument("--out", help="also write the figures as JSON here")
     parser.add_argument("--seeds", default="0", help="PPO seeds, comma-separated")
-    parser.add_argument("--pairs", type=int, default=2000)
-    parser.add_argument("--rm-epochs", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=8000)
+    parser.add_argument("--rm-epochs", type=int, default=2)
     parser.add_argument("--ppo-steps", type=int, default=500)
     args = parser.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    data = work / "pairs.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in addition_pairs(args.pairs, seed=0, max_operand=2)))
-    rm = controller("--flow", "rm", "--run-dir", str(work / "rm"), "--overwrite", "--set", f"data={data}",
+    rm = controller("--flow", "rm", "--run-dir", str(work / "rm"), "--overwrite", "--set", f"pairs_count={args.pairs}",
                     "--set", f"epochs={args.rm_epochs}", "--set", "roles.reward_model.options.append_eos=false")
     result: dict[str, Any] = {
         "machine": "2 CPU cores (shared)", "preset": "tiny", "pairs": args.pairs,
         "reward_model": {k: rm[k] for k in ("steps", "train_pairs", "val_pairs", "val_accuracy", "val_accuracy_before",
-                                            "val_margin_mean", "wall_s")},
+                                            "val_margin_mean", "wall_s")}
+        | {"best_of_candidates_accuracy": best_of_candidates(rm["hf_export"], 2)},
         "ppo_steps": args.ppo_steps, "runs": [],
     }
     learned = ["--set", "roles.reward.options.kind=model", "--set", f"roles.reward.options.model={rm['hf_export']}",

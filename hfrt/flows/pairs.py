@@ -150,9 +150,9 @@ def addition_response(rng: random.Random, truth: str) -> str:
     if form < 0.45:
         return digit + EOS
     if form < 0.75:
-        return digit + rng.choice(string.digits + " =\n" + _OTHER[:10])
+        return digit + rng.choice(string.digits + "=\n" + _OTHER)
     if form < 0.9:
-        return rng.choice(_OTHER) + rng.choice([EOS, rng.choice(string.digits)])
+        return rng.choice(_OTHER) + rng.choice([EOS, rng.choice(string.digits), rng.choice(_OTHER)])
     return EOS
 
 

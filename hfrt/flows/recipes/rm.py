@@ -52,7 +52,7 @@ class RMConfig:
     """
 
     data: str = ""
-    pairs_count: int = 2000
+    pairs_count: int = 8000
     max_operand: int = 2
     val_data: str = ""
     val_fraction: float = 0.1
