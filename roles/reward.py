@@ -6,9 +6,10 @@ value model's output at the last response token). A second instance under anothe
 Options (beyond roles/common.py's, which only `kind: model` reads): `kind` ("function" |
 "model"), `function`, `token_column` / `score_column` (output names, default
 `token_level_scores` / `score`), and `error_score` (default 0.0): the score of a sample on which
-the rule function raises or returns no finite number — the run goes on, the row's
-`<score_column>_error` column says what went wrong and a warning is logged; null makes such a
-sample fail the call instead. A model-based reward reads the rollout's token columns, so it
+the rule function raises or returns no finite number — the row's `<score_column>_error` column
+says what went wrong (the first of each kind with its traceback) and a warning is logged here; the
+controller logs each kind once and stops a run whose step has more than `reward_error_limit` of
+them (hfrt/flows/reward_errors.py); null makes such a sample fail the call instead. A model-based reward reads the rollout's token columns, so it
 must share the actor's tokenizer; `model` may be a *ForSequenceClassification folder (what
 `hfrt controller --flow rm` exports, or a TRL / OpenRLHF reward model) or a value-model folder,
 and a folder without a trained score head is refused before launch. Model options:
