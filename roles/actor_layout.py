@@ -1,6 +1,8 @@
 """The actor's layouts: options.parallel / options.generation.parallel → its training and generation
-Layouts, the checks on them, and the hybrid engine built for the pair (a TP/PP generation model
-filled by micro-DP resharding, vLLM at a generation tp, or a full generation copy).
+Layouts, the checks on them, and the hybrid engine built for the pair (a tensor-parallel generation
+model filled by micro-DP resharding, vLLM at a generation tp, or a full generation copy).
+Generation runs with one pipeline stage (as verl's and vLLM's rollouts do): a generation pp is
+refused before launch.
 
 The training layout comes from the options alone: placement (hfrt.deploy.placement) writes a
 cluster spec's tp_size / pp_size into options.parallel, under what the user set there. It knows
@@ -24,20 +26,26 @@ from hfrt.roles.training.engines import TrainEngine
 
 def read_layouts(context: DaemonContext) -> tuple[Any, Any] | None:
     """(training, generation) Layouts from options.parallel {tp, pp} (default 1 × 1) and
-    options.generation.parallel {tp, pp} (default: the training sizes); None when both are 1 × 1
-    (the data-parallel actor). ValueError names the option that does not fit the world size or
-    the other layout."""
+    options.generation.parallel {tp} (default: the training tp; pp is always 1); None when both
+    are 1 × 1 (the data-parallel actor). ValueError names the option that does not fit the world
+    size or the other layout, and refuses a generation pp > 1."""
     from hfrt.roles.training.parallel.layout import Layout, check_pair
 
     where = f"roles.{context.role}.options"
     par = _table(context.options.get("parallel"), f"{where}.parallel")
     tp, pp = int(par.get("tp", 1)), int(par.get("pp", 1))
     gen_opts = _table(_table(context.options.get("generation"), f"{where}.generation").get("parallel"), f"{where}.generation.parallel")
-    tp_g, pp_g = int(gen_opts.get("tp", tp)), int(gen_opts.get("pp", pp))
-    if tp * pp == 1 and tp_g * pp_g == 1:
+    tp_g, pp_g = int(gen_opts.get("tp", tp)), int(gen_opts.get("pp", 1))
+    if pp_g != 1:
+        raise ValueError(
+            f"{where}.generation.parallel: pp={pp_g} is not supported; generation runs at its tp with one "
+            f"pipeline stage (as verl's and vLLM's rollouts do). Drop generation.parallel.pp, or raise "
+            f"generation.parallel.tp to shard the generation model further"
+        )
+    if tp * pp == 1 and tp_g == 1:
         return None
     train = Layout.for_world(context.world_size, tp, pp, f"{where}.parallel")
-    gen = Layout.for_world(context.world_size, tp_g, pp_g, f"{where}.generation.parallel")
+    gen = Layout.for_world(context.world_size, tp_g, 1, f"{where}.generation.parallel")
     check_pair(train, gen)
     return train, gen
 
@@ -80,23 +88,6 @@ def check_vllm_layout(train: Any, gen: Any, where: str) -> None:
             )
 
 
-def gen_pp_group(train: Any, gen: Any, rank: int) -> tuple[Any, list[int] | None]:
-    """This rank's generation pipeline group and its ranks in stage order, (None, None) when the
-    generation layout has one stage. Collective when pp_g > 1: every rank creates every group."""
-    if gen.pp == 1:
-        return None, None
-    import torch.distributed as dist
-
-    from hfrt.roles.training.parallel.layout import gen_pp_groups
-
-    mine: tuple[Any, list[int] | None] = (None, None)
-    for ranks in gen_pp_groups(train, gen):
-        group = dist.new_group(ranks)
-        if rank in ranks:
-            mine = (group, ranks)
-    return mine
-
-
 def build_hybrid(
     context: DaemonContext, engine: TrainEngine, tokenizer: Any, opts: ModelOptions, layouts: tuple[Any, Any] | None
 ) -> HybridEngine:
@@ -117,24 +108,38 @@ def build_hybrid(
 def _resharding_hybrid(
     context: DaemonContext, engine: Any, tokenizer: Any, dtype: torch.dtype, train: Any, gen: Any
 ) -> ReshardHybrid:
-    """Generation at its own layout: a TP model in this rank's generation TP group, filled by
-    micro-DP resharding from the training engine's pieces (roles/training/parallel)."""
+    """Generation at its own tp: a DTensor TP model (tp_generation) over this rank's generation TP
+    group, filled by micro-DP resharding from the training engine's pieces (engine.full_shapes,
+    engine.split_dims, engine.buckets, engine.local_pieces())."""
     from hfrt.roles.training.parallel import layout as L
-    from hfrt.roles.training.parallel import tp_model
+    from hfrt.roles.training.parallel import tp_generation, tp_plan
     from hfrt.roles.training.parallel.reshard import Resharder
-    from hfrt.roles.training.parallel.shard import ModelShape
 
     config = engine.model.config
+    device = torch.device(getattr(engine, "device", "cpu"))
     groups = L.new_groups(train, gen, context.rank)
-    shapes = {n: tuple(shape) for n, (shape, _) in engine.layout.full_shapes.items()}
-    resharder = Resharder(train, gen, context.rank, shapes, ModelShape.of(config), groups)
-    pp_group, pp_ranks = gen_pp_group(train, gen, context.rank)
-    # the group's ranks in generation-tp order: a strided group need not be ascending
-    model = tp_model.empty_parallel(
-        config, tp_group=groups.gen_tp, tp_ranks=groups.gen_tp_ranks, pp_group=pp_group, pp_ranks=pp_ranks, dtype=dtype
-    )
-    generator = HFGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    mesh = tp_generation.gen_tp_mesh(train, gen, device.type)
+    override = _table(context.options.get("parallel"), "parallel").get("tp_plan")
+    model = tp_generation.empty_tp_model(config, mesh["tp"], dtype=dtype, device=device, plan=override)
+    params = generation_params(model, engine.full_shapes, engine.split_dims, int(tp_plan.text_config(config).num_hidden_layers))
+    resharder = Resharder(train, gen, context.rank, params, groups)
+    generator = HFGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, device=device)
     return ReshardHybrid(engine, generator, resharder)
+
+
+def generation_params(model: Any, full_shapes: Mapping[str, Any], train_dims: Mapping[str, Any], num_layers: int) -> Any:
+    """The reshard's Params for a generation model: the training engine's full shapes restricted
+    to the generation model's parameters (a tied head comes as the embedding), its split dims
+    beside the generation model's own (tp_plan.split_dims)."""
+    from hfrt.roles.training.parallel import tp_plan
+    from hfrt.roles.training.parallel.reshard_plan import Params
+
+    names = [n for n, _ in model.named_parameters()]
+    missing = [n for n in names if n not in full_shapes]
+    if missing:
+        raise ValueError(f"the training engine reports no full shape for generation parameters {missing[:5]}")
+    shapes = {n: tuple(full_shapes[n]) for n in names}
+    return Params(shapes, {n: train_dims.get(n) for n in names}, tp_plan.split_dims(model), num_layers)
 
 
 def _table(value: Any, where: str) -> dict[str, Any]:

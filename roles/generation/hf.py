@@ -164,6 +164,10 @@ class HFGenerationEngine:
         self.awake = True
 
     # ---- weights
+    def local_parameters(self) -> dict[str, torch.Tensor]:
+        """The parameters by name; a tensor-parallel model's as this rank's local pieces."""
+        return dict(self._params)
+
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.share_weights:
             return
@@ -280,10 +284,9 @@ class HFGenerationEngine:
 
 
 def _local_piece(param: torch.Tensor) -> torch.Tensor:
-    """A DTensor parameter's local tensor (replacing its .data re-points the DTensor), else itself."""
+    """A DTensor parameter's local tensor, else the parameter. The very object the DTensor computes
+    with (`to_local()` returns a fresh alias, whose .data cannot re-point the DTensor), so
+    load_weights / adopt_weights / sleep / wake act on the DTensor's storage."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(param, DTensor):
-        with torch.no_grad():
-            return param.to_local()
-    return param
+    return param._local_tensor if isinstance(param, DTensor) else param

@@ -154,8 +154,9 @@ class HybridEngine:
 class ReshardHybrid(HybridEngine):
     """The 3D-HybridEngine transition (roles/training/parallel/reshard.py): the training engine's tp/pp
     pieces (engine.local_pieces(), gathered over dp by FSDP as every forward does, one block at a
-    time) are regrouped inside micro-DP groups into this rank's generation pieces, which the
-    generation model *adopts* as its parameters (no copy, no wake-time allocation). Where the
+    time, in engine.buckets order) are regrouped inside micro-DP groups into this rank's generation
+    pieces, which the tensor-parallel generation model *adopts* as its DTensors' local tensors (no
+    copy, no wake-time allocation). Where the
     layouts coincide (or generation is more sharded) a generation parameter is the training piece
     or a view of it: zero bytes beyond the dp gather, none at all without FSDP (dp = 1). to_train
     drops the generation model's references, so what was assembled or dp-gathered is freed. No
@@ -176,7 +177,7 @@ class ReshardHybrid(HybridEngine):
         # the generation rows only; without FSDP they are the parameters themselves: share them
         copy = bool(getattr(engine, "sharded", True))
         with PeakRSS() as peak:
-            pieces = self.resharder.stream(engine.local_pieces(), engine.layout.buckets, copy=copy)
+            pieces = self.resharder.stream(engine.local_pieces(), engine.buckets, copy=copy)
             converted = self.gen.adopt_weights(pieces)  # type: ignore[attr-defined]
             _synchronize()
         self.phase = "generate"
@@ -225,7 +226,7 @@ def generation_parameters(gen: GenerationEngine) -> dict[str, torch.Tensor] | No
     """The generation engine's parameters by name; None for vLLM (it fuses and renames them, so
     only checksums compare)."""
     if isinstance(gen, HFGenerationEngine):
-        return dict(gen.model.named_parameters())
+        return gen.local_parameters()
     return None
 
 

@@ -32,10 +32,13 @@ def test_bad_parallel_options_name_the_option() -> None:
     with pytest.raises(ValueError, match=r"roles.actor.options.parallel: tp=3 × pp=1 does not divide world_size=4"):
         read_layouts(ctx(parallel={"tp": 3}))
     with pytest.raises(ValueError, match="does not nest"):
-        read_layouts(ctx(parallel={"tp": 2}, generation={"parallel": {"tp": 1, "pp": 2}}))
-    assert read_layouts(ctx(parallel={"pp": 2})) == (Layout(1, 2, 2), Layout(1, 2, 2))  # pipeline generation
-    with pytest.raises(ValueError, match="generation.parallel: pp=2 with generator 'vllm' is not built"):
-        ActorDaemon.check_config(ctx(parallel={"pp": 2}, generator="vllm"))
+        read_layouts(ctx(parallel={"tp": 2, "pp": 2}, generation={"parallel": {"tp": 4}}, world=8))
+    # generation runs with one pipeline stage: a training pipeline merges into it
+    assert read_layouts(ctx(parallel={"pp": 2})) == (Layout(1, 2, 2), Layout(1, 1, 4))
+    assert read_layouts(ctx(parallel={"tp": 2, "pp": 2})) == (Layout(2, 2, 1), Layout(2, 1, 2))
+    for generator in ("hf", "vllm"):
+        with pytest.raises(ValueError, match=r"roles.actor.options.generation.parallel: pp=2 is not supported; generation runs at its tp with one pipeline stage"):
+            ActorDaemon.check_config(ctx(parallel={"pp": 2}, generation={"parallel": {"pp": 2}}, generator=generator))
     with pytest.raises(ValueError, match="options.parallel must be a table"):
         read_layouts(ctx(parallel=2))
     # vllm at a generation tp: consecutive TP groups only (vLLM's external_launcher rank order)

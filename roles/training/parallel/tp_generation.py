@@ -73,13 +73,11 @@ def _aliases(model: nn.Module) -> list[tuple[str, str]]:
 
 def local(param: torch.Tensor) -> torch.Tensor:
     """The tensor holding this rank's piece of a parameter: a DTensor's local tensor (the very
-    object the DTensor computes with, so replacing its .data re-points the DTensor), else itself."""
+    object the DTensor computes with, so replacing its .data re-points the DTensor; `to_local()`
+    returns a fresh alias that cannot), else the parameter itself."""
     from torch.distributed.tensor import DTensor
 
-    if isinstance(param, DTensor):
-        with torch.no_grad():
-            return param.to_local()
-    return param
+    return param._local_tensor if isinstance(param, DTensor) else param
 
 
 def local_params(model: nn.Module) -> dict[str, torch.Tensor]:
