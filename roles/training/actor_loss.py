@@ -75,6 +75,10 @@ def prepare_corrections(tensors: dict[str, torch.Tensor], cfg: ActorLoss) -> dic
     if not corr.active or cfg.bypass_mode or "old_log_probs" not in tensors:
         return {}
     mask = tensors["response_mask"]
+    [empty] = all_reduce([0.0 if mask.bool().any() else 1.0], "max")  # every rank decides alike (collectives follow)
+    if empty:
+        raise ValueError("actor.update: the rollout correction (rollout_is / rollout_rs) needs at least one response "
+                         "token on every data-parallel rank; a rank got only empty responses")
     weights, kept, metrics = rollout_correction(
         tensors["old_log_probs"].float(), zero_masked(tensors["rollout_log_probs"].float(), mask), mask, corr,
         reduce=lambda values: all_reduce(values, "sum"))

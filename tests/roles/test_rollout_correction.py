@@ -174,3 +174,11 @@ def test_update_columns_follow_the_options() -> None:
     assert "rollout_log_probs" in update_columns(ActorLoss(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.1), set(), schedule, 4, "t")
     with pytest.raises(ValueError, match="no old_log_probs column"):
         update_columns(ActorLoss(), set(), UpdateSchedule(ppo_epochs=2), 4, "t")
+
+
+def test_prepared_correction_refuses_a_batch_without_response_tokens() -> None:
+    b = _batch()
+    tensors = {k: v.clone() for k, v in b.items() if k != "log_probs"} | {"response_mask": torch.zeros(2, 3)}
+    with pytest.raises(ValueError, match="needs at least one response token on every data-parallel rank"):
+        prepare_corrections(tensors, ActorLoss(rollout_is="token"))
+    assert prepare_corrections(tensors, ActorLoss()) == {}  # nothing asked for: nothing computed
