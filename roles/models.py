@@ -26,7 +26,16 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 #: Bump when the tiny preset's architecture or tokenizer changes, so stale caches are not reused.
-TINY_VERSION = 1
+TINY_VERSION = 3
+#: the tiny preset's chat template: `<role>content` lines, tools listed as JSON in a `<tools>` line,
+#: assistant tool calls as Hermes-style `<tool_call>{"name", "arguments"}</tool_call>` (so the
+#: OpenAI endpoint's chat completions and tool calling work on it)
+TINY_CHAT_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{{ '\\n' }}{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{% if m.content %}{{ m.content }}{% endif %}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>{% endfor %}"
+    "{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -87,6 +96,7 @@ def build_tiny(seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     tokenizer = build_byte_tokenizer()
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=64,

@@ -12,7 +12,7 @@ samples, of weight versions' meaning, of tools, rewards or the agent loop.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,12 +41,36 @@ def stop_ids(tokenizer: Any, stops: Sequence[str]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def render_chat(tokenizer: Any, item: Mapping[str, Any]) -> list[int]:
+    """Ids of a chat item {"messages", "tools"?, "after"?} through the tokenizer's chat template
+    (tools passed as `tools=`). With `after` = k the conversation's first k messages are already
+    held as ids (the session's exact tokens): only the text the template renders past them (tool
+    results, a user turn, the generation prompt) is tokenised."""
+    messages, tools, after = list(item["messages"]), item.get("tools") or None, item.get("after")
+    if not messages:
+        raise ValueError("a chat item has no messages")
+    if after is None:
+        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+        return [int(t) for t in (ids["input_ids"] if isinstance(ids, Mapping) else ids)]
+    full = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    held = tokenizer.apply_chat_template(messages[:after], tools=tools, add_generation_prompt=False, tokenize=False)
+    if not full.startswith(held):
+        at = next((i for i, (a, b) in enumerate(zip(full, held, strict=False)) if a != b), min(len(full), len(held)))
+        raise ValueError(f"the chat template renders the first {after} messages differently once more follow (from character {at}: "
+                         f"{held[at:at + 40]!r} vs {full[at:at + 40]!r}), so the session cannot continue its exact tokens")
+    return [int(t) for t in tokenizer(full[len(held):], add_special_tokens=False)["input_ids"]]
+
+
 def extend_context(tokenizer: Any, context: Sequence[int], append: Sequence[Any]) -> tuple[list[int], list[list[int]]]:
     """A conversation's ids with `append` tokenised after them (the first item of an empty
-    conversation is its prompt: a string, a chat or ids, as `generate` reads prompts)."""
+    conversation is its prompt: a string, a chat or ids, as `generate` reads prompts; a chat item
+    {"messages", "tools", "after"} may come anywhere, see render_chat). Token ids past the
+    tokenizer's vocabulary are refused."""
     ids, pieces = [int(t) for t in context], []
     for index, item in enumerate(append):
-        if not ids and index == 0:
+        if isinstance(item, Mapping):
+            piece = render_chat(tokenizer, item)
+        elif not ids and index == 0:
             piece = encode_prompt(tokenizer, item)
         elif isinstance(item, str):
             piece = list(tokenizer(item, add_special_tokens=False)["input_ids"])
@@ -56,7 +80,58 @@ def extend_context(tokenizer: Any, context: Sequence[int], append: Sequence[Any]
         ids += piece
     if not ids:
         raise ValueError("a conversation has no tokens to continue from (empty context and nothing appended)")
+    vocab = len(tokenizer)
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab})")
     return ids, pieces
+
+
+def token_pieces(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Each token's share of the decoded text (a token that ends inside a multi-byte character
+    gets "" and the character goes with the token that completes it): what streaming sends."""
+    pieces, shown = [], ""
+    for i in range(len(ids)):
+        text = tokenizer.decode(list(ids[: i + 1]), skip_special_tokens=True)
+        if text.endswith("\ufffd") or not text.startswith(shown):
+            pieces.append("")
+            continue
+        pieces.append(text[len(shown):])
+        shown = text
+    return pieces
+
+
+def top_alternatives(role: Any, contexts: list[list[int]], turn_ids: list[list[int]], k: int,
+                     temperature: float) -> list[list[list[tuple[int, float]]]]:
+    """For each sampled token, the k most likely tokens at its position and their log-probs (of
+    log_softmax(logits / temperature), as the sampled log-probs are), by one forward pass of the
+    role's HF generation model per row. ValueError when the engine exposes no such model."""
+    model = getattr(getattr(role, "engine", None), "model", None)
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError("top_logprobs: top log-probs need the HF generation engine (this one returns only the sampled token's)")
+    device = next(model.parameters()).device
+    out: list[list[list[tuple[int, float]]]] = []
+    with torch.no_grad():
+        for context, ids in zip(contexts, turn_ids, strict=True):
+            if not ids:
+                out.append([])
+                continue
+            seq = torch.tensor([list(context) + list(ids[:-1])], device=device)
+            logits = model(input_ids=seq).logits[0, len(context) - 1:].float()
+            lp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
+            values, index = lp.topk(min(k, lp.shape[-1]), dim=-1)
+            out.append([list(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(index, values, strict=True)])
+    return out
+
+
+def context_limit(role: Any) -> int | None:
+    """The most prompt + response tokens the role's generation engine takes (vLLM's max_model_len,
+    an HF model's max_position_embeddings), None when unknown."""
+    engine = getattr(role, "engine", None)
+    limit = getattr(getattr(engine, "config", None), "max_model_len", None)
+    if limit is None:
+        limit = getattr(getattr(getattr(engine, "model", None), "config", None), "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else None
 
 
 def pad_rows(rows: Sequence[Sequence[float]], width: int, value: float, *, left: bool, dtype: torch.dtype) -> torch.Tensor:
@@ -129,6 +204,8 @@ class AgentTurns:
         token ids; a table, as SPLIT dispatch would split a list argument)."""
         if stop is not None and not isinstance(stop, dict):
             raise TypeError(f"generate_turn: stop must be a table {{'strings': [...]}}, not {stop!r:.80}")
+        pieces_wanted, max_prompt = bool(sampling.pop("pieces", False)), sampling.pop("max_prompt_tokens", None)
+        top_k, text_prefix = int(sampling.pop("top_logprobs", 0) or 0), int(sampling.pop("text_prefix", 0) or 0)
         stops = tuple(sampling.pop("stop_token_ids", None) or ()) + stop_ids(self.tokenizer, (stop or {}).get("strings", []))
         params = dataclasses.replace(sampling_params(self.sampling, **sampling), n=1, stop_token_ids=stops)
         # every rank, rows or none (a generation group gets none when fewer conversations are
@@ -136,7 +213,7 @@ class AgentTurns:
         params, meta = self._turn_prepare(params)
         rows = merge(batch, extra)
         if len(rows) == 0:  # an empty slice of the call's rows carries no columns
-            return Batch({}, {c: [] for c in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version")}, meta)
+            return Batch({}, {c: [] for c in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version", "turn_finished")}, meta)
         missing = [c for c in TURN_INPUT if c not in rows.non_tensor]
         if missing:
             raise KeyError(f"generate_turn needs non-tensor columns {missing}; the batch has {list(rows.non_tensor)}")
@@ -148,15 +225,35 @@ class AgentTurns:
                 raise ValueError(f"generate_turn row {i}: {exc}") from exc
             contexts.append(ids)
             appended.append(pieces)
+        self._check_lengths(contexts, params.max_new_tokens, max_prompt)
         out, timings = self._turn_generate(contexts, params)
         version = self._turn_version()
         mask = out["response_mask"].bool()
         turn_ids = [r[m].tolist() for r, m in zip(out["responses"], mask, strict=True)]
         turn_lp = [lp[m].tolist() for lp, m in zip(out["log_probs"], mask, strict=True)]
-        texts = list(self.tokenizer.batch_decode(turn_ids, skip_special_tokens=True))
+        # text_prefix k: turn_text decodes the context's last k ids too (a turn sampled in chunks)
+        texts = list(self.tokenizer.batch_decode([c[len(c) - text_prefix:] + t if text_prefix else t for c, t in zip(contexts, turn_ids, strict=True)],
+                                                 skip_special_tokens=True))
+        ends = set(params.stop_token_ids) | ({int(self.tokenizer.eos_token_id)} if self.tokenizer.eos_token_id is not None and not params.ignore_eos else set())
         columns = {"appended": appended, "turn_ids": turn_ids, "turn_log_probs": turn_lp, "turn_text": texts,
-                   "weight_version": [version] * len(rows)}
+                   "weight_version": [version] * len(rows),
+                   "turn_finished": [len(t) < params.max_new_tokens or (bool(t) and t[-1] in ends) for t in turn_ids]}
+        if pieces_wanted:
+            columns["turn_pieces"] = [token_pieces(self.tokenizer, ids) for ids in turn_ids]
+        if top_k:
+            columns["turn_top"] = top_alternatives(self, contexts, turn_ids, top_k, params.temperature)
         return Batch({}, columns, {**meta, **timings, "weight_version": version})
+
+    def _check_lengths(self, contexts: list[list[int]], max_new_tokens: int, max_prompt: int | None) -> None:
+        """ValueError naming the row when a prompt is longer than `max_prompt` tokens or prompt +
+        max_new_tokens exceeds the engine's context."""
+        limit = context_limit(self)
+        for i, ids in enumerate(contexts):
+            if max_prompt is not None and len(ids) > max_prompt:
+                raise ValueError(f"prompt: row {i} is {len(ids)} tokens, more than the max_prompt_tokens limit of {max_prompt}")
+            if limit is not None and len(ids) + max_new_tokens > limit:
+                raise ValueError(f"prompt: row {i} is {len(ids)} tokens; with max_tokens {max_new_tokens} that passes the "
+                                 f"model's context of {limit} tokens")
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def assemble_trajectories(self, batch: Batch, *extra: Batch, prompt_width: int = 0, response_width: int = 0) -> Batch:

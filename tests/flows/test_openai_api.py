@@ -1,6 +1,6 @@
-"""The OpenAI request checks (each refusal names its field), the response shapes with hfrt's
-token-in/token-out fields, and session trajectories (gen_mask 1 exactly on sampled tokens; drift
-named with the session, call and first differing token)."""
+"""The OpenAI request checks (each refusal names its field, hostile JSON included), the response
+shapes with hfrt's token-in/token-out fields, and session trajectories (gen_mask 1 exactly on
+sampled tokens; drift named with the session, call and first differing token)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,8 @@ from typing import Any
 
 import pytest
 
-from hfrt.flows.agent.openai.api import (
-    BadRequest,
-    TurnResult,
-    chat_body,
-    chat_request,
-    completion_body,
-    completion_request,
-    error_body,
-    event_stream,
-)
+from hfrt.flows.agent.openai.api import BadRequest, chat_request, completion_request, error_body, parse_body
+from hfrt.flows.agent.openai.responses import TurnResult, chat_body, completion_body, event_stream
 from hfrt.flows.agent.openai.sessions import Session, SessionCall, SessionDrift, build_trajectory
 
 
@@ -29,13 +21,15 @@ def test_completion_request_forms() -> None:
     ids = completion_request({"prompt": [[3, 4, 5]], "logprobs": 0})
     assert (ids.context, ids.append, ids.text_prompt, ids.logprobs) == ([3, 4, 5], [], None, True)
     assert completion_request({"prompt": ["one"], "n": 1, "stream": False, "logit_bias": {}}).append == ["one"]
+    assert completion_request({"prompt": "x", "n": 4}).n == 4
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"prompt": "x", "n": 2}, "n"), ({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": "x", "stream_options": {"include_usage": 1}}, "stream_options"), ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": "x", "n": 17}, "n"), ({"prompt": "x", "temperature": float("nan")}, "temperature"),
+    ({"prompt": "x", "top_p": float("nan")}, "top_p"), ({"prompt": [18446744073709551621]}, "prompt"), ({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": "x", "stream_options": {"include_usage": 1}}, "stream_options"), ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": [1, -2]}, "prompt"), ({"prompt": [True]}, "prompt"), ({"prompt": ""}, "prompt"), ({}, "prompt"),
     ({"prompt": "x", "temperature": 3}, "temperature"), ({"prompt": "x", "top_p": 0}, "top_p"),
-    ({"prompt": "x", "max_tokens": 10**6}, "max_tokens"), ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 4097}, "max_tokens"), ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
     ({"prompt": "x", "stop": ["", "a"]}, "stop"), ({"prompt": "x", "echo": True}, "echo"), ({"prompt": "x", "model": 3}, "model"),
     ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"), ({"prompt": "x", "user": 5}, "user"),
 ])
@@ -46,17 +40,33 @@ def test_completion_refusals_name_the_field(body: dict[str, Any], param: str) ->
     assert error_body(info.value)["error"]["param"] == param and info.value.message.startswith(param)
 
 
+@pytest.mark.parametrize(("raw", "param", "match"), [
+    (b"", None, "no body"), (b"{", None, "not valid JSON"), (b"\xff", None, "not valid JSON"), (b"[" * 100_000, None, "nested deeper"),
+    (b"[" * 70 + b"]" * 70, None, "nested deeper"), (b'{"prompt": "\\ud800"}', "prompt", "lone surrogate"),
+    (b'{"messages": [{"role": "user", "content": "\\udfff"}]}', "messages[0].content", "lone surrogate"),
+])
+def test_hostile_bodies_are_400s_naming_the_field(raw: bytes, param: str | None, match: str) -> None:
+    with pytest.raises(BadRequest, match=match) as info:
+        parse_body(raw)
+    assert info.value.status == 400 and info.value.param == param
+    assert parse_body(b'{"temperature": NaN}') == {"temperature": pytest.approx(float("nan"), nan_ok=True)}  # then refused by field
+
+
 def test_chat_request_and_refusals() -> None:
     turn = chat_request({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                                       {"role": "assistant", "content": None, "name": "x"}], "max_completion_tokens": 9, "logprobs": True})
-    assert turn.append == [[{"role": "user", "content": "ab"}, {"role": "assistant", "content": ""}]]
+    assert turn.append == [{"messages": [{"role": "user", "content": "ab"}, {"role": "assistant", "content": ""}], "tools": None}]
     assert turn.options["max_new_tokens"] == 9 and turn.logprobs and turn.context == []
     cases = [
         ({"messages": []}, "messages"), ({"messages": [{"role": "bot", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0]"),
         ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]}, "messages[0].tool_calls"),
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 5000}, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
     ]
     for body, param in cases:
@@ -71,13 +81,15 @@ def test_response_shapes_carry_token_ids() -> None:
     result = TurnResult.from_row([5, 6], {"appended": [[7]], "turn_ids": [8, 9], "turn_log_probs": [-0.5, -1.0],
                                           "turn_text": "hi", "weight_version": 3})
     assert result.prompt_ids == [5, 6, 7]
-    out = completion_body(completion_request({"prompt": [5, 6], "max_tokens": 2, "logprobs": 1}), result, "m")
+    out = completion_body(completion_request({"prompt": [5, 6], "max_tokens": 2, "logprobs": 0}), [result], "m")
     assert out["prompt_token_ids"] == [5, 6, 7] and out["weight_version"] == 3 and out["model"] == "m"
     choice = out["choices"][0]
     assert choice["token_ids"] == [8, 9] and choice["text"] == "hi" and choice["finish_reason"] == "length"
     assert choice["logprobs"]["token_logprobs"] == [-0.5, -1.0] and choice["logprobs"]["tokens"] == ["token_id:8", "token_id:9"]
     assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-    chat = chat_body(chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5}), result, "m")
+    two = completion_body(completion_request({"prompt": [5, 6], "max_tokens": 2, "n": 2}), [result, result], "m")
+    assert [c["index"] for c in two["choices"]] == [0, 1] and two["usage"]["completion_tokens"] == 4
+    chat = chat_body(chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5}), [result], "m")
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hi"} and chat["choices"][0]["finish_reason"] == "stop"
     assert chat["choices"][0]["logprobs"] is None and chat["id"].startswith("chatcmpl-")
 
@@ -99,16 +111,18 @@ def test_session_trajectory_and_drift() -> None:
         build_trajectory("empty", Session())
 
 
-def test_streamed_responses_are_server_sent_events() -> None:
-    result = TurnResult([5], [8, 9], [-0.5, -1.0], "hi", 3)
-    turn = chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True,
+def test_streamed_responses_are_server_sent_events_token_by_token() -> None:
+    result = TurnResult([5], [8, 9], [-0.5, -1.0], "hi", 3, pieces=["h", "i"])
+    turn = chat_request({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "stream": True, "logprobs": True,
                          "stream_options": {"include_usage": True}})
-    events = event_stream(turn, chat_body(turn, result, "m")).decode().split("\n\n")
+    events = b"".join(event_stream(turn, [result], chat_body(turn, [result], "m"))).decode().split("\n\n")
     assert events[-2:] == ["data: [DONE]", ""] and all(e.startswith("data: ") for e in events[:-1])
-    first, end, usage = (json.loads(e[6:]) for e in events[:3])
-    assert first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"] == {"role": "assistant", "content": "hi"}
-    assert first["choices"][0]["token_ids"] == [8, 9] and first["prompt_token_ids"] == [5] and first["weight_version"] == 3
+    role, h, i, end, usage = (json.loads(e[6:]) for e in events[:5])
+    assert role["object"] == "chat.completion.chunk" and role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert role["prompt_token_ids"] == [5] and role["weight_version"] == 3 and "prompt_token_ids" not in h
+    assert [h["choices"][0]["delta"]["content"], i["choices"][0]["delta"]["content"]] == ["h", "i"]
+    assert h["choices"][0]["token_ids"] == [8] and h["choices"][0]["logprobs"]["content"][0]["logprob"] == -0.5
     assert end["choices"][0]["finish_reason"] == "length" and usage["usage"]["total_tokens"] == 3 and usage["choices"] == []
     plain = completion_request({"prompt": "x", "stream": True})
-    events = event_stream(plain, completion_body(plain, result, "m")).decode().split("\n\n")
-    assert len(events) == 3 and json.loads(events[0][6:])["choices"][0]["text"] == "hi"
+    events = b"".join(event_stream(plain, [result], completion_body(plain, [result], "m"))).decode().split("\n\n")
+    assert [json.loads(e[6:])["choices"][0]["text"] for e in events[:3]] == ["h", "i", ""] and len(events) == 5

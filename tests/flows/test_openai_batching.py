@@ -1,6 +1,6 @@
 """How the OpenAI endpoint batches and maps failures, on a scripted rollout role (pure logic):
 TurnBatcher's batch_size and idle_flush modes, a failed batch retried one request at a time, and
-generate_turn errors as 400 (input refused), 503 (daemon gone) or 500."""
+generate_turn errors as 400 (input refused), 503 (daemon gone) or 500 without server details."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 
 from hfrt.flows.agent.loop import AgentGenerationError, TurnBatcher
-from hfrt.flows.agent.openai.api import BadRequest
-from hfrt.flows.agent.openai.http_json import HttpError, Request
-from hfrt.flows.agent.openai.server import OpenAIServer, _http_error
+from hfrt.flows.agent.openai.api import ApiError, BadRequest
+from hfrt.flows.agent.openai.server import OpenAIServer, http_error
 from hfrt.wire.errors import DaemonGone, RemoteError
 from tests.flows.test_agent_loop import ScriptedRollout
 
@@ -62,16 +61,15 @@ async def test_one_bad_request_fails_alone_and_the_others_are_served() -> None:
     bodies = [{"prompt": [40], "max_tokens": 2}] * 3 + [{"prompt": [999], "max_tokens": 2}]
 
     async def post(body: dict[str, Any]) -> Any:
-        import json
-
         try:
-            return (await server.handle(Request("POST", "/v1/completions", body=json.dumps(body).encode()))).status
+            await server.complete(server.completion_turn(body))
+            return 200
         except Exception as exc:
             return exc
 
     results = await asyncio.gather(*(post(b) for b in bodies))
     assert results[:3] == [200, 200, 200] and getattr(results[3], "status", None) == 500
-    assert "IndexError: index out of range" in results[3].message
+    assert "rollout:0 raised IndexError" in results[3].message and "index out of range" not in results[3].message
     assert [c["rows"] for c in rollout.calls] == [4, 1, 1, 1, 1] and server.generate_calls == 5
 
 
@@ -81,27 +79,27 @@ def test_generation_errors_become_http_statuses() -> None:
         error.rows, error.__cause__ = 1, cause
         return error
 
-    refused = _http_error(failed(RemoteError("rollout:0", "ValueError", "generate_turn row 0: stop string '\\n\\n' is 2 tokens")))
+    refused = http_error(failed(RemoteError("rollout:0", "ValueError", "generate_turn row 0: stop string '\\n\\n' is 2 tokens")))
     assert isinstance(refused, BadRequest) and refused.status == 400 and refused.param == "stop"
-    assert _http_error(failed(DaemonGone("rollout:0 exited"))).status == 503
-    crashed = _http_error(failed(RemoteError("rollout:0", "RuntimeError", "CUDA error", "Traceback ...")))
-    assert crashed.status == 500 and "Traceback" not in crashed.message and "rollout:0 raised RuntimeError: CUDA error" in crashed.message
+    gone = http_error(failed(DaemonGone("rollout:0 exited; its log: /runs/x/rollout-0.log (last lines: ...)")))
+    assert gone.status == 503 and "/runs/" not in gone.message and "log:" not in gone.message and "incident" in gone.message
+    crashed = http_error(failed(RemoteError("rollout:0", "RuntimeError", "CUDA error at /src/x.py", "Traceback ...")))
+    assert crashed.status == 500 and "Traceback" not in crashed.message and "/src/" not in crashed.message
+    assert "rollout:0 raised RuntimeError" in crashed.message
+    vocab = http_error(failed(RemoteError("rollout:0", "ValueError", "generate_turn row 0: prompt: token id 9 is outside the vocabulary")), "chat")
+    assert vocab.status == 400 and vocab.param == "messages"
 
 
 async def test_sessions_are_recorded_and_the_oldest_dropped_past_max_sessions() -> None:
-    import json
-
     server = OpenAIServer(SlowRollout(0.0), batch_size=1, max_sessions=2)
-    failing = json.dumps({"prompt": [999], "max_tokens": 2, "user": "failed"}).encode()
-    with pytest.raises(HttpError, match="IndexError"):
-        await server.handle(Request("POST", "/v1/completions", body=failing))
+    with pytest.raises(ApiError, match="IndexError"):
+        await server.complete(server.completion_turn({"prompt": [999], "max_tokens": 2, "user": "failed"}))
     assert "failed" not in server.sessions  # a session records a call once it succeeded
     for name in ("a", "b", "c"):
-        body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
-        await server.handle(Request("POST", "/v1/completions", headers={"x-session-id": name}, body=body))
+        await server.complete(server.completion_turn({"prompt": "hi", "max_tokens": 2}), name)
     assert list(server.sessions) == ["b", "c"] and server.sessions_dropped == 1
-    again = json.dumps({"prompt": "hiab!", "max_tokens": 2, "user": "c"}).encode()  # "hi" + the returned "ab" + new text
-    await server.handle(Request("POST", "/v1/completions", body=again))
+    # "hi" + the returned "ab" + new text
+    await server.complete(server.completion_turn({"prompt": "hiab!", "max_tokens": 2, "user": "c"}))
     t = server.end_session("c")
     assert t.prompt_ids == [ord("h"), ord("i")] and t.response_ids == [ord(c) for c in "ab!ab"] and t.gen_mask == [1, 1, 0, 1, 1]
     assert list(server.sessions) == ["b"]
@@ -111,6 +109,6 @@ def test_the_server_side_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, hfrt.flows.agent.openai.server, hfrt.cli\nassert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
+    code = "import sys, hfrt.flows.agent.openai.server, hfrt.flows.agent.openai.app, hfrt.cli\nassert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

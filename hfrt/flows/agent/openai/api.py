@@ -1,45 +1,93 @@
-"""The OpenAI-compatible request and response shapes of the rollout role's HTTP endpoint: a
-/v1/completions or /v1/chat/completions body checked and turned into one generate_turn row plus its
-sampling options, and a sampled turn turned back into OpenAI's JSON (with hfrt's token-in/token-out
-extension fields `prompt_token_ids`, per-choice `token_ids`, `weight_version`).
+"""The OpenAI-compatible requests of the rollout role's HTTP endpoint: a /v1/completions or
+/v1/chat/completions body checked field by field (each refusal names its field, OpenAI's error
+`param`) and turned into a TurnRequest: one generate_turn row (context ids, append items), its
+sampling options, `n`, log-prob and streaming wishes, and the tools offered.
 
-Pure logic: it knows the OpenAI field names and generate_turn's row layout, nothing of HTTP
-framing, batching, sessions or tokenizers (stop strings are checked for being one token on the
-rollout daemon).
+Pure logic: it knows the OpenAI field names and generate_turn's row layout, nothing of HTTP,
+batching, sessions or tokenizers (stop strings are checked for being one token, token ids against
+the vocabulary and prompts against the context on the rollout daemon).
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfrt.flows.agent.openai.http_json import HttpError
+from hfrt.flows.agent.openai.tools import Tool, check_tool_choice, check_tools, parser_for
 
 #: chat roles passed to the chat template
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+#: deepest JSON nesting accepted in a body (OpenAI bodies need a handful of levels; tool schemas a few more)
+MAX_DEPTH = 64
+#: largest token id a prompt may hold before the rollout daemon checks it against its vocabulary
+MAX_TOKEN_ID = 2**31 - 1
 
 
-class BadRequest(HttpError):
-    """A request OpenAI would refuse: `param` names the field (OpenAI's error `param`)."""
+class ApiError(Exception):
+    """A request that cannot be served: the HTTP status, a message for the client (never server
+    paths or logs), OpenAI's `param` (the field at fault) and `code`."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+class BadRequest(ApiError):
+    """A request OpenAI would refuse (400 unless told): `param` names the field."""
 
     def __init__(self, param: str | None, message: str, *, status: int = 400, code: str | None = None) -> None:
-        super().__init__(status, f"{param}: {message}" if param else message)
-        self.param, self.code = param, code
+        super().__init__(status, f"{param}: {message}" if param else message, param=param, code=code)
 
 
-def error_body(exc: HttpError) -> dict[str, Any]:
+def error_body(exc: ApiError) -> dict[str, Any]:
     """OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
     kind = "invalid_request_error" if exc.status < 500 else "server_error"
-    return {"error": {"message": exc.message, "type": kind, "param": getattr(exc, "param", None), "code": getattr(exc, "code", None)}}
+    return {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": exc.code}}
+
+
+def parse_body(raw: bytes) -> Any:
+    """The body as JSON: 400 when it is empty, not UTF-8 JSON, nested deeper than MAX_DEPTH, or
+    holds a string that is not valid Unicode (a lone surrogate) — the latter naming the field."""
+    if not raw:
+        raise BadRequest(None, "the request has no body: send a JSON object with Content-Type: application/json")
+    try:
+        body = json.loads(raw)
+    except RecursionError as exc:
+        raise BadRequest(None, f"the body is nested deeper than {MAX_DEPTH} levels") from exc
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadRequest(None, f"the body is not valid JSON: {exc}") from exc
+    _check_tree(body)
+    return body
+
+
+def _check_tree(body: Any) -> None:
+    """Depth and Unicode of every value, iteratively (no recursion on hostile input)."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise BadRequest(None, f"the body is nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise BadRequest(where or None, "holds a lone surrogate (\\ud800-\\udfff): not valid Unicode text") from exc
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((k, where or "body", depth + 1))
+                stack.append((v, f"{where}.{k}" if where else str(k), depth + 1))
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
 
 
 @dataclass(frozen=True)
 class TurnRequest:
-    """One request as a generate_turn row: `context` ids and `append` items (a text or chat prompt),
-    the sampling `options`, whether to return log-probs, and the text prompt (None for ids/chat)."""
+    """One request as a generate_turn row: `context` ids and `append` items (a text, a chat
+    {"messages", "tools"} or a prefill text), the sampling `options`, `n` choices, log-probs
+    (`top_logprobs` alternatives each), streaming, and for chat the checked `messages`, the
+    `tools` offered and the `tool_choice`."""
 
     kind: str  # "completion" | "chat"
     model: str | None
@@ -49,8 +97,14 @@ class TurnRequest:
     logprobs: bool = False
     text_prompt: str | None = None
     user: str | None = None
-    stream: bool = False  # answer as server-sent events (one chunk: the turn is sampled whole)
+    stream: bool = False
     stream_usage: bool = False  # stream_options.include_usage
+    n: int = 1
+    top_logprobs: int = 0
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: str | None = None  # "auto" | "none" | "required" | a function's name; None without tools
+    prefill: str = ""  # text put after the generation prompt so a required call opens (tool_choice)
 
 
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float, *, lo_open: bool = False) -> float:
@@ -59,6 +113,8 @@ def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: floa
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BadRequest(name, f"must be a number, not {value!r:.40}")
+    if not math.isfinite(value):
+        raise BadRequest(name, f"must be a finite number, not {value}")
     if value > hi or value < lo or (lo_open and value == lo):
         raise BadRequest(name, f"{value} is out of range {'(' if lo_open else '['}{lo}, {hi}]")
     return float(value)
@@ -91,9 +147,16 @@ def _stop(body: dict[str, Any]) -> list[str]:
     return list(stops)
 
 
-def _sampling(body: dict[str, Any], max_tokens: int, max_tokens_limit: int) -> dict[str, Any]:
-    """The generate_turn options every request shares; refuses n > 1."""
-    _refuse(body, "n", (None, 1), "one choice per request (send several requests; they are batched)")
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for: max_tokens (and max_completion_tokens) and n."""
+
+    max_tokens: int = 4096
+    max_n: int = 16
+
+
+def _sampling(body: dict[str, Any], max_tokens: int, limits: Limits) -> dict[str, Any]:
+    """The generate_turn options every request shares."""
     _refuse(body, "presence_penalty", (None, 0, 0.0), "no penalties")
     _refuse(body, "frequency_penalty", (None, 0, 0.0), "no penalties")
     _refuse(body, "logit_bias", (None, {}), "no logit bias")
@@ -106,184 +169,131 @@ def _sampling(body: dict[str, Any], max_tokens: int, max_tokens_limit: int) -> d
     seed = _int(body, "seed", None, -(2**63), 2**63 - 1)
     if seed is not None:
         options["seed"] = seed
-    if not 1 <= max_tokens <= max_tokens_limit:
-        raise BadRequest("max_tokens", f"{max_tokens} is out of range [1, {max_tokens_limit}]")
+    if not 1 <= max_tokens <= limits.max_tokens:
+        raise BadRequest("max_tokens", f"{max_tokens} is out of range [1, {limits.max_tokens}] (the server's max_tokens limit)")
     return options
 
 
-def _object(body: Any) -> dict[str, Any]:
+def _common(body: Any, limits: Limits) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The body as an object, and the TurnRequest fields every endpoint shares."""
     if not isinstance(body, dict):
         raise BadRequest(None, f"the body must be a JSON object, not {type(body).__name__}")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest("model", f"must be a string, not {model!r:.40}")
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise BadRequest("user", f"must be a string, not {user!r:.40}")
-    return body
-
-
-def _token_ids(value: list[Any], name: str) -> list[int]:
-    if not value or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
-        raise BadRequest(name, "a token-id prompt must be a non-empty list of non-negative integers")
-    return [int(t) for t in value]
-
-
-def _streaming(body: dict[str, Any]) -> dict[str, bool]:
-    """TurnRequest's stream fields: `stream` (true/false) and stream_options.include_usage."""
+    for name in ("model", "user"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise BadRequest(name, f"must be a string, not {body[name]!r:.40}")
     stream, options = body.get("stream"), body.get("stream_options")
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest("stream", f"must be true or false, not {stream!r:.40}")
     if options is not None and not (isinstance(options, dict) and isinstance(options.get("include_usage", False), bool)):
         raise BadRequest("stream_options", f"must be {{\"include_usage\": true|false}}, not {options!r:.60}")
-    return {"stream": bool(stream), "stream_usage": bool((options or {}).get("include_usage", False))}
+    n = _int(body, "n", 1, 1, limits.max_n) or 1
+    return body, {"model": body.get("model"), "user": body.get("user"), "stream": bool(stream), "n": n,
+                  "stream_usage": bool((options or {}).get("include_usage", False))}
 
 
-def completion_request(body: Any, *, max_tokens_limit: int = 4096) -> TurnRequest:
+def _token_ids(value: list[Any], name: str) -> list[int]:
+    if not value or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID for t in value):
+        raise BadRequest(name, f"a token-id prompt must be a non-empty list of integers in [0, {MAX_TOKEN_ID}]")
+    return [int(t) for t in value]
+
+
+def completion_request(body: Any, *, limits: Limits = Limits()) -> TurnRequest:
     """A /v1/completions body: prompt is a string or token ids (or a list holding one of them)."""
-    body = _object(body)
+    body, common = _common(body, limits)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     _refuse(body, "echo", (None, False), "the prompt is returned as prompt_token_ids instead")
-    _refuse(body, "best_of", (None, 1), "one sample per request")
+    _refuse(body, "best_of", (None, 1), "use n for several samples")
     _refuse(body, "suffix", (None, ""), "no insertion")
     logprobs = _int(body, "logprobs", None, 0, 20)
-    options = _sampling(body, _int(body, "max_tokens", 16, 1, 2**31) or 16, max_tokens_limit)
+    options = _sampling(body, _int(body, "max_tokens", 16, 1, 2**31) or 16, limits)
+    shared = {**common, "options": options, "logprobs": logprobs is not None, "top_logprobs": logprobs or 0}
     if isinstance(prompt, str):
         if not prompt:
             raise BadRequest("prompt", "is empty")
-        return TurnRequest("completion", body.get("model"), [], [prompt], options, logprobs is not None, prompt, body.get("user"), **_streaming(body))
+        return TurnRequest("completion", context=[], append=[prompt], text_prompt=prompt, **shared)
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise BadRequest("prompt", f"holds {len(prompt)} prompts: send one prompt per request (concurrent requests are batched)")
     if isinstance(prompt, list):
-        ids = _token_ids(prompt, "prompt")
-        return TurnRequest("completion", body.get("model"), ids, [], options, logprobs is not None, None, body.get("user"), **_streaming(body))
+        return TurnRequest("completion", context=_token_ids(prompt, "prompt"), append=[], **shared)
     raise BadRequest("prompt", f"must be a string or a list of token ids, not {prompt!r:.60}")
 
 
-def _message(index: int, message: Any) -> dict[str, str]:
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise BadRequest(where, "only text parts ({\"type\": \"text\", \"text\": ...}) are supported")
+        return "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise BadRequest(where, f"must be a string or a list of text parts, not {content!r:.60}")
+    return content
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's tool_calls, with arguments as an object where they parse (what chat
+    templates render)."""
+    if not isinstance(calls, list):
+        raise BadRequest(where, f"must be a list of tool calls, not {calls!r:.60}")
+    out = []
+    for i, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments", ""), str):
+            raise BadRequest(f"{where}[{i}]", "must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\": a JSON string}}")
+        try:
+            arguments: Any = json.loads(fn.get("arguments") or "{}")
+        except ValueError:
+            arguments = fn.get("arguments")
+        out.append({"id": str(call.get("id", "")), "type": "function", "function": {"name": fn["name"], "arguments": arguments}})
+    return out
+
+
+def _message(index: int, message: Any) -> dict[str, Any]:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise BadRequest(where, f"must be an object with role and content, not {message!r:.60}")
     role, content = message.get("role"), message.get("content")
     if role not in CHAT_ROLES:
         raise BadRequest(f"{where}.role", f"{role!r:.40} is not one of {', '.join(CHAT_ROLES)}")
-    if message.get("tool_calls"):
-        raise BadRequest(f"{where}.tool_calls", "structured tool calls are not supported: put the call in the content text")
-    if isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            raise BadRequest(f"{where}.content", "only text parts ({\"type\": \"text\", \"text\": ...}) are supported")
-        content = "".join(p["text"] for p in content)
-    if content is None and role == "assistant":
-        content = ""
-    if not isinstance(content, str):
-        raise BadRequest(f"{where}.content", f"must be a string or a list of text parts, not {content!r:.60}")
-    return {"role": role, "content": content}
+    out: dict[str, Any] = {"role": role}
+    if role == "assistant" and message.get("tool_calls"):
+        out["tool_calls"] = _tool_calls(message["tool_calls"], f"{where}.tool_calls")
+    elif message.get("tool_calls"):
+        raise BadRequest(f"{where}.tool_calls", f"only assistant messages carry tool calls, not {role} ones")
+    out["content"] = "" if content is None and role == "assistant" else _text(content, f"{where}.content")
+    if role == "tool":
+        if not isinstance(message.get("tool_call_id"), str):
+            raise BadRequest(f"{where}.tool_call_id", "a tool message must name the call it answers (a string tool_call_id)")
+        out["tool_call_id"] = message["tool_call_id"]
+    if isinstance(message.get("name"), str) and role in ("tool", "user", "system"):
+        out["name"] = message["name"]
+    return out
 
 
-def chat_request(body: Any, *, max_tokens_limit: int = 4096) -> TurnRequest:
-    """A /v1/chat/completions body: the messages go to the rollout daemon's chat template."""
-    body = _object(body)
+def chat_request(body: Any, *, limits: Limits = Limits(), tool_parser: str = "hermes") -> TurnRequest:
+    """A /v1/chat/completions body: the messages (and tools) go to the rollout daemon's chat template."""
+    body, common = _common(body, limits)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages", f"must be a non-empty list of messages, not {messages!r:.60}")
     chat = [_message(i, m) for i, m in enumerate(messages)]
-    for name in ("tools", "functions"):
-        _refuse(body, name, (None, []), "no structured tool calling: describe tools in a message and parse the reply text")
-    _refuse(body, "tool_choice", (None, "none", "auto"), "no structured tool calling")
+    _refuse(body, "functions", (None, []), "use tools")
     _refuse(body, "response_format", (None, {"type": "text"}), "plain text responses only")
-    _refuse(body, "top_logprobs", (None, 0), "only the sampled token's log-prob is returned")
+    tools = check_tools(body.get("tools"))
+    choice = check_tool_choice(body.get("tool_choice"), tools)
+    if body.get("parallel_tool_calls") is not None and not isinstance(body["parallel_tool_calls"], bool):
+        raise BadRequest("parallel_tool_calls", f"must be true or false, not {body['parallel_tool_calls']!r:.40}")
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise BadRequest("logprobs", f"must be true or false, not {logprobs!r:.40}")
+    top = _int(body, "top_logprobs", 0, 0, 20) or 0
+    if top and not logprobs:
+        raise BadRequest("top_logprobs", "needs \"logprobs\": true")
     max_tokens = _int(body, "max_completion_tokens", None, 1, 2**31)
     max_tokens = max_tokens if max_tokens is not None else _int(body, "max_tokens", 16, 1, 2**31)
-    options = _sampling(body, max_tokens or 16, max_tokens_limit)
-    return TurnRequest("chat", body.get("model"), [], [chat], options, bool(logprobs), None, body.get("user"), **_streaming(body))
-
-
-@dataclass(frozen=True)
-class TurnResult:
-    """What generate_turn sampled for one request: the whole prompt's ids, the sampled ids, their
-    log-probs and text, and the weight version that sampled them."""
-
-    prompt_ids: list[int]
-    token_ids: list[int]
-    log_probs: list[float]
-    text: str
-    weight_version: int
-
-    @classmethod
-    def from_row(cls, context: list[int], row: dict[str, Any]) -> TurnResult:
-        """From generate_turn's output row for a request whose `context` ids were sent."""
-        prompt = list(context) + [int(t) for piece in row["appended"] for t in piece]
-        return cls(prompt, [int(t) for t in row["turn_ids"]], [float(x) for x in row["turn_log_probs"]],
-                   str(row["turn_text"]), int(row["weight_version"]))
-
-
-def _finish_reason(request: TurnRequest, result: TurnResult) -> str:
-    """'length' when the turn used all of max_tokens, else 'stop' (eos or a stop token)."""
-    return "length" if len(result.token_ids) >= request.options["max_new_tokens"] else "stop"
-
-
-def _head(kind: str, prefix: str, model: str, result: TurnResult) -> dict[str, Any]:
-    n_prompt, n_out = len(result.prompt_ids), len(result.token_ids)
-    return {
-        "id": f"{prefix}-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()), "model": model,
-        "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
-        "prompt_token_ids": result.prompt_ids, "weight_version": result.weight_version,
-    }
-
-
-def token_name(token_id: int) -> str:
-    """How a token is named in `logprobs` (the server has no tokenizer): `token_id:ID`."""
-    return f"token_id:{token_id}"
-
-
-def completion_body(request: TurnRequest, result: TurnResult, model: str) -> dict[str, Any]:
-    """The /v1/completions response."""
-    logprobs: dict[str, Any] | None = None
-    if request.logprobs:
-        logprobs = {"tokens": [token_name(t) for t in result.token_ids], "token_logprobs": result.log_probs,
-                    "top_logprobs": None, "text_offset": None}
-    choice = {"text": result.text, "index": 0, "finish_reason": _finish_reason(request, result), "logprobs": logprobs,
-              "token_ids": result.token_ids}
-    return {**_head("text_completion", "cmpl", model, result), "choices": [choice]}
-
-
-def chat_body(request: TurnRequest, result: TurnResult, model: str) -> dict[str, Any]:
-    """The /v1/chat/completions response."""
-    logprobs: dict[str, Any] | None = None
-    if request.logprobs:
-        logprobs = {"content": [{"token": token_name(t), "logprob": lp, "bytes": None, "top_logprobs": []}
-                                for t, lp in zip(result.token_ids, result.log_probs, strict=True)]}
-    choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-              "finish_reason": _finish_reason(request, result), "logprobs": logprobs, "token_ids": result.token_ids}
-    return {**_head("chat.completion", "chatcmpl", model, result), "choices": [choice]}
-
-
-def models_body(model: str, created: int) -> dict[str, Any]:
-    """The /v1/models response: the one model this server samples from."""
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "hfrt"}]}
-
-
-def event_stream(request: TurnRequest, body: dict[str, Any]) -> bytes:
-    """A whole response as server-sent events, for clients that ask for `stream`: the turn is
-    sampled at once, so the text comes in one chunk, then (chat) a chunk with finish_reason, then
-    usage when stream_options.include_usage, then `data: [DONE]`."""
-    head = {k: body[k] for k in ("id", "created", "model")}
-    choice = body["choices"][0]
-    extension = {"prompt_token_ids": body["prompt_token_ids"], "weight_version": body["weight_version"]}
-    if request.kind == "chat":
-        head["object"] = "chat.completion.chunk"
-        delta = {"index": 0, "delta": choice["message"], "logprobs": choice["logprobs"], "finish_reason": None, "token_ids": choice["token_ids"]}
-        end = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}
-        chunks = [{**head, "choices": [delta], **extension}, {**head, "choices": [end]}]
-    else:
-        head["object"] = "text_completion"
-        chunks = [{**head, "choices": [choice], **extension}]
-    if request.stream_usage:
-        chunks.append({**head, "choices": [], "usage": body["usage"]})
-    events = [f"data: {json.dumps(c, separators=(',', ':'))}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
-    return "".join(events).encode()
+    options = _sampling(body, max_tokens or 16, limits)
+    offered = tools if choice != "none" else []
+    prefill = parser_for(tool_parser).prefill(choice) if offered else ""
+    item: dict[str, Any] = {"messages": chat, "tools": [t.schema for t in offered] or None}
+    return TurnRequest("chat", context=[], append=[item, prefill] if prefill else [item], options=options, logprobs=bool(logprobs),
+                       top_logprobs=top, messages=chat, tools=offered, tool_choice=choice if tools else None, prefill=prefill, **common)

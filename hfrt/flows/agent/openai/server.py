@@ -1,40 +1,79 @@
 """An OpenAI-compatible HTTP endpoint on the rollout role, for external agent frameworks:
-GET /v1/models, POST /v1/completions, POST /v1/chat/completions. Concurrent requests are batched
+GET /v1/models, POST /v1/completions, POST /v1/chat/completions (tools, n, streaming, logprobs),
+served by Starlette on uvicorn (hfrt.flows.agent.openai.app). Concurrent requests are batched
 into generate_turn calls (TurnBatcher); responses carry the exact prompt and sampled token ids,
 their log-probs and the weight version; requests with a session id (header X-Session-Id, or the
 `user` field) are recorded so `trajectory(session)` gives the Trajectory to train on.
 
 Controller-side (no torch). It knows the rollout role's generate_turn endpoint; nothing of
-training, rewards or tokenizers (text is tokenised on the rollout daemon).
+training, rewards or tokenizers (text and chats are tokenised on the rollout daemon).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from hfrt.flows.agent.loop import AgentGenerationError, Trajectory, TurnBatcher
-from hfrt.flows.agent.openai.api import (
-    BadRequest,
-    TurnRequest,
-    TurnResult,
-    chat_body,
-    chat_request,
-    completion_body,
-    completion_request,
-    error_body,
-    event_stream,
-    models_body,
-)
-from hfrt.flows.agent.openai.http_json import HttpError, JsonHttpServer, Request, Response
+from hfrt.flows.agent.openai.api import ApiError, BadRequest, Limits, TurnRequest, _message, chat_request, completion_request
+from hfrt.flows.agent.openai.responses import TurnResult, assistant_message, chat_body, completion_body
 from hfrt.flows.agent.openai.sessions import Session, SessionCall, build_trajectory
+from hfrt.flows.agent.openai.tools import parser_for
+from hfrt.flows.batches import non_tensor
 from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.log import get_logger
 from hfrt.wire.errors import CallTimeout, DaemonGone, RemoteError
 
 #: remote error types that mean the request's input was refused (a 400, not a server fault)
 INPUT_ERRORS = ("ValueError", "TypeError", "KeyError")
+#: generate_turn's output columns a row carries back (the optional ones when asked for)
+COLUMNS = ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version", "turn_pieces", "turn_top", "turn_finished")
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the server accepts; a request past one gets a 4xx JSON error naming it.
+
+    max_body_bytes: request body size (413). max_tokens: max_tokens / max_completion_tokens (400).
+    max_n: choices per request (400). max_concurrent_requests: requests in progress at once (429).
+    request_timeout_s: one request's wall time (408). max_prompt_tokens: prompt length in tokens,
+    checked on the rollout daemon (400; None: the model's context less max_tokens).
+    long_request_tokens: a request whose prompt (estimated from its size) plus max_tokens is longer
+    goes to separate batches and is sampled `long_chunk_tokens` at a time (each chunk continues
+    the exact ids so far), so a short request waits at most one chunk of a long one."""
+
+    max_body_bytes: int = 16 << 20
+    max_tokens: int = 4096
+    max_n: int = 16
+    max_concurrent_requests: int = 512
+    request_timeout_s: float = 600.0
+    max_prompt_tokens: int | None = None
+    long_request_tokens: int = 256
+    long_chunk_tokens: int = 16
+
+
+class RowBatcher(TurnBatcher):
+    """A TurnBatcher whose rows also carry generate_turn's optional columns (text pieces, top
+    log-probs) when the call returned them."""
+
+    async def _send(self, handle: Any, options: dict[str, Any], entries: list[Any]) -> None:
+        try:
+            out = await self.rollout.generate_turn(handle, **options, timeout_s=self.timeout_s)
+            columns = {c: non_tensor(out, c) for c in COLUMNS}
+            columns = {c: v for c, v in columns.items() if v or c in COLUMNS[:5]}  # the optional ones when returned
+        except Exception as exc:
+            error = AgentGenerationError(f"generate_turn on the rollout role failed for {len(entries)} conversations: {exc}")
+            error.rows, error.__cause__ = len(entries), exc
+            for e in entries:
+                if not e[3].done():
+                    e[3].set_exception(error)
+            return
+        for row, e in enumerate(entries):
+            if not e[3].done():
+                e[3].set_result({c: v[row] for c, v in columns.items()})
 
 
 class OpenAIServer:
@@ -42,39 +81,52 @@ class OpenAIServer:
     a free one; `server.url` is the base URL, e.g. http://127.0.0.1:PORT/v1).
 
     Batching: a generate_turn call goes out when `batch_size` requests wait or `flush_after_s`
-    after the first (with `idle_flush`: at once when no call is in flight, so a lone client never
-    waits, while requests that come during a call go together in the next). A failed call is
-    retried one request at a time, so one bad request cannot fail the others batched with it.
-    Calls reach the rollout daemon in the order they are sent; responses on one connection come
-    back in request order. A session records a call once it succeeded."""
+    after the first (with `idle_flush`: at once when no call is in flight). Long requests (see
+    ServerLimits.long_request_tokens) batch apart from short ones. A failed call is retried one
+    request at a time, so one bad request cannot fail the others batched with it. `n` choices of
+    a request are n rows of one call. A session records a call once it succeeded; with n > 1
+    choice i is recorded as session `NAME#i`. With `api_key`, every /v1 request needs
+    `Authorization: Bearer <api_key>` (401 otherwise, before anything is generated)."""
 
     def __init__(self, rollout: Any, *, host: str = "127.0.0.1", port: int = 0, model: str = "hfrt",
-                 batch_size: int = 64, flush_after_s: float = 0.02, idle_flush: bool = False,
-                 max_tokens_limit: int = 4096, max_sessions: int = 10_000, timeout_s: float = CALL_TIMEOUT_S) -> None:
-        self.rollout, self.model, self.max_tokens_limit = rollout, model, max_tokens_limit
-        self.batcher = TurnBatcher(rollout, flush_after_s=flush_after_s, timeout_s=timeout_s, batch_size=batch_size, idle_flush=idle_flush)
-        self._alone = TurnBatcher(rollout, flush_after_s=0.0, timeout_s=timeout_s, batch_size=1)
-        self.http = JsonHttpServer(self.handle, error_body, host=host, port=port)
+                 batch_size: int = 64, flush_after_s: float = 0.02, idle_flush: bool = False, limits: ServerLimits | None = None,
+                 api_key: str | None = None, tool_parser: str = "hermes", max_sessions: int = 10_000,
+                 timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self.rollout, self.model, self.limits = rollout, model, limits or ServerLimits()
+        self.tool_parser = parser_for(tool_parser).name
+        self.api_key = api_key or None
+        kw = {"timeout_s": timeout_s, "batch_size": batch_size, "idle_flush": idle_flush}
+        self.batcher = RowBatcher(rollout, flush_after_s=flush_after_s, **kw)
+        self._long = RowBatcher(rollout, flush_after_s=flush_after_s, **kw)
+        self._alone = RowBatcher(rollout, flush_after_s=0.0, timeout_s=timeout_s, batch_size=1)
         self.sessions: dict[str, Session] = {}
         self.max_sessions, self.sessions_dropped = max_sessions, 0
         self.requests = 0
         self.created = int(time.time())
+        self.host, self.port = host, port
+        self._http: Any = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.http.host}:{self.http.port}/v1"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
 
     @property
     def generate_calls(self) -> int:
         """generate_turn calls sent so far (batched rounds plus one-at-a-time retries)."""
-        return self.batcher.calls + self._alone.calls
+        return self.batcher.calls + self._long.calls + self._alone.calls
 
     async def __aenter__(self) -> OpenAIServer:
-        await self.http.start()
+        from hfrt.flows.agent.openai.app import HttpServer  # Starlette and uvicorn load with the server, not the API logic
+
+        self._http = HttpServer(self, self.host, self.port)
+        self.port = await self._http.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.http.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     async def serve_forever(self) -> None:
         """Serve until cancelled (Ctrl-C in `hfrt serve-openai`)."""
@@ -96,44 +148,6 @@ class OpenAIServer:
         del self.sessions[session]
         return t
 
-    # -- HTTP -----------------------------------------------------------------------------
-
-    async def handle(self, request: Request) -> Response:
-        routes = {("GET", "/v1/models"): self._models, ("POST", "/v1/completions"): self._completions,
-                  ("POST", "/v1/chat/completions"): self._chat}
-        route = routes.get((request.method, request.path.rstrip("/") or "/"))
-        if route is None:
-            if any(path == request.path.rstrip("/") for _, path in routes):
-                raise HttpError(405, f"{request.method} is not allowed on {request.path}")
-            raise HttpError(404, f"no route {request.method} {request.path}: serving /v1/models, /v1/completions, /v1/chat/completions")
-        self.requests += 1
-        return await route(request)
-
-    async def _models(self, request: Request) -> Response:
-        return Response(200, models_body(self.model, self.created))
-
-    async def _completions(self, request: Request) -> Response:
-        turn = completion_request(request.json(), max_tokens_limit=self.max_tokens_limit)
-        return _reply(turn, completion_body(turn, await self._sample(turn, request), self.model))
-
-    async def _chat(self, request: Request) -> Response:
-        turn = chat_request(request.json(), max_tokens_limit=self.max_tokens_limit)
-        return _reply(turn, chat_body(turn, await self._sample(turn, request), self.model))
-
-    # -- sampling -------------------------------------------------------------------------
-
-    async def _sample(self, turn: TurnRequest, request: Request) -> TurnResult:
-        if turn.model is not None and turn.model != self.model:
-            raise BadRequest("model", f"{turn.model!r} does not exist: this server samples {self.model!r}", status=404, code="model_not_found")
-        name = request.headers.get("x-session-id") or turn.user
-        context, append = self._continuation(turn, self.sessions.get(name) if name else None)
-        result = await self._generate(context, append, turn.options)
-        if name:
-            session = self._session(name)
-            session.calls.append(SessionCall(result.prompt_ids, result.token_ids, result.log_probs, result.weight_version))
-            session.text = turn.text_prompt + result.text if turn.text_prompt is not None else None
-        return result
-
     def _session(self, name: str) -> Session:
         """The named session, made on first use; past max_sessions the oldest is dropped (logged)."""
         if name not in self.sessions and len(self.sessions) >= self.max_sessions:
@@ -143,56 +157,139 @@ class OpenAIServer:
             get_logger(part="openai_server").warning("session_dropped", session=oldest, max_sessions=self.max_sessions)
         return self.sessions.setdefault(name, Session())
 
+    # -- requests -------------------------------------------------------------------------
+
+    def completion_turn(self, body: Any) -> TurnRequest:
+        return completion_request(body, limits=Limits(self.limits.max_tokens, self.limits.max_n))
+
+    def chat_turn(self, body: Any) -> TurnRequest:
+        return chat_request(body, limits=Limits(self.limits.max_tokens, self.limits.max_n), tool_parser=self.tool_parser)
+
+    async def complete(self, turn: TurnRequest, session: str | None = None) -> tuple[list[TurnResult], dict[str, Any]]:
+        """Sample `turn` (n choices), record it under `session` (or its `user`), and build the body."""
+        results = await self.sample(turn, session or turn.user)
+        if turn.kind == "chat":
+            return results, chat_body(turn, results, self.model, self.tool_parser)
+        return results, completion_body(turn, results, self.model)
+
+    async def sample(self, turn: TurnRequest, name: str | None) -> list[TurnResult]:
+        if turn.model is not None and turn.model != self.model:
+            raise BadRequest("model", f"{turn.model!r} does not exist: this server samples {self.model!r}", status=404, code="model_not_found")
+        names = [name] if turn.n == 1 else [f"{name}#{i}" for i in range(turn.n)] if name else [None] * turn.n
+        held = self.sessions.get(names[0]) if names[0] else None
+        context, append = self._continuation(turn, held)
+        options = dict(turn.options)
+        if turn.stream:
+            options["pieces"] = True
+        if turn.top_logprobs:
+            options["top_logprobs"] = turn.top_logprobs
+        if self.limits.max_prompt_tokens is not None:
+            options["max_prompt_tokens"] = self.limits.max_prompt_tokens
+        size = len(context) + sum(len(a) if isinstance(a, str) else len(str(a)) for a in append) + turn.options["max_new_tokens"]
+        if size > self.limits.long_request_tokens:
+            rows = await asyncio.gather(*(self._chunked(context, append, options, turn) for _ in range(turn.n)))
+        else:
+            rows = await asyncio.gather(*(self._generate(self.batcher, context, append, options, turn) for _ in range(turn.n)))
+        results = [TurnResult.from_row(context, row) for row in rows]
+        for key, result in zip(names, results, strict=True):
+            if key:
+                self._record(key, turn, result)
+        return results
+
+    def _record(self, name: str, turn: TurnRequest, result: TurnResult) -> None:
+        session = self._session(name)
+        session.calls.append(SessionCall(result.prompt_ids, result.token_ids, result.log_probs, result.weight_version))
+        session.text = turn.text_prompt + result.text if turn.text_prompt is not None else None
+        session.chat = None
+        if turn.kind == "chat":
+            reply = _message(len(turn.messages), assistant_message(turn, result, self.tool_parser))
+            session.chat = (turn.messages + [reply], [t.schema for t in turn.tools])
+
     @staticmethod
     def _continuation(turn: TurnRequest, session: Session | None) -> tuple[list[int], list[Any]]:
-        """A text prompt that starts with the session's last prompt text + output text continues
-        the session's exact ids (only the new text is tokenised): no re-tokenisation drift."""
-        if session is None or session.text is None or turn.text_prompt is None or not turn.text_prompt.startswith(session.text):
+        """Continue a session's exact ids when the request extends what it holds: a text prompt
+        that starts with the last prompt text + output text (only the new text is tokenised), or
+        chat messages that start with the last messages + the reply as returned, with the same
+        tools (only what the chat template renders past them is tokenised)."""
+        if session is None or not session.calls:
             return turn.context, turn.append
-        rest = turn.text_prompt[len(session.text):]
-        return session.ids, [rest] if rest else []
+        if turn.text_prompt is not None and session.text is not None and turn.text_prompt.startswith(session.text):
+            rest = turn.text_prompt[len(session.text):]
+            return session.ids, [rest] if rest else []
+        if turn.kind == "chat" and session.chat is not None:
+            held, tools = session.chat
+            if len(turn.messages) > len(held) and turn.messages[:len(held)] == held and [t.schema for t in turn.tools] == tools:
+                item = {"messages": turn.messages, "tools": tools or None, "after": len(held)}
+                return session.ids, [item, turn.prefill] if turn.prefill else [item]
+        return turn.context, turn.append
 
-    async def _generate(self, context: list[int], append: list[Any], options: dict[str, Any]) -> TurnResult:
+    async def _chunked(self, context: list[int], append: list[Any], options: dict[str, Any], turn: TurnRequest) -> dict[str, Any]:
+        """One long choice sampled long_chunk_tokens at a time: each chunk's context is the prompt
+        plus every token sampled so far, so the turn is the same token sequence a single call
+        would sample (its log-probs each conditioned on exactly the tokens before it)."""
+        total, chunk = int(options["max_new_tokens"]), self.limits.long_chunk_tokens
+        row = dict(await self._generate(self._long, context, append, {**options, "max_new_tokens": min(chunk, total)}, turn))
+        prompt = list(context) + [t for piece in row["appended"] for t in piece]
+        row["turn_ids"], row["turn_log_probs"] = list(row["turn_ids"]), list(row["turn_log_probs"])
+        for k in ("turn_pieces", "turn_top"):
+            if k in row:
+                row[k] = list(row[k])
+        rounds = 0
+        while not row.get("turn_finished", True) and len(row["turn_ids"]) < total:
+            rounds += 1
+            more = {**options, "max_new_tokens": min(chunk, total - len(row["turn_ids"])), "text_prefix": len(row["turn_ids"])}
+            if "seed" in more:
+                more["seed"] = (int(more["seed"]) + rounds) % 2**63
+            step = await self._generate(self._long, prompt + row["turn_ids"], [], more, turn)
+            for k in ("turn_ids", "turn_log_probs", "turn_pieces", "turn_top"):
+                if k in row:
+                    row[k] += list(step.get(k) or [])
+            row.update({"turn_text": step["turn_text"], "turn_finished": step.get("turn_finished", True),
+                        "weight_version": min(int(row["weight_version"]), int(step["weight_version"]))})
+        return row
+
+    async def _generate(self, batcher: TurnBatcher, context: list[int], append: list[Any], options: dict[str, Any],
+                        turn: TurnRequest) -> dict[str, Any]:
         try:
-            row = await self.batcher.request(context, append, options)
+            return await batcher.request(context, append, options)
         except AgentGenerationError as exc:
             if exc.rows <= 1 or not isinstance(exc.__cause__, RemoteError):
-                raise _http_error(exc) from exc
+                raise http_error(exc, turn.kind) from exc
             try:  # one bad row fails its whole batch: find out whether it was this one
-                row = await self._alone.request(context, append, options)
+                return await self._alone.request(context, append, options)
             except AgentGenerationError as alone:
-                raise _http_error(alone) from alone
-        return TurnResult.from_row(context, row)
+                raise http_error(alone, turn.kind) from alone
 
 
-def _reply(turn: TurnRequest, body: dict[str, Any]) -> Response:
-    if turn.stream:
-        return Response(200, event_stream(turn, body), {"Cache-Control": "no-cache"}, content_type="text/event-stream")
-    return Response(200, body)
-
-
-def _http_error(exc: AgentGenerationError) -> HttpError:
-    """400 when the rollout daemon refused the input, 503 when it is gone or timed out, else 500."""
+def http_error(exc: AgentGenerationError, kind: str = "completion") -> ApiError:
+    """400 when the rollout daemon refused the input (the field named), 503 when it is gone or
+    timed out, else 500; the client hears no server paths, logs or tracebacks (the log has them)."""
     cause = exc.__cause__
     if isinstance(cause, RemoteError) and cause.type_name in INPUT_ERRORS:
-        param = "stop" if "stop string" in cause.message else ("messages" if "chat_template" in cause.message else None)
-        return BadRequest(param, f"the rollout daemon refused the request: {cause.message}")
+        text = cause.message
+        param = "stop" if "stop string" in text else "messages" if ("chat_template" in text or "chat template" in text) else None
+        param = "top_logprobs" if "top_logprobs:" in text else param
+        if param is None and ("prompt:" in text or "vocabulary" in text):
+            param = "messages" if kind == "chat" else "prompt"
+        text = text.split(": ", 1)[-1] if text.startswith("generate_turn row") else text
+        text = text.split(": ", 1)[-1] if param and text.startswith(f"{param}: ") else text
+        return BadRequest(param, f"the rollout daemon refused the request: {text}")
+    incident = uuid.uuid4().hex[:12]
+    get_logger(part="openai_server").warning("generation_failed", incident=incident, error=f"{type(cause).__name__}: {cause or exc}")
     if isinstance(cause, (DaemonGone, CallTimeout)):
-        return HttpError(503, f"the rollout role is unavailable: {cause}")
-    if isinstance(cause, RemoteError):  # without the remote traceback (the daemon's log has it)
-        return HttpError(500, f"generate_turn failed: {cause.where} raised {cause.type_name}: {cause.message}")
-    return HttpError(500, f"generate_turn failed: {cause or exc}")
+        return ApiError(503, f"the rollout role is unavailable (incident {incident}; the server log has the details)")
+    where = f"{cause.where} raised {cause.type_name}" if isinstance(cause, RemoteError) else type(cause).__name__
+    return ApiError(500, f"generate_turn failed: {where} (incident {incident}; the server log has the details)")
 
 
-def serve_flow(*, host: str, port: int, model: str, batch_size: int = 64, flush_after_s: float = 0.02,
-               idle_flush: bool = False, start_timeout_s: float = 600.0) -> Any:
+def serve_flow(*, host: str, port: int, model: str, start_timeout_s: float = 600.0, **options: Any) -> Any:
     """A flow (`async def flow(ctl, config)`) that serves the run's `rollout` role over HTTP until
-    cancelled; `hfrt serve-openai` runs it with one local rollout daemon."""
+    cancelled; `hfrt serve-openai` runs it with one local rollout daemon. `options` go to
+    OpenAIServer (batch_size, flush_after_s, idle_flush, limits, api_key, tool_parser)."""
 
     async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
         rollout = await ctl.role("rollout", timeout_s=start_timeout_s)
-        async with OpenAIServer(rollout, host=host, port=port, model=model, batch_size=batch_size, flush_after_s=flush_after_s,
-                                idle_flush=idle_flush) as server:
+        async with OpenAIServer(rollout, host=host, port=port, model=model, **options) as server:
             print(f"hfrt serve-openai: serving {model!r} at {server.url} (Ctrl-C stops)", flush=True)
             try:
                 await server.serve_forever()

@@ -8,6 +8,7 @@ Pure logic: it knows hfrt.flows.agent.loop.Trajectory and nothing of HTTP, OpenA
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hfrt.flows.agent.loop import Trajectory
 
@@ -31,10 +32,13 @@ class SessionCall:
 class Session:
     """A session's calls in completion order, and `text`: the last call's prompt text plus its
     output text when that prompt was text (a next text prompt that starts with it continues the
-    session's ids exactly, see OpenAIServer)."""
+    session's ids exactly, see OpenAIServer), or `chat` for a chat call."""
 
     calls: list[SessionCall] = field(default_factory=list)
     text: str | None = None
+    #: the last chat call's messages + the reply as returned, and the tool schemas offered (a
+    #: next chat request that extends them continues the session's ids exactly)
+    chat: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
 
     @property
     def ids(self) -> list[int]:

@@ -1,0 +1,199 @@
+"""The HTTP side of the OpenAI-compatible endpoint: a Starlette app on uvicorn (in the caller's
+event loop) that checks the API key, the body size, the number of requests in progress and each
+request's time limit, and hands checked JSON to OpenAIServer. Every error is OpenAI's JSON error
+shape naming the field or the limit; a client that goes away mid-request is a debug line.
+
+It knows HTTP, the ServerLimits and the routes; nothing of sampling, sessions or tokenizers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from hfrt.flows.agent.openai.api import ApiError, BadRequest, error_body, parse_body
+from hfrt.flows.agent.openai.responses import event_stream, models_body
+from hfrt.flows.agent.openai.schema import openapi_schema
+from hfrt.log import get_logger
+
+if TYPE_CHECKING:
+    from hfrt.flows.agent.openai.server import OpenAIServer
+
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/openapi.json")
+
+
+def _error(exc: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(exc), status_code=exc.status, headers=headers)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` only serves this machine (localhost, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as its announced or received size passes `limit`."""
+    announced = request.headers.get("content-length")
+    if announced is not None and announced.isdigit() and int(announced) > limit:
+        raise ApiError(413, f"the body is {announced} bytes, more than the max_body_bytes limit of {limit}", code="max_body_bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the body is more than the max_body_bytes limit of {limit} bytes", code="max_body_bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def build_app(server: OpenAIServer) -> Starlette:
+    """The Starlette app serving `server`: /v1/models, /v1/completions, /v1/chat/completions
+    and the OpenAPI schema at /openapi.json."""
+    limits, log = server.limits, get_logger(part="openai_server")
+    in_progress = 0
+
+    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            nonlocal in_progress
+            if server.api_key is not None:
+                sent = request.headers.get("authorization", "")
+                if not (sent.startswith("Bearer ") and hmac.compare_digest(sent[7:].encode(), server.api_key.encode())):
+                    why = "no API key sent (header Authorization: Bearer <key>)" if not sent else "the API key is not valid"
+                    return _error(ApiError(401, why, code="invalid_api_key"), {"WWW-Authenticate": "Bearer"})
+            if in_progress >= limits.max_concurrent_requests:
+                return _error(ApiError(429, f"more than the max_concurrent_requests limit of {limits.max_concurrent_requests} "
+                                            "requests in progress: retry later", code="max_concurrent_requests"))
+            in_progress += 1
+            server.requests += 1
+            try:
+                return await asyncio.wait_for(handler(request), limits.request_timeout_s)
+            except ApiError as exc:
+                return _error(exc)
+            except TimeoutError:
+                return _error(ApiError(408, f"the request took longer than the request_timeout_s limit of {limits.request_timeout_s} s",
+                                       code="request_timeout_s"))
+            except ClientDisconnect:
+                log.debug("client_disconnected", path=request.url.path)
+                return Response(status_code=499)
+            except Exception as exc:  # a server bug: logged, the client hears no details, the server serves on
+                log.exception("request_failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+                return _error(ApiError(500, "the server failed on this request (the server log has the details)"))
+            finally:
+                in_progress -= 1
+
+        return endpoint
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(models_body(server.model, server.created))
+
+    async def sample(request: Request, kind: str) -> Response:
+        body = parse_body(await read_body(request, limits.max_body_bytes))
+        turn = server.chat_turn(body) if kind == "chat" else server.completion_turn(body)
+        results, reply = await server.complete(turn, request.headers.get("x-session-id"))
+        if turn.stream:
+            return StreamingResponse(_events(event_stream(turn, results, reply)), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return JSONResponse(reply)
+
+    async def completions(request: Request) -> Response:
+        return await sample(request, "completion")
+
+    async def chat(request: Request) -> Response:
+        return await sample(request, "chat")
+
+    async def schema(request: Request) -> Response:
+        return JSONResponse(openapi_schema(server.model, limits))
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _error(ApiError(404, f"no route {request.method} {request.url.path}: serving {', '.join(ROUTES)}"))
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return _error(ApiError(405, f"{request.method} is not allowed on {request.url.path}"))
+
+    routes = [Route("/v1/models", guarded(models), methods=["GET"]),
+              Route("/v1/completions", guarded(completions), methods=["POST"]),
+              Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
+              Route("/openapi.json", schema, methods=["GET"])]
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+
+
+async def _events(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its signal handlers: the hfrt process that hosts the server owns Ctrl-C
+    and SIGTERM (hfrt.signals)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HttpServer:
+    """uvicorn serving build_app(server) on host:port (0: a free port) in the running loop."""
+
+    def __init__(self, server: OpenAIServer, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._app = build_app(server)
+        self._uvicorn: _Uvicorn | None = None
+        self._task: asyncio.Task[None] | None = None
+        if server.api_key is None and not is_loopback(host):
+            get_logger(part="openai_server").warning(
+                "no_api_key", host=host, message=f"serving on {host} without an API key: anyone who can reach the port can generate "
+                                                 "and write into training sessions (set --api-key or HFRT_API_KEY)")
+
+    async def start(self) -> int:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # IPPROTO_TCP: asyncio then sets TCP_NODELAY
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        self.port = int(sock.getsockname()[1])
+        http = "httptools" if _has("httptools") else "h11"
+        config = uvicorn.Config(self._app, http=http, lifespan="off", log_config=None, access_log=False, server_header=False,
+                                timeout_keep_alive=60, timeout_graceful_shutdown=5)
+        self._uvicorn = _Uvicorn(config)
+        self._task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))
+        while not self._uvicorn.started:
+            if self._task.done():
+                self._task.result()  # startup failed: raise its error
+                raise OSError(f"the HTTP server on {self.host}:{self.port} did not start")
+            await asyncio.sleep(0.005)
+        return self.port
+
+    async def close(self) -> None:
+        """Stop accepting, let requests in progress finish (at most 5 s), close connections."""
+        if self._uvicorn is not None and self._task is not None:
+            self._uvicorn.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._uvicorn = self._task = None
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+__all__ = ["BadRequest", "HttpServer", "build_app", "is_loopback", "read_body"]
