@@ -19,13 +19,12 @@ from hfrt.flows.ppo_family import PPO_ROLES
 from hfrt.flows.timing import StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
+from hfrt.wire.loss_options import GROUP_ESTIMATORS as GROUP_ESTIMATORS  # estimators that need n >= 2
 
 #: The embedded default: PPO's roles without the critic (actor, reference, reward).
 GRPO_ROLES: dict[str, dict[str, Any]] = {name: s for name, s in PPO_ROLES.items() if name != "critic"}
 #: A generation-only rollout daemon with the actor's model and sampling (asynchronous and agent flows).
 ROLLOUT_ROLE: dict[str, Any] = {"impl": "rollout", "options": {"model": "tiny", "sampling": {"top_k": 0}}}
-#: Estimators that compare the samples of one prompt, so need n >= 2.
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
 KW = {"timeout_s": CALL_TIMEOUT_S}
 StepFn = Callable[..., Awaitable[dict[str, Any]]]
 
