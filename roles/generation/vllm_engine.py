@@ -165,12 +165,18 @@ class VLLMGenerationEngine:
             logprobs_mode="processed_logprobs",
             seed=config.seed,
         )
-        if config.external_launcher:
-            atexit.register(_unlink, _own_cpushm())  # a kill -9 leaves them to the next engine's start
+        self._cpushm = _own_cpushm() if config.external_launcher else []
+        if self._cpushm:
+            atexit.register(_unlink, self._cpushm)  # a kill -9 (or os._exit) leaves them to the next engine's start
         self._sleep_mode = sleep_ok
         self._asleep = False
         self._kv_asleep = False
         _silence_expected_reload_gaps(config.model_dir)
+
+    def close(self) -> None:
+        """Remove this engine's shared-memory segments now (a process that ends with os._exit
+        skips atexit); the engine keeps working on its mappings."""
+        _unlink(self._cpushm)
 
     # ---- memory
     def sleep(self) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hfrt.roles.generation.vllm_engine import CPUSHM_GLOB, SHM_DIR, _held
 from tests.roles.dist_workers import run_ranks
 from tests.roles.vllm_tp_workers import vllm_tp, write_model
 from tests.support import skip_without_vllm
@@ -19,7 +20,10 @@ def test_vllm_external_launcher_tp2_samples_the_pushed_weights(tmp_path: Path) -
     skip_without_vllm("vLLM TP test", smollm2=False)
     model_dir = tmp_path / "model"
     write_model(model_dir)
+    before = set(SHM_DIR.glob(CPUSHM_GLOB))
     results = run_ranks(vllm_tp, 2, tmp_path, model_dir=str(model_dir))
+    left = set(SHM_DIR.glob(CPUSHM_GLOB)) - before
+    assert not left - _held(sorted(left)), f"the engines left vLLM shared-memory segments: {sorted(left)}"
     for rank, res in enumerate(results):
         print(rank, {k: v for k, v in res.items() if k != "metrics"})
         padded = -(-res["vocab"] // 64) * 64

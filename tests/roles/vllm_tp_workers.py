@@ -51,6 +51,7 @@ def vllm_tp(rank: int, world: int, *, out_dir: Path, model_dir: str) -> dict[str
     prompts = [[5, 17, 40, 9], [100, 3, 77]]
     params = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True, seed=3)
     out, metrics = hybrid.generate(prompts, params)
+    gen.close()  # its /dev/shm segments: this process ends with os._exit, past atexit
     own = gen.model_parameters()
     embed = next(t for n, t in own.items() if n.endswith("embed_tokens.weight"))
     reference = AutoModelForCausalLM.from_config(config)
