@@ -216,6 +216,7 @@ def _check_resume(flow: Any, run_dir: Path, config: dict[str, Any], roles: set[s
 
 def _controller_on_cluster(args: argparse.Namespace, flow: Any, run_dir: Path, config: dict[str, Any]) -> int:
     from hfrt.deploy import LaunchError, SpecError, load_spec
+    from hfrt.flows.reward_errors import RewardErrorLimit
     from hfrt.session import run_on_cluster
     from hfrt.signals import Stopped, run_stoppable
 
@@ -229,7 +230,7 @@ def _controller_on_cluster(args: argparse.Namespace, flow: Any, run_dir: Path, c
     except SpecError as exc:
         print(f"hfrt controller: {exc}", file=sys.stderr)
         return 2
-    except LaunchError as exc:
+    except (LaunchError, RewardErrorLimit) as exc:
         print(f"hfrt controller: {exc}", file=sys.stderr)
         return 1
     except Stopped as exc:
