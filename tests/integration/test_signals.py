@@ -105,3 +105,22 @@ def test_serve_openai_started_in_the_background_stops_on_sigterm(tmp_path: Path)
     finally:
         server.kill()
     assert server.returncode == 128 + signal.SIGTERM
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_cluster_run_stops_the_daemons_it_launched(tmp_path: Path) -> None:
+    spec = tmp_path / "local.toml"
+    spec.write_text('name = "sig"\n[daemons]\nhello_timeout_s = 60\n[[nodes]]\nname = "localhost"\ndevices = 2\n'
+                    '[roles.echo]\nimpl = "echo"\nworld_size = 2\n')
+    run = start([*HFRT, "controller", "--cluster", str(spec), "--flow", "ping", "--set", "rounds=1000000000",
+                 "--run-dir", str(tmp_path / "run")])
+    try:
+        daemons = daemons_of(run, 2)
+        time.sleep(1.0)
+        run.send_signal(signal.SIGTERM)
+        out, err = run.communicate(timeout=30)
+        wait_until(lambda: not alive(daemons), 5)
+    finally:
+        run.kill()
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert json.loads(out)["stopped_by"] == "SIGTERM" and "Traceback" not in err
