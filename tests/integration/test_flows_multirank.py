@@ -72,7 +72,7 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Warm]:
     run_dir = tmp_path_factory.mktemp("multirank") / "safe_rlhf"
     args = ["--flow", "safe_rlhf", "--run-dir", str(run_dir), "--keep-daemons", *sets(
         *COMMON, *TWO_RANKS, "export_hf=true", "checkpoint_every=1", "val_every=2", "val_prompts=4")]
-    # its own session: the daemons it starts share its process group, so nothing outlives the module
+    # its own session (the local launcher gives each daemon a session of its own: `hfrt stop` ends them)
     proc = subprocess.Popen([sys.executable, "-m", "hfrt", "controller", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -80,6 +80,8 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Warm]:
         assert proc.returncode == 0, err[-4000:]
         yield Warm(run_dir, run_dir / "attach.json", json.loads(out[: out.rindex("}") + 1]))
     finally:
+        if (run_dir / "attach.json").exists():
+            subprocess.run([sys.executable, "-m", "hfrt", "stop", str(run_dir / "attach.json")], capture_output=True, timeout=60)
         stop_group(proc.pid)
 
 
