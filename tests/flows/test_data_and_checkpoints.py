@@ -207,7 +207,7 @@ def test_no_whole_checkpoint_is_an_error_not_a_fresh_start(tmp_path: Path) -> No
     ("content", "message"),
     [
         ('{"prompt": "a"}\n\n"just a string"\n', r"train.jsonl:3: expected an object, got str"),
-        ('{"prompt": "a"}\n{"question": "a"}\n', r"train.jsonl:2: 'prompt' must be a string or a list"),
+        ('{"prompt": "a"}\n{"question": "a"}\n', r"train.jsonl:2: missing key 'prompt' \(a row has \['question'\]\)"),
         ('{"prompt": ["a"]}\n', r"train.jsonl:1: 'prompt' must be a string or a list"),
         ('{"prompt": "a"}\n{"prompt": \n', r"train.jsonl:2: not JSON"),
         (b'{"prompt": "\xff"}\n', r"train.jsonl:1: not JSON"),
@@ -250,7 +250,7 @@ def test_json_and_parquet_files_are_checked(tmp_path: Path) -> None:
     pq.write_table(pa.table({"prompt": ["1+1=", "1+2=", "1+3="]}), tmp_path / "ok.parquet")
     assert check_data_file(tmp_path / "ok.parquet") == 3
     pq.write_table(pa.table({"question": ["1+1="]}), tmp_path / "bad.parquet")
-    with pytest.raises(DatasetError, match=r"bad.parquet: row 1: 'prompt' must be"):
+    with pytest.raises(DatasetError, match=r"bad.parquet: row 1: missing key 'prompt'"):
         check_data_file(tmp_path / "bad.parquet")
     (tmp_path / "junk.parquet").write_text("not parquet")
     with pytest.raises(DatasetError, match=r"junk.parquet: not a readable Parquet file"):
