@@ -1,5 +1,5 @@
 """`hfrt serve-openai` as a user runs it: a real process that starts a rollout daemon, prints its URL,
-answers HTTP, and on Ctrl-C (SIGINT) shuts the daemon down and exits 0."""
+answers HTTP, and on Ctrl-C (SIGINT) shuts the daemon down and exits 130 (128 + SIGINT, hfrt.signals)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_serve_openai_serves_until_ctrl_c(tmp_path: Path) -> None:
         assert len(out["choices"][0]["token_ids"]) >= 1 and len(out["prompt_token_ids"]) == 4
         proc.send_signal(signal.SIGINT)
         start = time.monotonic()
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=30) == 130
         assert time.monotonic() - start < 30
         rest = proc.stdout.read()
         assert "stopping after 2 requests, 1 generate_turn calls" in rest, rest

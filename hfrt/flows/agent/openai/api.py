@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from hfrt.flows.agent.openai.errors import ApiError, BadRequest
 from hfrt.flows.agent.openai.tools import Tool, check_tool_choice, check_tools, parser_for
 
 #: chat roles passed to the chat template
@@ -23,22 +24,6 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_DEPTH = 64
 #: largest token id a prompt may hold before the rollout daemon checks it against its vocabulary
 MAX_TOKEN_ID = 2**31 - 1
-
-
-class ApiError(Exception):
-    """A request that cannot be served: the HTTP status, a message for the client (never server
-    paths or logs), OpenAI's `param` (the field at fault) and `code`."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-
-class BadRequest(ApiError):
-    """A request OpenAI would refuse (400 unless told): `param` names the field."""
-
-    def __init__(self, param: str | None, message: str, *, status: int = 400, code: str | None = None) -> None:
-        super().__init__(status, f"{param}: {message}" if param else message, param=param, code=code)
 
 
 def error_body(exc: ApiError) -> dict[str, Any]:

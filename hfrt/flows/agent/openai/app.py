@@ -14,7 +14,7 @@ import hmac
 import ipaddress
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -22,13 +22,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from hfrt.flows.agent.openai.api import ApiError, BadRequest, error_body, parse_body
+from hfrt.flows.agent.openai.api import error_body, parse_body
+from hfrt.flows.agent.openai.errors import ApiError, BadRequest
 from hfrt.flows.agent.openai.responses import event_stream, models_body
 from hfrt.flows.agent.openai.schema import openapi_schema
 from hfrt.log import get_logger
 
-if TYPE_CHECKING:
-    from hfrt.flows.agent.openai.server import OpenAIServer
+#: what the app serves: an OpenAIServer (limits, api_key, model, requests, chat_turn, completion_turn, complete)
+OpenAIServer = Any
 
 ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/openapi.json")
 

@@ -136,7 +136,10 @@ def event_stream(request: TurnRequest, results: list[TurnResult], body: dict[str
             yield _event({**head, "choices": [delta], **extension})
             extension = {}
         end: dict[str, Any] = {"index": index, "finish_reason": choice["finish_reason"], "logprobs": None}
-        end.update({"delta": {}} if request.kind == "chat" else {"text": ""})
+        if request.kind == "chat":
+            end["delta"] = {}
+        else:
+            end["text"] = ""
         yield _event({**head, "choices": [end]})
     if request.stream_usage:
         yield _event({**head, "choices": [], "usage": body["usage"]})

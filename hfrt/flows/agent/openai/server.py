@@ -95,7 +95,7 @@ class OpenAIServer:
         self.rollout, self.model, self.limits = rollout, model, limits or ServerLimits()
         self.tool_parser = parser_for(tool_parser).name
         self.api_key = api_key or None
-        kw = {"timeout_s": timeout_s, "batch_size": batch_size, "idle_flush": idle_flush}
+        kw: dict[str, Any] = {"timeout_s": timeout_s, "batch_size": batch_size, "idle_flush": idle_flush}
         self.batcher = RowBatcher(rollout, flush_after_s=flush_after_s, **kw)
         self._long = RowBatcher(rollout, flush_after_s=flush_after_s, **kw)
         self._alone = RowBatcher(rollout, flush_after_s=0.0, timeout_s=timeout_s, batch_size=1)

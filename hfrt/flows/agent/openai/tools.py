@@ -16,10 +16,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hfrt.flows.agent.openai.errors import BadRequest
+
 
 def _bad(param: str, message: str) -> Exception:
-    from hfrt.flows.agent.openai.api import BadRequest  # api imports this module
-
     return BadRequest(param, message)
 
 
