@@ -99,3 +99,31 @@ def test_kl_estimators_and_whitening() -> None:
     x, mask = torch.randn(4, 6), torch.ones(4, 6)
     w = masked_whiten(x, mask)
     assert abs(w.mean().item()) < 1e-5 and abs(w.std().item() - 1) < 1e-3
+
+
+def test_every_estimator_feeds_every_policy_loss_mode() -> None:
+    """Any estimator × any loss mode: compute_advantages' output trains every mode to a finite loss
+    and gradient (the columns each estimator reads given: values, a baseline, Σπ², old log-probs)."""
+    from hfrt.daemon.batch import Batch
+    from hfrt.roles.mixins.advantage import Advantages
+    from hfrt.wire.loss_options import ESTIMATORS, POLICY_LOSS_MODES
+
+    g = torch.Generator().manual_seed(0)
+    mask = (torch.arange(4)[None] < torch.tensor([4, 2, 3, 4, 1, 3])[:, None]).float()
+    scores = torch.zeros(6, 4)
+    scores[torch.arange(6), mask.sum(-1).long() - 1] = torch.tensor([1.0, 0.0, 1.0, 0.5, 0.0, 1.0])
+    old = -torch.rand(6, 4, generator=g) - 0.1
+    batch = Batch({"response_mask": mask, "token_level_scores": scores, "old_log_probs": old, "values": torch.rand(6, 4, generator=g),
+                   "sum_pi_squared": torch.rand(6, 4, generator=g) * 0.5, "baseline_score": torch.rand(6, generator=g)},
+                  {"uid": ["a", "a", "a", "b", "b", "b"]})
+    for estimator in ESTIMATORS:
+        adv = Advantages().compute(batch, estimator=estimator)["advantages"]
+        assert torch.isfinite(adv).all() and adv.abs().sum() > 0, estimator
+        for mode in POLICY_LOSS_MODES:
+            log_prob = (old + 0.1 * torch.randn(6, 4, generator=g)).requires_grad_(True)
+            loss, _ = policy_loss(log_prob, old, adv, mask, PolicyLossConfig(mode=mode, tis_cap=2.0, clip_cov_lb=-10.0),
+                                  rollout_log_probs=old, generator=torch.Generator().manual_seed(0))
+            loss.backward()
+            assert log_prob.grad is not None, (estimator, mode)
+            assert torch.isfinite(loss) and torch.isfinite(log_prob.grad).all(), (estimator, mode)
+            assert log_prob.grad.abs().sum() > 0, (estimator, mode)
