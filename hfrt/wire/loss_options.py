@@ -51,7 +51,8 @@ ESTIMATOR_COLUMNS = {"gae": "values (a critic)", "remax": "a greedy baseline sco
 ADVANTAGE_OPTIONS = (
     "gamma", "lam", "norm_adv_by_std", "epsilon", "use_kl_in_reward", "kl_penalty", "kl_ctrl", "kl_coef", "target_kl",
     "horizon", "score_column", "index_column", "baseline_column", "cost_column", "cost_coef", "overlong_buffer_len",
-    "overlong_penalty_factor", "max_response_len", "f_norm", "sum_pi_squared_column", "handle_zero_tail",
+    "overlong_penalty_factor", "max_response_len", "f_norm", "sum_pi_squared_column", "handle_zero_tail", "rollout_is",
+    "rollout_is_threshold",
 )
 #: loss_agg_mode (see hfrt.roles.losses.agg_loss)
 AGG_MODES = (

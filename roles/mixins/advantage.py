@@ -38,6 +38,7 @@ from hfrt.roles.losses import (
     kl_penalty,
     masked_mean,
 )
+from hfrt.roles.losses.corrections import is_weights
 from hfrt.roles.reward_fns import token_level_rewards
 from hfrt.roles.rows import merge, take
 from hfrt.wire.loss_options import ESTIMATORS as ESTIMATORS  # declared torch-free, checked before launch
@@ -58,8 +59,10 @@ class AdvantageParams:
     a response of length l > M − L gets −(l − (M − L))/L·factor added to its score (DAPO; L 0: off).
     f_norm: GPG's divisor. The optimal token baselines read the old policy's log-probs
     (`old_log_probs`, else `rollout_log_probs`), Σπ² per token (sum_pi_squared_column, from
-    actor.compute_log_prob(sum_pi_squared=True)) and, when the batch has it, `rollout_is_weights`;
-    handle_zero_tail: None is verl's default (False for optimal_token_baseline, True for tir_...).
+    actor.compute_log_prob(sum_pi_squared=True)) and, when the batch has it, `rollout_is_weights`,
+    else with rollout_is ("token" | "sequence") the truncated weights π_old / π_rollout at
+    rollout_is_threshold (from `old_log_probs` and `rollout_log_probs`; verl's decoupled-mode
+    weights); handle_zero_tail: None is verl's default (False for optimal_token_baseline, True for tir_...).
     """
 
     gamma: float = 1.0
@@ -83,6 +86,8 @@ class AdvantageParams:
     f_norm: float = 1.0
     sum_pi_squared_column: str = "sum_pi_squared"
     handle_zero_tail: bool | None = None
+    rollout_is: str | None = None
+    rollout_is_threshold: float = 2.0
 
 
 def make_kl_controller(p: AdvantageParams) -> FixedKLController | AdaptiveKLController:
@@ -135,6 +140,10 @@ def _token_baseline(
                        f"actor.compute_log_prob(rollout, sum_pi_squared=True); the batch has {batch.keys()}")
     cols = take(batch, [old_name, p.sum_pi_squared_column], where)
     weights = batch.tensors.get("rollout_is_weights")
+    if weights is None and p.rollout_is is not None:
+        logp = take(batch, ["old_log_probs", "rollout_log_probs"], f"{where} with rollout_is")
+        weights, _ = is_weights(logp["old_log_probs"].float() - logp["rollout_log_probs"].float(), mask, p.rollout_is,
+                                p.rollout_is_threshold)
     fn = compute_optimal_token_baseline_advantage if estimator == "optimal_token_baseline" else compute_tir_optimal_token_baseline_advantage
     zero_tail = p.handle_zero_tail if p.handle_zero_tail is not None else estimator.startswith("tir")
     return fn(rewards, mask, index, cols[old_name].float(), cols[p.sum_pi_squared_column].float(),

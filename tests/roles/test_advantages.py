@@ -285,3 +285,23 @@ def test_new_estimators_through_the_endpoint() -> None:
     out = Advantages().compute(otb, Batch({"old_log_probs": c["old"], "sum_pi_squared": c["spp"]}),
                                estimator="tir_optimal_token_baseline", handle_zero_tail=False)
     close(out["advantages"], [[0.5, 0.0], [-0.5, 0.0]])
+
+
+def test_token_baseline_weights_from_rollout_is() -> None:
+    """rollout_is makes compute_advantages scale OTB's w by ρ̄² itself (old vs rollout log-probs)."""
+    from hfrt.daemon.batch import Batch
+    from hfrt.roles.losses import compute_optimal_token_baseline_advantage
+    from hfrt.roles.mixins.advantage import Advantages
+
+    c = _otb_case()
+    rollout = c["old"] - T([[LN4, 0.0], [0.0, 0.0]])  # ρ = 4 on row 0's first token → truncated at 2
+    otb = Batch({"response_mask": c["mask"], "token_level_scores": c["rewards"]}, {"uid": ["p", "p"]})
+    cols = Batch({"old_log_probs": c["old"], "sum_pi_squared": c["spp"], "rollout_log_probs": rollout})
+    out = Advantages().compute(otb, cols, estimator="optimal_token_baseline", rollout_is="token", rollout_is_threshold=2.0)
+    want, _ = compute_optimal_token_baseline_advantage(c["rewards"], c["mask"], ["p", "p"], c["old"], c["spp"],
+                                                       T([[2.0, 1.0], [1.0, 0.0]]))
+    close(out["advantages"], want.tolist())
+    close(out["advantages"][:, 0], [1 - 2 / 2.5, -2 / 2.5])
+
+
+LN4 = math.log(4.0)
