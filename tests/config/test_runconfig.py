@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hfrt import config as runconfig
-from hfrt.flows import load_flow
+from hfrt.flows import BUILTIN, load_flow
 from hfrt.flows.recipes.ppo import PPOConfig
 
 FLOW_ROLES = {
@@ -188,3 +188,24 @@ def test_check_recovery_policy_and_run_share_one_read(tmp_path: Path) -> None:
     first = flow.read(config)
     assert recovery_policy(flow, dict(config)).enabled
     assert flow.read(dict(config)) is first
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_saved_config_json_holds_every_setting_and_reads_back_the_same(tmp_path: Path, name: str) -> None:
+    """config.json is the resolved configuration of every built-in flow: all its keys (defaults
+    included, none of the run's own), and `--config RUN_DIR/config.json` reads back the same config."""
+    import dataclasses
+
+    from hfrt.cli import RUN_ONLY, _write_config
+
+    flow = load_flow(name)
+    _write_config(tmp_path, flow, {}, flow.roles)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    if flow.config_cls is None:
+        assert saved == {"flow": {}, "roles": flow.roles}
+        return
+    fields = {f.name for f in dataclasses.fields(flow.config_cls)}
+    assert set(saved["flow"]) == fields - set(RUN_ONLY) and saved["roles"] == flow.roles
+    again = runconfig.build(flow.roles, file=tmp_path / "config.json")
+    assert again.roles == flow.roles
+    assert flow.config_cls.read(again.flow) == flow.config_cls.read({})
