@@ -1,7 +1,8 @@
 """Nothing fails silently with real `hfrt controller` runs: a reward function that raises on every
 sample stops the run with its traceback; config.json holds every resolved setting, so `--config
 RUN_DIR/config.json` runs the same run again; a folder that holds a run is refused without
---resume / --overwrite; a run on daemons an earlier run trained says so and can reset them."""
+--resume / --overwrite; a run on daemons an earlier run trained says so and can reset them.
+(test_run_safety.py checks --overwrite and the errors caught before launch.)"""
 
 from __future__ import annotations
 
@@ -49,34 +50,14 @@ def test_a_reward_function_raising_on_every_sample_stops_the_run(tmp_path: Path)
 
 
 @pytest.mark.slow
-def test_config_json_runs_the_run_again_and_a_used_folder_is_refused(tmp_path: Path) -> None:
-    first, again = tmp_path / "first", tmp_path / "again"
-    out = hfrt("controller", "--flow", "ppo", "--run-dir", str(first), *FAST, "--set", "seed=3")
-    assert out.returncode == 0, out.stderr[-3000:]
-    saved = json.loads((first / "config.json").read_text())
-    # every resolved setting, defaults included (PPO's own and FlowConfig's), none of the run's own
-    assert saved["flow"]["seed"] == 3 and saved["flow"]["kl_coef"] == 0.1 and saved["flow"]["gamma"] == 1.0
-    assert saved["flow"]["reward_error_limit"] == 0.5 and saved["flow"]["val_before_train"] is True
-    assert not {"run_dir", "resume", "daemons_dir"} & set(saved["flow"])
-    assert saved["roles"]["actor"]["options"]["model"] == "tiny"
-
-    out = hfrt("controller", "--flow", "ppo", "--config", str(first / "config.json"), "--run-dir", str(again))
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads((again / "config.json").read_text()) == saved
-    assert rewards(again) == rewards(first)  # the same run: same seeds, same samples, same rewards
-
-    before = (first / "metrics.jsonl").read_text()
-    out = hfrt("controller", "--flow", "ppo", "--run-dir", str(first), "--set", "steps=5")
-    assert out.returncode == 2, out.stderr
-    assert (f"hfrt controller: run folder {first} already holds a run (config.json, metrics.jsonl); "
-            f"continue it with --resume {first}, replace it with --overwrite") in out.stderr
-    assert (first / "metrics.jsonl").read_text() == before  # nothing appended, nothing overwritten
-
-
-@pytest.mark.slow
-def test_an_attached_run_says_it_starts_from_trained_weights_and_can_reset_them(tmp_path: Path) -> None:
-    warm = tmp_path / "warm"
-    out = hfrt("controller", "--flow", "grpo", "--keep-daemons", "--run-dir", str(warm), *FAST)
+def test_config_json_reproduces_a_run_on_reset_weights_and_a_used_folder_is_refused(tmp_path: Path) -> None:
+    """One set of warm daemons (a daemon start is most of a short run's time): the first run keeps
+    them; a run attached to them says it starts from their trained weights; a run attached with
+    `--config FIRST/config.json --set reset_weights=true` is the first run again (same rewards:
+    the initial weights came back and config.json held every setting); a second run in the first
+    run's folder is refused."""
+    first = tmp_path / "first"
+    out = hfrt("controller", "--flow", "grpo", "--keep-daemons", "--run-dir", str(first), *FAST, "--set", "seed=3")
     assert out.returncode == 0, out.stderr[-3000:]
     attach = json.loads(out.stdout)["attach"]
     address = json.loads(Path(attach).read_text())["address"]
@@ -84,21 +65,37 @@ def test_an_attached_run_says_it_starts_from_trained_weights_and_can_reset_them(
     STARTED_PIDS.update(p.pid for p in daemons)
     try:
         assert "started_from_trained_weights" not in json.loads(out.stdout)
-        assert (warm / "initial_weights" / "roles.json").exists()  # kept before the first update
+        assert (first / "initial_weights" / "roles.json").exists()  # kept before the first update
+        saved = json.loads((first / "config.json").read_text())
+        # every resolved setting, defaults included (GRPO's own and FlowConfig's), none of the run's own
+        assert saved["flow"]["seed"] == 3 and saved["flow"]["n"] == 8 and saved["flow"]["kl_loss_coef"] == 0.001
+        assert saved["flow"]["reward_error_limit"] == 0.5 and saved["flow"]["reset_weights"] is False
+        assert not {"run_dir", "resume", "daemons_dir"} & set(saved["flow"])
+        assert saved["roles"]["actor"]["options"]["model"] == "tiny"
 
         out = hfrt("controller", "--flow", "grpo", "--attach", attach, "--run-dir", str(tmp_path / "on"), *FAST)
         assert out.returncode == 0, out.stderr[-3000:]
-        assert json.loads(out.stdout)["started_from_trained_weights"] == 2  # the warm run's 2 steps
+        assert json.loads(out.stdout)["started_from_trained_weights"] == 2  # the first run's 2 steps
         assert "continuing_from_trained_weights" in out.stderr and "reset_weights=true" in out.stderr
 
-        reset = tmp_path / "reset"
-        out = hfrt("controller", "--flow", "grpo", "--attach", attach, "--run-dir", str(reset), *FAST,
-                   "--set", "reset_weights=true", "--set", "checkpoint_every=2")
+        again = tmp_path / "again"
+        out = hfrt("controller", "--flow", "grpo", "--attach", attach, "--run-dir", str(again),
+                   "--config", str(first / "config.json"), "--set", "reset_weights=true", "--set", "checkpoint_every=2")
         assert out.returncode == 0, out.stderr[-3000:]
         summary = json.loads(out.stdout)
         assert summary["weights_reset"] == 4 and "started_from_trained_weights" not in summary
-        engine = json.loads((reset / "checkpoints" / "step_00000002" / "actor" / "hfrt_engine.json").read_text())
+        engine = json.loads((again / "checkpoints" / "step_00000002" / "actor" / "hfrt_engine.json").read_text())
         assert engine["steps"] == 2  # counted from the initial weights again, not from 4
+        changed = {"reset_weights": True, "checkpoint_every": 2}
+        assert json.loads((again / "config.json").read_text()) == {**saved, "flow": {**saved["flow"], **changed}}
+        assert rewards(again) == rewards(first)  # the same run: same weights, seeds, samples, rewards
+
+        before = (first / "metrics.jsonl").read_text()
+        out = hfrt("controller", "--flow", "grpo", "--run-dir", str(first), "--set", "steps=5")
+        assert out.returncode == 2, out.stderr
+        assert (f"hfrt controller: run folder {first} already holds a run (config.json, metrics.jsonl); "
+                f"continue it with --resume {first}, replace it with --overwrite") in out.stderr
+        assert (first / "metrics.jsonl").read_text() == before  # nothing appended, nothing overwritten
         assert hfrt("stop", attach).returncode == 0
     finally:
         for process in daemons:
