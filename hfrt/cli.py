@@ -277,8 +277,19 @@ def _serve_openai(args: argparse.Namespace) -> int:
     log.configure(args.log_level, "console")
     options = {"model": args.model, "seed": args.seed, "generator": args.generator}
     roles = {"rollout": {"impl": "rollout", "world_size": args.ranks, "options": options}}
+    from hfrt.flows.agent.openai.server import ServerLimits, api_key_from
+
+    limits = ServerLimits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_tokens=args.max_tokens,
+                          max_concurrent_requests=args.max_concurrent_requests, request_timeout_s=args.request_timeout_s,
+                          max_prompt_tokens=args.max_prompt_tokens or None)
+    try:
+        api_key = api_key_from(args.api_key, args.api_key_file)
+    except (OSError, ValueError) as exc:
+        print(f"hfrt serve-openai: {exc}", file=sys.stderr)
+        return 2
     serve = serve_flow(host=args.host, port=args.port, model=args.served_model_name or args.model,
-                       batch_size=args.batch_size, flush_after_s=args.flush_ms / 1000, idle_flush=args.idle_flush)
+                       batch_size=args.batch_size, flush_after_s=args.flush_ms / 1000, idle_flush=args.idle_flush,
+                       limits=limits, api_key=api_key, tool_parser=args.tool_parser)
     run_dir = Path(args.run_dir or Path("runs") / time.strftime("serve-openai-%Y%m%d-%H%M%S"))
     try:
         run_stoppable(run_flow(Flow("serve-openai", serve, roles), run_dir=run_dir, config={"trace": False}, roles=roles),
@@ -428,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     so = sub.add_parser("serve-openai", help="serve a local rollout role as an OpenAI-compatible HTTP endpoint (completions, chat completions) until Ctrl-C")
     so.add_argument("--model", default="tiny", help="model preset or Hugging Face model folder the rollout daemon samples from")
     so.add_argument("--served-model-name", default="", help="the model name clients send and /v1/models lists (default: --model)")
-    so.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 exposes it to the network: there is no authentication)")
+    so.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 exposes it to the network: set an API key)")
     so.add_argument("--port", type=int, default=8000, help="port to listen on (0: a free one, printed at start)")
     so.add_argument("--generator", default="hf", choices=["hf", "vllm"], help="generation engine of the rollout daemon")
     so.add_argument("--ranks", type=int, default=1, help="rollout daemons (requests are split across them)")
@@ -438,6 +449,14 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--idle-flush", action="store_true", help="send a request at once when no generate_turn call is in flight (best for few clients)")
     so.add_argument("--run-dir", help="where daemon logs go (default: runs/serve-openai-TIMESTAMP)")
     so.add_argument("--log-level", default="warning", help="debug, info, warning or error")
+    so.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY' (default: $HFRT_API_KEY; none: no authentication)")
+    so.add_argument("--api-key-file", default="", help="read the API key from this file (first line)")
+    so.add_argument("--tool-parser", default="hermes", choices=["hermes", "llama3"], help="how tool calls are parsed out of sampled text")
+    so.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask for")
+    so.add_argument("--max-prompt-tokens", type=int, default=0, help="longest prompt in tokens (0: the model's context less max_tokens)")
+    so.add_argument("--max-concurrent-requests", type=int, default=512, help="requests in progress at once (more get 429)")
+    so.add_argument("--request-timeout-s", type=float, default=600.0, help="one request's time limit (408 past it)")
+    so.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body (413 past it)")
 
     # no -h of its own: `hfrt bench step --help` reaches the benchmark's parser
     b = sub.add_parser("bench", add_help=False, help="run a benchmark (extra flags go to the benchmark; see --help there)")

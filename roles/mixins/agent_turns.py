@@ -206,6 +206,7 @@ class AgentTurns:
             raise TypeError(f"generate_turn: stop must be a table {{'strings': [...]}}, not {stop!r:.80}")
         pieces_wanted, max_prompt = bool(sampling.pop("pieces", False)), sampling.pop("max_prompt_tokens", None)
         top_k, text_prefix = int(sampling.pop("top_logprobs", 0) or 0), int(sampling.pop("text_prefix", 0) or 0)
+        fit = bool(sampling.pop("fit_context", False))
         stops = tuple(sampling.pop("stop_token_ids", None) or ()) + stop_ids(self.tokenizer, (stop or {}).get("strings", []))
         params = dataclasses.replace(sampling_params(self.sampling, **sampling), n=1, stop_token_ids=stops)
         # every rank, rows or none (a generation group gets none when fewer conversations are
@@ -225,6 +226,9 @@ class AgentTurns:
                 raise ValueError(f"generate_turn row {i}: {exc}") from exc
             contexts.append(ids)
             appended.append(pieces)
+        limit = context_limit(self)
+        if fit and limit is not None:  # max_new_tokens not given: as many as the longest row's context leaves
+            params = dataclasses.replace(params, max_new_tokens=max(1, min(params.max_new_tokens, limit - max(len(c) for c in contexts))))
         self._check_lengths(contexts, params.max_new_tokens, max_prompt)
         out, timings = self._turn_generate(contexts, params)
         version = self._turn_version()

@@ -275,8 +275,10 @@ def chat_request(body: Any, *, limits: Limits = Limits(), tool_parser: str = "he
     if top and not logprobs:
         raise BadRequest("top_logprobs", "needs \"logprobs\": true")
     max_tokens = _int(body, "max_completion_tokens", None, 1, 2**31)
-    max_tokens = max_tokens if max_tokens is not None else _int(body, "max_tokens", 16, 1, 2**31)
-    options = _sampling(body, max_tokens or 16, limits)
+    max_tokens = max_tokens if max_tokens is not None else _int(body, "max_tokens", None, 1, 2**31)
+    options = _sampling(body, max_tokens or limits.max_tokens, limits)
+    if max_tokens is None:  # OpenAI's chat default: as long as the context allows (fitted on the rollout daemon)
+        options["fit_context"] = True
     offered = tools if choice != "none" else []
     prefill = parser_for(tool_parser).prefill(choice) if offered else ""
     item: dict[str, Any] = {"messages": chat, "tools": [t.schema for t in offered] or None}

@@ -12,6 +12,7 @@ training, rewards or tokenizers (text and chats are tokenised on the rollout dae
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -19,8 +20,8 @@ from typing import Any
 
 from hfrt.flows.agent.loop import AgentGenerationError, Trajectory, TurnBatcher
 from hfrt.flows.agent.openai.api import ApiError, BadRequest, Limits, TurnRequest, _message, chat_request, completion_request
-from hfrt.flows.agent.openai.responses import TurnResult, assistant_message, chat_body, completion_body
-from hfrt.flows.agent.openai.sessions import Session, SessionCall, build_trajectory
+from hfrt.flows.agent.openai.responses import TurnResult, chat_body, completion_body
+from hfrt.flows.agent.openai.sessions import Session, SessionCall, build_trajectories, build_trajectory
 from hfrt.flows.agent.openai.tools import parser_for
 from hfrt.flows.batches import non_tensor
 from hfrt.flows.config import CALL_TIMEOUT_S
@@ -141,6 +142,14 @@ class OpenAIServer:
             raise KeyError(f"no session {session!r} (known: {sorted(self.sessions)[:10]})")
         return build_trajectory(session, self.sessions[session])
 
+    def trajectories(self, session: str) -> list[Trajectory]:
+        """The session as exact trajectories even when its client re-renders its history (an agent
+        framework that rewrites earlier turns): a call that does not extend the previous one starts
+        the next trajectory (see sessions.build_trajectories)."""
+        if session not in self.sessions:
+            raise KeyError(f"no session {session!r} (known: {sorted(self.sessions)[:10]})")
+        return build_trajectories(session, self.sessions[session])
+
     def end_session(self, session: str) -> Trajectory:
         """trajectory(session), then forget the session (sessions are kept until ended, at most
         max_sessions of them: the oldest is dropped to make room)."""
@@ -167,16 +176,20 @@ class OpenAIServer:
 
     async def complete(self, turn: TurnRequest, session: str | None = None) -> tuple[list[TurnResult], dict[str, Any]]:
         """Sample `turn` (n choices), record it under `session` (or its `user`), and build the body."""
-        results = await self.sample(turn, session or turn.user)
-        if turn.kind == "chat":
-            return results, chat_body(turn, results, self.model, self.tool_parser)
-        return results, completion_body(turn, results, self.model)
+        name = session or turn.user
+        results = await self.sample(turn, name)
+        chat = turn.kind == "chat"
+        body = chat_body(turn, results, self.model, self.tool_parser) if chat else completion_body(turn, results, self.model)
+        if name:  # recorded once sampled; with n > 1 choice i as NAME#i
+            for i, result in enumerate(results):
+                self._record(name if turn.n == 1 else f"{name}#{i}", turn, result, body["choices"][i]["message"] if chat else None)
+        return results, body
 
     async def sample(self, turn: TurnRequest, name: str | None) -> list[TurnResult]:
+        """The n choices of `turn`, continuing session `name`'s exact ids where the request extends them."""
         if turn.model is not None and turn.model != self.model:
             raise BadRequest("model", f"{turn.model!r} does not exist: this server samples {self.model!r}", status=404, code="model_not_found")
-        names = [name] if turn.n == 1 else [f"{name}#{i}" for i in range(turn.n)] if name else [None] * turn.n
-        held = self.sessions.get(names[0]) if names[0] else None
+        held = self.sessions.get(name if turn.n == 1 else f"{name}#0") if name else None
         context, append = self._continuation(turn, held)
         options = dict(turn.options)
         if turn.stream:
@@ -185,25 +198,21 @@ class OpenAIServer:
             options["top_logprobs"] = turn.top_logprobs
         if self.limits.max_prompt_tokens is not None:
             options["max_prompt_tokens"] = self.limits.max_prompt_tokens
-        size = len(context) + sum(len(a) if isinstance(a, str) else len(str(a)) for a in append) + turn.options["max_new_tokens"]
+        prompt_size = len(context) + sum(len(a) if isinstance(a, str) else len(json.dumps(a.get("messages", a))) for a in append)
+        size = prompt_size + (0 if turn.options.get("fit_context") else turn.options["max_new_tokens"])
         if size > self.limits.long_request_tokens:
             rows = await asyncio.gather(*(self._chunked(context, append, options, turn) for _ in range(turn.n)))
         else:
             rows = await asyncio.gather(*(self._generate(self.batcher, context, append, options, turn) for _ in range(turn.n)))
-        results = [TurnResult.from_row(context, row) for row in rows]
-        for key, result in zip(names, results, strict=True):
-            if key:
-                self._record(key, turn, result)
-        return results
+        return [TurnResult.from_row(context, row) for row in rows]
 
-    def _record(self, name: str, turn: TurnRequest, result: TurnResult) -> None:
+    def _record(self, name: str, turn: TurnRequest, result: TurnResult, message: dict[str, Any] | None) -> None:
         session = self._session(name)
         session.calls.append(SessionCall(result.prompt_ids, result.token_ids, result.log_probs, result.weight_version))
         session.text = turn.text_prompt + result.text if turn.text_prompt is not None else None
         session.chat = None
-        if turn.kind == "chat":
-            reply = _message(len(turn.messages), assistant_message(turn, result, self.tool_parser))
-            session.chat = (turn.messages + [reply], [t.schema for t in turn.tools])
+        if message is not None:  # the reply as returned, in the form a client's echo of it is checked in
+            session.chat = (turn.messages + [_message(len(turn.messages), message)], [t.schema for t in turn.tools])
 
     @staticmethod
     def _continuation(turn: TurnRequest, session: Session | None) -> tuple[list[int], list[Any]]:
@@ -240,7 +249,12 @@ class OpenAIServer:
             more = {**options, "max_new_tokens": min(chunk, total - len(row["turn_ids"])), "text_prefix": len(row["turn_ids"])}
             if "seed" in more:
                 more["seed"] = (int(more["seed"]) + rounds) % 2**63
-            step = await self._generate(self._long, prompt + row["turn_ids"], [], more, turn)
+            try:
+                step = await self._generate(self._long, prompt + row["turn_ids"], [], more, turn)
+            except BadRequest:
+                if not turn.options.get("fit_context"):
+                    raise
+                break  # max_tokens not given and the context is full: the turn ends here
             for k in ("turn_ids", "turn_log_probs", "turn_pieces", "turn_top"):
                 if k in row:
                     row[k] += list(step.get(k) or [])
@@ -280,6 +294,22 @@ def http_error(exc: AgentGenerationError, kind: str = "completion") -> ApiError:
         return ApiError(503, f"the rollout role is unavailable (incident {incident}; the server log has the details)")
     where = f"{cause.where} raised {cause.type_name}" if isinstance(cause, RemoteError) else type(cause).__name__
     return ApiError(500, f"generate_turn failed: {where} (incident {incident}; the server log has the details)")
+
+
+def api_key_from(key: str = "", key_file: str = "") -> str | None:
+    """The API key to require: `key`, else the first line of `key_file`, else $HFRT_API_KEY, else
+    None (no authentication). An empty key file is a ValueError."""
+    import os
+    from pathlib import Path
+
+    if key:
+        return key
+    if key_file:
+        lines = Path(key_file).read_text().strip().splitlines()
+        if not lines or not lines[0].strip():
+            raise ValueError(f"the API key file {key_file} is empty")
+        return lines[0].strip()
+    return os.environ.get("HFRT_API_KEY") or None
 
 
 def serve_flow(*, host: str, port: int, model: str, start_timeout_s: float = 600.0, **options: Any) -> Any:

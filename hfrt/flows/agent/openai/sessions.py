@@ -88,3 +88,17 @@ def build_trajectory(name: str, session: Session) -> Trajectory:
         t.turns += 1
         held = call.prompt_ids + call.output_ids
     return t
+
+
+def build_trajectories(name: str, session: Session) -> list[Trajectory]:
+    """The session as exact trajectories for clients that re-render their history (so a call need
+    not extend the one before): calls that extend each other token for token form one Trajectory,
+    a call that does not starts the next (named NAME, NAME/1, NAME/2, ...)."""
+    runs: list[list[SessionCall]] = []
+    held: list[int] | None = None
+    for call in session.calls:
+        if held is None or first_difference(held, call.prompt_ids) < len(held):
+            runs.append([])
+        runs[-1].append(call)
+        held = call.prompt_ids + call.output_ids
+    return [build_trajectory(name if i == 0 else f"{name}/{i}", Session(run)) for i, run in enumerate(runs)]
