@@ -2,17 +2,22 @@
 (roles/training/parallel/reshard.py) beside the naive "all-gather the full model on every rank, then slice",
 for several (train, gen) layout pairs on 4 gloo processes, in one run.
 
-Run: `hfrt bench reshard [--preset tiny|llama-110m|smollm2-135m] [--repeats N] [--pairs t2p1d2:t1p1d4 ...]
-[--json] [--out FILE]`. Every rank starts from its training pieces (what an FSDP engine's forward
+Run: `hfrt bench reshard [--preset llama-small|qwen3-small|llama-110m|qwen3-110m|smollm2-135m ...]
+[--repeats N] [--pairs t2p1d2:t1p1d4 ...] [--json] [--out FILE]`; several presets run one after
+the other in the same spawn (default: llama-small and qwen3-small). Every rank starts from its training pieces (what an FSDP engine's forward
 sees after its dp all-gather, which is measured apart as dp_gather_*). Per case: bytes_per_rank /
 naive_bytes_per_rank (received by the busiest rank, counted from the collectives' tensors),
 time_s / naive_time_s (median over repeats of the slowest rank), weights_equal (every rank's
 generation pieces equal the exact slices of the full weights, for both methods), peak RSS above
-the starting point, micro_dp. `llama-110m` is a randomly initialised Llama (hidden 768, 12 layers,
-12 heads, 4 kv heads, vocab 32000) built from its config, for timings less dominated by latency.
+the starting point, micro_dp. Pieces follow the model's transformers TP plan and DTensor's chunk
+rule (tp_plan.split_dims / chunk_bounds), so any family with a plan runs. The presets are random
+models built from a config, never downloaded: `llama-small` / `qwen3-small` (hidden 256, 4 layers,
+8 heads, 4 kv heads, vocab 8192; Qwen3 with its q/k norms and an untied head), `llama-110m` /
+`qwen3-110m` (hidden 768, 12 layers, 12 heads, 4 kv heads, vocab 32000), for timings less
+dominated by latency.
 
-`--actor` measures the actor's own transition instead (hybrid.ReshardHybrid over a real TP engine
-at the training layout): per pair, the streamed transition whose generation model adopts the
+`--actor` measures the actor's own transition instead (hybrid.ReshardHybrid as
+actor_layout._resharding_hybrid builds it, over the TP engine at the training layout): per pair, the streamed transition whose generation model adopts the
 resharded pieces beside the previous one (clone the whole dp-gathered shard, exchange, wake the
 generation model, copy into it), alternating, each from the training state: peak RSS above that
 state (median of the busiest rank), the storage the generation model holds beyond the training
@@ -38,17 +43,24 @@ PAIRS = ["t2p1d2:t1p1d4", "t2p1d2:t2p1d2", "t4p1d1:t2p1d2", "t1p1d4:t2p1d2", "t1
 WORLD = 4
 
 
+PRESETS = ("llama-small", "qwen3-small", "llama-110m", "qwen3-110m", "smollm2-135m", "tiny")
+
+
 def build_model(preset: str) -> Any:
     """The full model every rank cuts its pieces from (seeded, the same on every rank)."""
     import torch
 
-    if preset == "llama-110m":
-        from transformers import AutoModelForCausalLM, LlamaConfig
+    family, _, size = preset.partition("-")
+    if family in ("llama", "qwen3") and size in ("small", "110m"):
+        from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-        config = LlamaConfig(
-            vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-            num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False,
+        dims = (
+            dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8, head_dim=32)
+            if size == "small"
+            else dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, head_dim=64)
         )  # fmt: skip
+        cls = LlamaConfig if family == "llama" else Qwen3Config
+        config = cls(num_key_value_heads=4, tie_word_embeddings=False, **dims)
         torch.manual_seed(0)
         return AutoModelForCausalLM.from_config(config)
     from hfrt.roles.models import ModelConfig, load_model
@@ -56,17 +68,44 @@ def build_model(preset: str) -> Any:
     return load_model(ModelConfig(preset))
 
 
-def _pieces(full: dict[str, Any], layout: Any, coords: Any, tp: int, pp: int, shape: Any) -> dict[str, Any]:
-    from hfrt.roles.training.parallel.shard import holds, tp_piece
+def split_dims_at(model: Any, tp: int, mesh: Any) -> dict[str, int | None]:
+    """Each parameter's split dim under the model's TP plan at `tp` (read from a meta copy sharded
+    over a size-`tp` mesh dimension; nothing is allocated)."""
+    from hfrt.roles.training.parallel import tp_generation, tp_plan
+
+    if tp == 1:
+        return {}
+    return tp_plan.split_dims(tp_generation.empty_tp_model(model.config, mesh, device="meta"))
+
+
+def _pieces(full: dict[str, Any], layout: Any, coords: Any, dims: dict[str, int | None], num_layers: int) -> dict[str, Any]:
+    from hfrt.roles.training.parallel.stages import holds
+    from hfrt.roles.training.parallel.tp_plan import chunk_bounds
+
+    out = {}
+    for n, t in full.items():
+        if not holds(n, num_layers, layout.pp, coords.pp):
+            continue
+        d = dims.get(n)
+        if d is not None and layout.tp > 1:
+            a, b = chunk_bounds(t.shape[d], layout.tp, coords.tp)
+            t = t.narrow(d, a, b - a)
+        out[n] = t.clone()
+    return out
+
+
+def tp_meshes() -> dict[int, Any]:
+    """Meshes whose "tp" dimension has size 2 and 4 over the 4 ranks (collective)."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
 
     return {
-        n: tp_piece(n, tuple(t.shape), tp, coords.tp, shape).take(t).clone()
-        for n, t in full.items()
-        if holds(n, shape, pp, coords.pp)
+        2: DeviceMesh("cpu", torch.arange(WORLD).reshape(2, 2), mesh_dim_names=("x", "tp"))["tp"],
+        4: DeviceMesh("cpu", torch.arange(WORLD).reshape(1, 4), mesh_dim_names=("x", "tp"))["tp"],
     }
 
 
-def run_case(rank: int, full: dict[str, Any], shape: Any, pair: str, repeats: int) -> dict[str, Any]:
+def run_case(rank: int, model: Any, full: dict[str, Any], meshes: dict[int, Any], pair: str, repeats: int) -> dict[str, Any]:
     """One layout pair on this rank: dp gather once, then alternate reshard / naive `repeats` times."""
     import torch
     import torch.distributed as dist
@@ -74,17 +113,20 @@ def run_case(rank: int, full: dict[str, Any], shape: Any, pair: str, repeats: in
     from hfrt.roles.generation.hybrid import rss_mb
     from hfrt.roles.training.parallel import layout as L
     from hfrt.roles.training.parallel.reshard import Resharder, dp_gather, naive_to_generation
+    from hfrt.roles.training.parallel.reshard_plan import Params
 
     train_s, gen_s = pair.split(":")
     train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
-    shapes = {n: tuple(t.shape) for n, t in full.items()}
+    layers = int(model.config.num_hidden_layers)
+    params = Params({n: tuple(t.shape) for n, t in full.items()}, split_dims_at(model, train.tp, meshes.get(train.tp)),
+                    split_dims_at(model, gen.tp, meshes.get(gen.tp)), layers)  # fmt: skip
     groups = L.new_groups(train, gen, rank)
     c = L.train_coords(train, rank)
-    pieces = _pieces(full, train, c, train.tp, train.pp, shape)
+    pieces = _pieces(full, train, c, params.train_dims, layers)
     pieces, dp_stats = dp_gather(pieces, groups.train_dp, train.dp, c.dp)
     g, _ = L.gen_coords(train, gen, rank)
-    want = _pieces(full, gen, g, gen.tp, gen.pp, shape)
-    r = Resharder(train, gen, rank, shapes, shape, groups)
+    want = _pieces(full, gen, g, params.gen_dims, layers)
+    r = Resharder(train, gen, rank, params, groups)
     rows: dict[str, list[float]] = {"time": [], "naive_time": [], "peak": [], "naive_peak": []}
     equal = naive_equal = True
     stats = nstats = None
@@ -100,7 +142,7 @@ def run_case(rank: int, full: dict[str, Any], shape: Any, pair: str, repeats: in
         rows["peak"].append(stats.peak_rss_mb - base)
         dist.barrier()
         base = rss_mb()
-        naive, nstats = naive_to_generation(train, gen, rank, shapes, shape, pieces, groups)
+        naive, nstats = naive_to_generation(train, gen, rank, params, pieces, groups)
         naive_equal = naive_equal and all(torch.equal(naive[n], want[n]) for n in want)
         del naive
         rows["naive_time"].append(nstats.time_s)
@@ -112,7 +154,7 @@ def run_case(rank: int, full: dict[str, Any], shape: Any, pair: str, repeats: in
         "naive_received": nstats.bytes_received, "naive_sent": nstats.bytes_sent,
         "dp_gather": dp_stats.bytes_received, "dp_gather_time": dp_stats.time_s,
         "gen_bytes": sum(t.numel() * t.element_size() for t in want.values()),
-        "shared": stats.shared, "equal": equal, "naive_equal": naive_equal, **rows,
+        "shared": stats.shared, "fallback": len(r.fallback), "equal": equal, "naive_equal": naive_equal, **rows,
     }  # fmt: skip
 
 
@@ -136,8 +178,8 @@ def _added_mb(hybrid: Any) -> float:
     """Storage the generation model holds that is not a training parameter's, MiB."""
     from torch.distributed.tensor import DTensor
 
-    training = {(p.to_local() if isinstance(p, DTensor) else p).untyped_storage().data_ptr() for p in hybrid.train.model.parameters()}
-    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in hybrid.gen.model.parameters()}
+    training = {(p._local_tensor if isinstance(p, DTensor) else p).untyped_storage().data_ptr() for p in hybrid.train.model.parameters()}
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in hybrid.gen.local_parameters().values()}
     return sum(n for ptr, n in storages.items() if ptr not in training) / 2**20
 
 
@@ -149,28 +191,24 @@ def run_actor_case(rank: int, model_fn: Any, pair: str, repeats: int) -> dict[st
     import torch
     import torch.distributed as dist
 
-    from hfrt.roles.generation.hf import HFGenerationEngine
-    from hfrt.roles.generation.hybrid import ReshardHybrid, rss_mb
+    from types import SimpleNamespace
+
+    from hfrt.daemon.base import DaemonContext
+    from hfrt.roles.actor_layout import _resharding_hybrid
+    from hfrt.roles.generation.hybrid import rss_mb
     from hfrt.roles.training.engines import EngineConfig, build_train_engine
     from hfrt.roles.training.parallel import layout as L
-    from hfrt.roles.training.parallel import tp_model
-    from hfrt.roles.training.parallel.reshard import Resharder
-    from hfrt.roles.training.parallel.shard import ModelShape
 
     train_s, gen_s = pair.split(":")
     train, gen = L.Layout.parse(train_s), L.Layout.parse(gen_s)
     model = model_fn()
+    full = {n: p.detach().clone() for n, p in model.named_parameters()}
     engine: Any = build_train_engine(model, EngineConfig(backend="tp", tp=train.tp, pp=train.pp, trainable=False))
-    full = engine.full_parameters()
+    context = DaemonContext("actor", rank, WORLD, options={})
+    hybrid = _resharding_hybrid(context, engine, SimpleNamespace(pad_token_id=0, eos_token_id=None), torch.float32, train, gen)
     g, _ = L.gen_coords(train, gen, rank)
-    shape = ModelShape.of(model.config)
-    want = _pieces(full, gen, g, gen.tp, gen.pp, shape)
+    want = _pieces(full, gen, g, hybrid.resharder.params.gen_dims, int(model.config.num_hidden_layers))
     del full
-    groups = L.new_groups(train, gen, rank)
-    shapes = {n: tuple(t) for n, (t, _) in engine.layout.full_shapes.items()}
-    resharder = Resharder(train, gen, rank, shapes, shape, groups)
-    gen_model = tp_model.empty_parallel(model.config, tp_group=groups.gen_tp, tp_ranks=groups.gen_tp_ranks)
-    hybrid = ReshardHybrid(engine, HFGenerationEngine(gen_model, pad_token_id=0, eos_token_id=None), resharder)
     hybrid.gen.sleep()
     rows: dict[str, list[float]] = {"peak": [], "clone_peak": [], "time": [], "clone_time": []}
     added = clone_added = 0.0
@@ -185,7 +223,7 @@ def run_actor_case(rank: int, model_fn: Any, pair: str, repeats: int) -> dict[st
             else:
                 peak = _clone_then_copy(hybrid)
             elapsed = time.perf_counter() - start
-            got = dict(hybrid.gen.model.named_parameters())
+            got = hybrid.gen.local_parameters()
             equal = equal and sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
             if method == "stream":
                 added = _added_mb(hybrid)
@@ -208,10 +246,12 @@ def slowest_per_repeat(ranks: list[dict[str, Any]], keys: tuple[str, ...]) -> di
     return {k: [max(r[k][i] for r in ranks) for i in range(repeats)] for k in keys}
 
 
-def summarize_actor(pair: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize_actor(key: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    preset, pair = key.split("|")
     train, gen = pair.split(":")
     slowest = slowest_per_repeat(ranks, ("peak", "clone_peak", "time", "clone_time"))
     return {
+        "preset": preset,
         "train": train,
         "gen": gen,
         "gen_shard_mb": round(max(r["gen_mb"] for r in ranks), 2),
@@ -226,7 +266,7 @@ def summarize_actor(pair: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def rank_main(
-    rank: int, port: int, out_dir: str, preset: str, pairs: list[str], repeats: int, actor: bool = False
+    rank: int, port: int, out_dir: str, presets: list[str], pairs: list[str], repeats: int, actor: bool = False
 ) -> None:
     import torch
 
@@ -234,18 +274,20 @@ def rank_main(
     result: dict[str, Any]
     try:
         from hfrt.roles.training.engines import init_distributed
-        from hfrt.roles.training.parallel.shard import ModelShape
 
         init_distributed(rank, WORLD, "127.0.0.1", port)
         if actor:
-            result = {"ok": True, "cases": {p: run_actor_case(rank, lambda: build_model(preset), p, repeats) for p in pairs}}
+            result = {"ok": True, "cases": {f"{preset}|{p}": run_actor_case(rank, lambda pr=preset: build_model(pr), p, repeats)
+                                            for preset in presets for p in pairs}}  # fmt: skip
             raise _Done
-        model = build_model(preset)
-        shape = ModelShape.of(model.config)
-        full = {n: p.detach() for n, p in model.named_parameters()}
+        meshes = tp_meshes()
         result = {"ok": True, "cases": {}}
-        for pair in pairs:
-            result["cases"][pair] = run_case(rank, full, shape, pair, repeats)
+        for preset in presets:
+            model = build_model(preset)
+            full = {n: p.detach() for n, p in model.named_parameters()}
+            for pair in pairs:
+                result["cases"][f"{preset}|{pair}"] = run_case(rank, model, full, meshes, pair, repeats)
+            del model, full
     except _Done:
         pass
     except BaseException:
@@ -264,7 +306,7 @@ class _Done(Exception):
     """The actor mode's early exit from rank_main's try block."""
 
 
-def spawn(preset: str, pairs: list[str], repeats: int, actor: bool = False) -> list[dict[str, Any]]:
+def spawn(presets: list[str], pairs: list[str], repeats: int, actor: bool = False) -> list[dict[str, Any]]:
     import socket
 
     import torch
@@ -275,7 +317,7 @@ def spawn(preset: str, pairs: list[str], repeats: int, actor: bool = False) -> l
         port = int(s.getsockname()[1])
     with tempfile.TemporaryDirectory(prefix="hfrt-bench-reshard-") as tmp:
         ctx = mp.start_processes(
-            rank_main, args=(port, tmp, preset, pairs, repeats, actor), nprocs=WORLD, join=False, start_method="spawn"
+            rank_main, args=(port, tmp, presets, pairs, repeats, actor), nprocs=WORLD, join=False, start_method="spawn"
         )
         try:
             while not ctx.join(timeout=60):
@@ -290,11 +332,13 @@ def spawn(preset: str, pairs: list[str], repeats: int, actor: bool = False) -> l
     return results
 
 
-def summarize(pair: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(key: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """One case across ranks: the busiest rank's bytes, the slowest rank's median time."""
+    preset, pair = key.split("|")
     train, gen = pair.split(":")
     slowest = slowest_per_repeat(ranks, ("time", "naive_time", "peak", "naive_peak"))
     return {
+        "preset": preset,
         "train": train,
         "gen": gen,
         "micro_dp": ranks[0]["micro_dp"],
@@ -309,6 +353,7 @@ def summarize(pair: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "peak_rss_delta_mb": round(statistics.median(slowest["peak"]), 2),
         "naive_peak_rss_delta_mb": round(statistics.median(slowest["naive_peak"]), 2),
         "shared_tensors_per_rank": min(r["shared"] for r in ranks),
+        "fallback_tensors": max(r["fallback"] for r in ranks),
         "weights_equal": all(r["equal"] and r["naive_equal"] for r in ranks),
     }
 
@@ -326,7 +371,8 @@ def targets(case: dict[str, Any]) -> dict[str, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hfrt bench reshard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="tiny", help="tiny, llama-110m (random, built from a config) or smollm2-135m")
+    p.add_argument("--preset", nargs="+", default=["llama-small", "qwen3-small"], choices=PRESETS,
+                   help="models, run one after the other (random ones built from a config; smollm2-135m from its package)")
     p.add_argument("--repeats", type=int, default=7, help="transitions per method and case (median reported)")
     p.add_argument("--pairs", nargs="+", default=PAIRS, help="train:gen layout pairs, e.g. t2p1d2:t1p1d4 (4 ranks)")
     p.add_argument("--actor", action="store_true", help="measure the actor's transition (stream + adopt vs clone + copy)")
@@ -341,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             train, gen = (Layout.parse(s) for s in pair.split(":"))
             train.check(WORLD, where=f"--pairs {pair}")
             check_pair(train, gen)
+            if gen.pp != 1:
+                raise ValueError(f"--pairs {pair}: generation runs with one pipeline stage (pp=1)")
         except ValueError as e:
             p.error(str(e))
     if args.actor:
@@ -348,29 +396,31 @@ def main(argv: list[str] | None = None) -> int:
         # default keeps freed tensors in the heap, and the next transition reuses them unseen
         os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
         ranks = spawn(args.preset, args.pairs, args.repeats, actor=True)
-        actor_cases = [summarize_actor(pair, [r["cases"][pair] for r in ranks]) for pair in args.pairs]
+        keys = [f"{preset}|{pair}" for preset in args.preset for pair in args.pairs]
+        actor_cases = [summarize_actor(k, [r["cases"][k] for r in ranks]) for k in keys]
         result = {"bench": "reshard-actor", "preset": args.preset, "world": WORLD, "backend": "gloo",
                   "repeats": args.repeats, "actor_cases": actor_cases, **machine()}  # fmt: skip
         if not args.json:
-            print(f"{'train':>7} {'gen':>7} {'shardMB':>8} {'rssΔMB':>7} {'cloneΔ':>7} {'addMB':>7} {'cloneAdd':>8} {'time_s':>8} {'clone_s':>8} equal")
+            print(f"{'preset':>12} {'train':>7} {'gen':>7} {'shardMB':>8} {'rssΔMB':>7} {'cloneΔ':>7} {'addMB':>7} {'cloneAdd':>8} {'time_s':>8} {'clone_s':>8} equal")
             for c in actor_cases:
                 print(
-                    f"{c['train']:>7} {c['gen']:>7} {c['gen_shard_mb']:>8.1f} {c['peak_rss_delta_mb']:>7.1f} "
+                    f"{c['preset']:>12} {c['train']:>7} {c['gen']:>7} {c['gen_shard_mb']:>8.1f} {c['peak_rss_delta_mb']:>7.1f} "
                     f"{c['clone_peak_rss_delta_mb']:>7.1f} {c['added_mb']:>7.1f} {c['clone_added_mb']:>8.1f} "
                     f"{c['time_s']:>8.4f} {c['clone_time_s']:>8.4f} {c['weights_equal']}"
                 )
         emit(result, args)
         return 0
     ranks = spawn(args.preset, args.pairs, args.repeats)
-    cases = [summarize(pair, [r["cases"][pair] for r in ranks]) for pair in args.pairs]
+    keys = [f"{preset}|{pair}" for preset in args.preset for pair in args.pairs]
+    cases = [summarize(k, [r["cases"][k] for r in ranks]) for k in keys]
     for case in cases:
         case["targets"] = targets(case)
     result = {"bench": "reshard", "preset": args.preset, "world": WORLD, "backend": "gloo", "repeats": args.repeats, "cases": cases, **machine()}
     if not args.json:
-        print(f"{'train':>7} {'gen':>7} {'m':>2} {'bytes/rank':>11} {'naive':>11} {'time_s':>9} {'naive_s':>9} {'rssΔMB':>7} {'naiveΔ':>7} equal")
+        print(f"{'preset':>12} {'train':>7} {'gen':>7} {'m':>2} {'bytes/rank':>11} {'naive':>11} {'time_s':>9} {'naive_s':>9} {'rssΔMB':>7} {'naiveΔ':>7} equal")
         for c in cases:
             print(
-                f"{c['train']:>7} {c['gen']:>7} {c['micro_dp']:>2} {c['bytes_per_rank']:>11} {c['naive_bytes_per_rank']:>11} "
+                f"{c['preset']:>12} {c['train']:>7} {c['gen']:>7} {c['micro_dp']:>2} {c['bytes_per_rank']:>11} {c['naive_bytes_per_rank']:>11} "
                 f"{c['time_s']:>9.5f} {c['naive_time_s']:>9.5f} {c['peak_rss_delta_mb']:>7.1f} {c['naive_peak_rss_delta_mb']:>7.1f} {c['weights_equal']}"
             )
     emit(result, args)

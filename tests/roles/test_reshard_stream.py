@@ -1,6 +1,6 @@
 """The actor's transition streams block by block and the tensor-parallel generation model adopts
-the resharded pieces (hybrid.ReshardHybrid as actor_layout._resharding_hybrid builds it, over an
-engine meeting the TPEngine contract, 4 gloo ranks, tiny random Llama and Qwen3 configs): with
+the resharded pieces (hybrid.ReshardHybrid as actor_layout._resharding_hybrid builds it, over the
+TP engine, 4 gloo ranks, tiny random Llama and Qwen3 configs): with
 equal layouts the generation parameters are the training pieces (dp = 1: the very storage; dp = 2:
 the dp-gathered rows and nothing more), every layout pair gives the exact slices, to_train frees
 them, and greedy sampling at the generation tp (strided groups included) matches one process."""
