@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import statistics
 import time
@@ -85,8 +86,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await launcher.start([spec], controller=ctl.address, key=key, on_exit=ctl.mark_gone)
         try:
             rollout = await ctl.role("rollout", timeout_s=300)
-            batched = OpenAIServer(rollout, model=args.model, batch_size=64, flush_after_s=args.flush_ms / 1000, idle_flush=args.idle_flush)
-            alone = OpenAIServer(rollout, model=args.model, batch_size=1, flush_after_s=0.0)
+            module, _, name = args.server.partition(":")
+            server_class = getattr(importlib.import_module(module), name)
+            batched = server_class(rollout, model=args.model, batch_size=64, flush_after_s=args.flush_ms / 1000, idle_flush=args.idle_flush)
+            alone = server_class(rollout, model=args.model, batch_size=1, flush_after_s=0.0)
             rounds: dict[str, list[dict[str, float]]] = {}
             rss: dict[str, float] = {}
             async with batched, alone:
@@ -120,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alone", action="store_true", help="also measure a server that sends each request alone (batch_size 1)")
     p.add_argument("--rss-requests", type=int, default=0, help="then send this many requests and report the RSS before/after")
     p.add_argument("--label", default="", help="a name stamped on the result (e.g. which server stack)")
+    p.add_argument("--server", default="hfrt.flows.agent.openai.server:OpenAIServer",
+                   help="MODULE:CLASS of the server to measure (e.g. an earlier version's copy, for a before/after figure)")
     p.add_argument("--max-tokens", type=int, default=16, help="max_tokens of every request")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")
     p.add_argument("--flush-ms", type=float, default=20.0, help="the batching server's flush_after_s, in ms")
