@@ -158,6 +158,7 @@ async def test_n_streaming_logprobs_and_keys(server: OpenAIServer) -> None:
     assert denied.status_code == 401
 
 
+@pytest.mark.slow
 async def test_a_smolagents_tool_calling_agent_runs_and_its_conversation_is_a_trajectory(server: OpenAIServer) -> None:
     smolagents = pytest.importorskip("smolagents", reason="smolagents is in the `test` extra (pip install smolagents)")
 

@@ -225,6 +225,87 @@ async def test_api_key_openapi_and_limits(ctl: Any) -> None:
         assert status == 408 and out["error"]["code"] == "request_timeout_s"
 
 
+async def test_session_builds_an_exact_trajectory(server: OpenAIServer, ctl: Any) -> None:
+    # text prompts: the second starts with the first prompt + the returned text, so only "[42]" is tokenised
+    first = (await call(server, "/completions", {"prompt": "1+1=", "max_tokens": 4, "user": "text"}))[1]
+    text = "1+1=" + first["choices"][0]["text"] + "[42]"
+    second = (await call(server, "/completions", {"prompt": text, "max_tokens": 3, "logprobs": 0, "user": "text"}))[1]
+    # token-id prompts: the client keeps the prefix exact itself
+    a = (await call(server, "/completions", {"prompt": [40, 41], "max_tokens": 4, "logprobs": 0}, **{"X-Session-Id": "ids"}))[1]
+    held = a["prompt_token_ids"] + a["choices"][0]["token_ids"]
+    b = (await call(server, "/completions", {"prompt": held + [60, 61], "max_tokens": 3, "logprobs": 0}, **{"X-Session-Id": "ids"}))[1]
+    for name, one, two, extra in (("text", first, second, [ord(c) - 30 for c in "[42]"]), ("ids", a, b, [60, 61])):
+        t1, t2 = one["choices"][0]["token_ids"], two["choices"][0]["token_ids"]
+        t = server.trajectory(name)
+        assert t.prompt_ids == one["prompt_token_ids"] and t.turns == 2 and t.sample == {"session": name}
+        assert t.response_ids == t1 + extra + t2
+        assert two["prompt_token_ids"] == t.prompt_ids + t1 + extra
+        assert t.gen_mask == [1] * len(t1) + [0] * len(extra) + [1] * len(t2)
+        assert t.log_probs[len(t1) + len(extra):] == two["choices"][0]["logprobs"]["token_logprobs"]
+        assert t.weight_versions == [-1, -1]
+    trajectories = [server.end_session(name) for name in ("text", "ids")]
+    batch = await ctl.fetch(await assemble(server.rollout, trajectories))  # the rollout batch the actor trains on
+    assert not server.sessions or not {"text", "ids"} & set(server.sessions)
+    for row, t in enumerate(trajectories):
+        n = len(t.response_ids)
+        assert batch["responses"][row, :n].tolist() == t.response_ids and batch["response_mask"][row, :n].tolist() == t.gen_mask
+        assert batch["rollout_log_probs"][row, :n].tolist() == pytest.approx(t.log_probs)
+
+
+async def test_session_drift_is_detected(server: OpenAIServer) -> None:
+    await call(server, "/completions", {"prompt": [40, 41, 42], "max_tokens": 2}, **{"X-Session-Id": "drift"})
+    await call(server, "/completions", {"prompt": [40, 41, 43, 44], "max_tokens": 2}, **{"X-Session-Id": "drift"})
+    with pytest.raises(SessionDrift, match=r"session 'drift': call 1.*first difference at token 2"):
+        server.trajectory("drift")
+
+
+async def test_the_openai_client_library_works_against_it(server: OpenAIServer) -> None:
+    try:
+        import openai
+    except ImportError:
+        pytest.skip("the openai package is not installed (pip install openai to run this check)")
+
+    def use_client() -> tuple[Any, list[Any]]:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        done = client.completions.create(model="tiny", prompt="1+1=", max_tokens=3, logprobs=1)
+        chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                     max_tokens=3, stream=True, stream_options={"include_usage": True}))
+        return done, chunks
+
+    done, chunks = await asyncio.get_running_loop().run_in_executor(POOL, use_client)
+    assert done.choices[0].text is not None and len(done.choices[0].logprobs.token_logprobs) == done.usage.completion_tokens
+    assert done.model_extra is not None and len(done.model_extra["prompt_token_ids"]) == 4  # the extension fields reach the client
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].usage.prompt_tokens == len(chunks[0].model_extra["prompt_token_ids"])
+    assert chunks[-2].choices[0].finish_reason in ("stop", "length") and len(chunks) == 3 + chunks[-1].usage.completion_tokens  # a chunk per token
+
+
+async def test_tools_n_and_top_logprobs_on_the_daemon_and_a_tool_turn_stays_exact(server: OpenAIServer, encode: Any) -> None:
+    import openai
+
+    add = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+
+    def use_client() -> tuple[Any, Any, Any]:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+        messages: list[Any] = [{"role": "user", "content": "2+3"}]
+        first = client.chat.completions.create(model="tiny", messages=messages, tools=[add], max_tokens=6, n=4, logprobs=True,
+                                               top_logprobs=3, user="tool-turn")
+        reply = first.choices[0].message.model_dump(exclude_none=True)  # the random model writes no call: content
+        messages += [reply, {"role": "tool", "tool_call_id": "c1", "content": "5"}]
+        second = client.chat.completions.create(model="tiny", messages=messages, tools=[add], max_tokens=4, user="tool-turn#0")
+        return first, second, reply
+
+    first, second, reply = await asyncio.get_running_loop().run_in_executor(POOL, use_client)
+    tools_line = encode('<tools>{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}</tools>\n')
+    assert first.model_extra["prompt_token_ids"] == tools_line + encode("<user>2+3\n<assistant>")  # tools through the template
+    assert len(first.choices) == 4 and all(len(t.top_logprobs) == 3 for c in first.choices for t in c.logprobs.content)
+    assert all(max(a.logprob for a in t.top_logprobs) >= t.logprob - 1e-4 for t in first.choices[0].logprobs.content)
+    t = server.end_session("tool-turn#0")  # choice 0's branch, continued by the tool turn
+    out1, out2 = first.choices[0].model_extra["token_ids"], second.choices[0].model_extra["token_ids"]
+    tool_part = encode("<tool>5\n<assistant>")  # rendered past the held ids: not sampled, gen_mask 0
+    assert t.turns == 2 and t.response_ids == out1 + tool_part + out2
+    assert t.gen_mask == [1] * len(out1) + [0] * len(tool_part) + [1] * len(out2)
+
+
 async def test_a_short_request_is_answered_within_a_second_while_a_longest_one_runs(ctl: Any, decode: Any) -> None:
     rollout = await ctl.role("rollout", timeout_s=90)
     async with OpenAIServer(rollout, model="tiny", flush_after_s=0.01) as srv:  # long_request_tokens 256, chunks of 16
