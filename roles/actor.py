@@ -36,7 +36,9 @@ from hfrt.roles.common import (
     check_backend,
     check_generation_options,
     check_options,
+    check_parallel,
     close_group,
+    model_config,
     needs_group,
     prepare_process,
     role_errors,
@@ -106,7 +108,13 @@ class ActorDaemon(AgentTurns, Daemon):
     def check_config(cls, context: DaemonContext) -> None:
         check_options(context, cls.OPTIONS)
         layouts = read_layouts(context)
-        check_backend(context, ModelOptions.read(with_layout(context.options, layouts), trainable=True).engine)
+        opts = ModelOptions.read(with_layout(context.options, layouts), trainable=True)
+        check_backend(context, opts.engine)
+        check_parallel(context, opts, f"roles.{context.role}.options.parallel")
+        if layouts is not None and layouts[1].tp > 1:
+            from hfrt.roles.training.parallel.tp_plan import check_tp
+
+            check_tp(model_config(opts), layouts[1].tp, f"roles.{context.role}.options.generation.parallel")
         check_generation_options(context.options)
         if layouts is not None and context.options.get("generator", "hf") == "vllm":
             check_vllm_layout(*layouts, where=f"roles.{context.role}.options.generation.parallel")

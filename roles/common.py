@@ -259,6 +259,41 @@ def check_fits(context: DaemonContext, opts: ModelOptions, *, value_head: bool =
         )
 
 
+def check_parallel(context: DaemonContext, opts: ModelOptions, where: str | None = None) -> None:
+    """Refuse before launch a training tp × pp that the role's world size or its model cannot take
+    (the numbers that do not divide, a model without a TP plan, an unknown pipeline schedule).
+    Reads the model's config only, never its weights."""
+    engine = opts.engine
+    where = where or f"roles.{context.role}.options.engine"
+    if engine.tp * engine.pp == 1:
+        return
+    from hfrt.roles.training.parallel import pipeline, tp_plan
+
+    if engine.tp < 1 or engine.pp < 1 or context.world_size % (engine.tp * engine.pp):
+        raise ValueError(f"{where}: tp={engine.tp} × pp={engine.pp} does not divide the role's world_size={context.world_size}")
+    pipeline.check_schedule(engine.pp_schedule, where)
+    config = model_config(opts)
+    tp_plan.check_tp(config, engine.tp, where)
+    pipeline.check_pp(tp_plan.text_config(config), engine.pp, where)
+
+
+def model_config(opts: ModelOptions) -> Any:
+    """The transformers config of the role's model (a preset is written out once, if it is not yet)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(resolve_model_dir(opts.model, opts.seed))
+
+
+def engine_dp_axes(context: DaemonContext, engine: EngineConfig) -> dict[str, list[int]]:
+    """A role training at tp × pp > 1 declares its data-parallel coordinate (the ranks of one tp /
+    pp group share rows; rank = (pp·dp + dp)·tp + tp); {} otherwise (the context's own dp)."""
+    mp = engine.tp * engine.pp
+    if mp == 1 or context.world_size % mp:
+        return {}
+    dp = context.world_size // mp
+    return {"dp": [(context.rank // engine.tp) % dp, dp]}
+
+
 def build_engine(
     context: DaemonContext, opts: ModelOptions, *, value_head: bool = False, extra_copies: int = 0
 ) -> TrainEngine:

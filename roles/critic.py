@@ -20,7 +20,9 @@ from hfrt.roles.common import (
     build_engine,
     check_backend,
     check_options,
+    check_parallel,
     close_group,
+    engine_dp_axes,
     needs_group,
     prepare_process,
     role_errors,
@@ -57,7 +59,9 @@ class CriticDaemon(CheckpointEndpoints, Daemon):
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
         check_options(context, ())
-        check_backend(context, ModelOptions.read(context.options, trainable=True).engine)
+        opts = ModelOptions.read(context.options, trainable=True)
+        check_backend(context, opts.engine)
+        check_parallel(context, opts)
 
     async def setup(self) -> None:
         with role_errors(self.context):
@@ -69,6 +73,10 @@ class CriticDaemon(CheckpointEndpoints, Daemon):
 
     async def teardown(self) -> None:
         close_group(getattr(self, "_joined", False))
+
+    def dp_axes(self) -> dict[str, list[int]]:
+        """At engine tp × pp > 1, ranks of one tp / pp group share rows (see engine_dp_axes)."""
+        return engine_dp_axes(self.context, ModelOptions.read(self.context.options, trainable=True).engine)
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def compute_values(self, batch: Batch, *extra: Batch) -> Batch:

@@ -16,21 +16,25 @@ from . import model_zoo
 from .dist_workers import make_batch, ppo_loss, rows_for
 
 
-def _engine(family: str, tp: int, pp: int, *, seed: int = 0, tied: bool = False, schedule: str = "1f1b") -> Any:
+def _engine(
+    family: str, tp: int, pp: int, *, seed: int = 0, tied: bool = False, schedule: str = "1f1b", value: bool = False
+) -> Any:
     from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
 
-    model = model_zoo.model(family, seed=seed, tied=tied)
+    model = model_zoo.value_model(family, seed=seed) if value else model_zoo.model(family, seed=seed, tied=tied)
     config = EngineConfig(backend="tp", tp=tp, pp=pp, micro_batch_size=2, pp_schedule=schedule, optim=OptimConfig(lr=1e-2))
     return build_train_engine(model, config)
 
 
 def one_update(family: str, tp: int, pp: int, tied: bool = False, schedule: str = "1f1b") -> dict[str, Any]:
-    """Log-probs before, then one PPO step on this dp rank's rows: loss, grad norm, full gradients
-    and full weights after (rank 0 keeps the tensors)."""
-    engine = _engine(family, tp, pp, tied=tied, schedule=schedule)
+    """Log-probs (a critic's values) before, then one PPO (value) step on this dp rank's rows: loss,
+    grad norm, full gradients and full weights after (rank 0 keeps the tensors). family
+    "critic-<f>" is f's decoder stack with a value head."""
+    value = family.startswith("critic-")
+    engine = _engine(family.removeprefix("critic-"), tp, pp, tied=tied, schedule=schedule, value=value)
     batch = rows_for(make_batch(128), engine.dp_rank, engine.dp_size)
-    log_probs = engine.forward_logprobs(batch)
-    metrics = engine.step(ppo_loss, batch, micro_batch_size=2)
+    log_probs = engine.forward_values(batch) if value else engine.forward_logprobs(batch)
+    metrics = engine.step(model_zoo.value_loss_fn if value else ppo_loss, batch, micro_batch_size=2)
     grads, weights = engine.full_gradients(), engine.full_parameters()
     keep = dist.get_rank() == 0
     return {

@@ -50,3 +50,23 @@ def model(family: str, *, seed: int = 0, **kwargs: Any) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config(family, **kwargs)).float()
+
+
+def value_model(family: str, *, seed: int = 0, **kwargs: Any) -> nn.Module:
+    """A critic: the family's decoder stack with hfrt's scalar value head, from `seed`."""
+    from transformers import AutoModel
+
+    from hfrt.roles.models import ValueModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        backbone = AutoModel.from_config(config(family, **kwargs)).float()
+        return ValueModel(backbone, backbone.config.hidden_size)
+
+
+def value_loss_fn(out: Any, mb: Any, scale: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The critic's clipped value loss against the batch's `returns` (old values: zeros)."""
+    from hfrt.roles.losses import value_loss
+
+    returns = mb["advantages"]
+    return value_loss(out.values, returns, torch.zeros_like(returns), mb["response_mask"], 0.5, "token-mean", scale)

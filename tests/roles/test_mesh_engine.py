@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 WORLD2 = [(2, 1), (1, 2), (1, 1)]  # t2p1d1, t1p2d1, t1p1d2
 WORLD4 = [(2, 2), (2, 1)]  # t2p2d1, t2p1d2 (mixed: tp and dp)
 CASES = {2: [(f, tp, pp, False) for f in model_zoo.FAMILIES for tp, pp in WORLD2],
-         4: [(f, tp, pp, False) for f in model_zoo.FAMILIES for tp, pp in WORLD4] + [("llama", 2, 2, True)]}  # fmt: skip
+         4: [(f, tp, pp, False) for f in model_zoo.FAMILIES for tp, pp in WORLD4]
+            + [("llama", 2, 2, True), ("critic-qwen3", 2, 2, False), ("critic-qwen3", 1, 2, False)]}  # fmt: skip
 #: fp32 sums of a few hundred terms in another order: 1e-5 relative to the tensor's scale
 TOL = 1e-5
 
@@ -41,11 +42,13 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[str, 
 def references() -> dict[tuple[str, bool], dict[str, Any]]:
     out = {}
     for family, tied in {(c[0], c[3]) for cases in CASES.values() for c in cases}:
-        model = model_zoo.model(family, tied=tied)
+        value = family.startswith("critic-")
+        base = family.removeprefix("critic-")
+        model = model_zoo.value_model(base) if value else model_zoo.model(family, tied=tied)
         engine = build_train_engine(model, EngineConfig(backend="local", micro_batch_size=2, optim=OptimConfig(lr=1e-2)))
         batch = make_batch(128)
-        log_probs = engine.forward_logprobs(batch)
-        metrics = engine.step(ppo_loss, batch, micro_batch_size=2)
+        log_probs = engine.forward_values(batch) if value else engine.forward_logprobs(batch)
+        metrics = engine.step(model_zoo.value_loss_fn if value else ppo_loss, batch, micro_batch_size=2)
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         weights = {n: p.detach().clone() for n, p in model.named_parameters()}
         out[(family, tied)] = {"log_probs": log_probs, "metrics": metrics, "grads": grads, "weights": weights}

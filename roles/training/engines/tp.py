@@ -29,7 +29,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 
 from hfrt.roles.losses import LossScale
 from hfrt.roles.models import ValueModel, transformer_blocks
@@ -120,10 +120,13 @@ class TPEngine(TrainEngine):
         model.to(self.device)
         if self.pp_size > 1:
             pipeline.cut_stage(model, self.pp_rank, self.pp_size)
+        #: replicated parameters whose gradients are partial over tp (summed once per step)
+        self.partial_grads: list[str] = []
         if self.tp_size > 1:
             prefix = "backbone." if isinstance(model, ValueModel) else ""
             override = dict(config.tp_plan or {})
             tp_plan.apply_tp(model, self.mesh.mesh["tp"], tp_plan.resolve_plan(lm, self.tp_size, override, prefix), lm)
+            self.partial_grads = tp_plan.partial_grad_names(lm, override, prefix)
         self.split_dims = tp_plan.split_dims(model)
         self.embed_group = self._tied_embedding_group()
         self.blocks = transformer_blocks(model)
@@ -186,7 +189,7 @@ class TPEngine(TrainEngine):
             pieces = 1
             if isinstance(p, DTensor):
                 for size, placement in zip(p.device_mesh.mesh.shape, p.placements, strict=True):
-                    pieces *= int(size) if isinstance(placement, Shard) else 1
+                    pieces *= 1 if placement.is_replicate() else int(size)  # Shard, or FSDP's _StridedShard
             stages = 2 if self.embed_group is not None and name in (self.embedding_name, self.head_name) else 1
             out[name] = stage_ranks // pieces * stages
         return out
@@ -271,6 +274,9 @@ class TPEngine(TrainEngine):
     def _optimizer_step(self) -> float:
         assert self.optimizer is not None and self.scheduler is not None
         grads = {n: _local(p.grad) for n, p in self.model.named_parameters() if p.grad is not None}
+        for name in self.partial_grads:
+            if name in grads:
+                dist.all_reduce(grads[name], group=self.tp_group)
         if self.embed_group is not None:
             for name in (self.embedding_name, self.head_name):
                 if name in grads:

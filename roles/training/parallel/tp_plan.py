@@ -17,6 +17,11 @@ from typing import Any
 
 from torch import nn
 
+#: styles whose only effect is summing a replicated parameter's gradient over tp after each
+#: backward (transformers all-reduces the accumulated .grad, wrong with gradient accumulation):
+#: hfrt drops them from the plan and the engine sums those gradients once per step instead
+PARTIAL_GRAD_STYLES = ("replicated_with_grad_allreduce",)
+
 #: plan entries for the vocabulary (kept replicated when tp does not divide the vocabulary)
 _VOCAB_KEYS = ("embed_tokens", "lm_head", "embed_in", "embed_out", "wte")
 
@@ -64,14 +69,34 @@ def resolve_plan(model: nn.Module, tp: int, override: Mapping[str, str] | None =
     """The TP plan for `model` (a transformers PreTrainedModel): its own plan, then `override`
     entries; the vocabulary entries dropped when tp does not divide the vocabulary. `prefix` names
     the causal LM inside a wrapper (a value model's "backbone.")."""
+    plan = _full_plan(model, override)
+    vocab = int(text_config(model.config).vocab_size)
+    if vocab % tp:
+        plan = {k: v for k, v in plan.items() if not any(k.split(".")[-1] == key for key in _VOCAB_KEYS)}
+    return {f"{prefix}{k}": v for k, v in plan.items() if v not in PARTIAL_GRAD_STYLES}
+
+
+def _full_plan(model: nn.Module, override: Mapping[str, str] | None) -> dict[str, str]:
     plan = dict(getattr(model, "tp_plan", None) or {})
     plan.update(override or {})
     if not plan:
         raise PlanError(f"{type(model).__name__} has no tensor-parallel plan; give options.parallel.tp_plan")
-    vocab = int(text_config(model.config).vocab_size)
-    if vocab % tp:
-        plan = {k: v for k, v in plan.items() if not any(k.split(".")[-1] == key for key in _VOCAB_KEYS)}
-    return {f"{prefix}{k}": v for k, v in plan.items()}
+    return plan
+
+
+def partial_grad_names(model: nn.Module, override: Mapping[str, str] | None = None, prefix: str = "") -> list[str]:
+    """Parameters of `model` (names under `prefix`) that stay replicated over tp but see only this
+    rank's heads, so their gradients are partial sums to add over the tp group (Qwen3's per-head
+    q_norm / k_norm)."""
+    from transformers.distributed.tensor_parallel import replace_layer_number_by_wildcard
+
+    patterns = {k for k, v in _full_plan(model, override).items() if v in PARTIAL_GRAD_STYLES}
+    out = []
+    for name, _ in model.named_parameters():
+        module = replace_layer_number_by_wildcard(name.rsplit(".", 1)[0])
+        if module in patterns:
+            out.append(f"{prefix}{name}")
+    return out
 
 
 def apply_tp(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str], lm: nn.Module | None = None) -> None:
@@ -82,10 +107,12 @@ def apply_tp(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str], lm: nn.Mod
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
     lm = model if lm is None else lm
-    tied = bool(getattr(text_config(lm.config), "tie_word_embeddings", False))
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    embedding = lm.get_input_embeddings()
+    tied = isinstance(embedding, nn.Embedding) and getattr(head, "weight", None) is embedding.weight
     apply_tensor_parallelism(model, tp_mesh, dict(plan))
-    if tied and hasattr(lm, "get_output_embeddings") and lm.get_output_embeddings() is not None:
-        lm.get_output_embeddings().weight = lm.get_input_embeddings().weight
+    if tied:  # (a pipeline stage holding only one of the two has nothing to re-tie)
+        head.weight = embedding.weight
 
 
 def split_dims(model: nn.Module, mesh_dim: str = "tp") -> dict[str, int | None]:

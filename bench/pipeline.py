@@ -1,0 +1,164 @@
+"""Pipeline and parallel-engine benchmark: the peak activation memory of a training step under the
+1F1B and GPipe schedules (pp=2, the same micro-batches), and the median step time of the
+tp × pp × dp engine at several layouts, optionally beside another checkout of hfrt measured in the
+same run (`--baseline-tree`, e.g. the commit before the engine moved onto torch's parallelism).
+
+Run: `hfrt bench pipeline [--micro-batches 8] [--layouts t2p1d1 t1p2d1 t1p1d2] [--steps 5]
+[--baseline-tree DIR] [--json] [--out FILE]`. Every measurement starts its own ranks (one process
+each, gloo on CPU, NCCL with CUDA) running a random Llama-shaped model built in code; rank
+processes import hfrt from the tree given (PYTHONPATH), so a baseline tree needs `hfrt/roles`,
+`hfrt/protocols`, ... reachable as packages (see --help). Peak memory is the largest rise of
+resident memory (CUDA: allocated memory) over the step, sampled every 2 ms, the maximum over ranks.
+It knows nothing of RL beyond one PPO loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hfrt.bench.common import add_output_flags, emit, machine
+
+#: what one rank runs: build the engine, time `steps` PPO steps, sample peak memory of each
+WORKER = r"""
+import json, os, resource, threading, time
+import torch, torch.distributed as dist
+args = json.loads(os.environ["HFRT_BENCH_ARGS"])
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+torch.set_num_threads(1)
+dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank, world_size=world,
+                        init_method=f"tcp://127.0.0.1:{args['port']}")
+if torch.cuda.is_available():
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+from transformers import AutoModelForCausalLM, LlamaConfig
+from hfrt.roles.losses import PolicyLossConfig, policy_loss
+from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
+cfg = LlamaConfig(vocab_size=512, hidden_size=args["hidden"], intermediate_size=4 * args["hidden"],
+                  num_hidden_layers=args["layers"], num_attention_heads=8, num_key_value_heads=4)
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(cfg)
+extra = {"pp_schedule": args["schedule"]} if "pp_schedule" in EngineConfig.__dataclass_fields__ else {}
+engine = build_train_engine(model, EngineConfig(backend="tp", tp=args["tp"], pp=args["pp"],
+                            micro_batch_size=args["micro_batch_size"], optim=OptimConfig(lr=1e-5), **extra))
+rows, length, width = args["rows"] // engine.dp_size, args["seq"], args["seq"] // 2
+g = torch.Generator().manual_seed(engine.dp_rank)
+ids = torch.randint(3, 512, (rows, length), generator=g)
+batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, -width:],
+         "response_mask": torch.ones(rows, width, dtype=torch.long),
+         "advantages": torch.randn(rows, width, generator=g), "old_log_probs": torch.full((rows, width), -6.0)}
+conf = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0, agg_mode="token-mean")
+def loss(out, mb, scale):
+    return policy_loss(out.log_probs, mb["old_log_probs"], mb["advantages"], mb["response_mask"], conf, scale)
+def used():
+    if torch.cuda.is_available():
+        return torch.cuda.memory_allocated() / 2**20
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+times, peaks = [], []
+for step in range(args["steps"] + 1):
+    base, peak, stop = used(), [0.0], threading.Event()
+    def sample():
+        while not stop.wait(0.002):
+            peak[0] = max(peak[0], used())
+    t = threading.Thread(target=sample, daemon=True); t.start()
+    dist.barrier(); start = time.perf_counter()
+    engine.step(loss, batch)
+    dist.barrier(); elapsed = time.perf_counter() - start
+    stop.set(); t.join(); peak[0] = max(peak[0], used())
+    if step:  # the first step warms up (allocator, optimizer state)
+        times.append(elapsed); peaks.append(peak[0] - base)
+box = [None] * world
+dist.all_gather_object(box, {"times": times, "peaks": peaks})
+if rank == 0:
+    print("RESULT " + json.dumps(box))
+dist.barrier(); dist.destroy_process_group()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(settings: dict[str, Any], tree: str | None) -> dict[str, Any]:
+    """One measurement in tp·pp·dp fresh rank processes; their step times and memory peaks."""
+    world = settings["tp"] * settings["pp"] * settings["dp"]
+    port = free_port()
+    env = dict(os.environ, WORLD_SIZE=str(world), HFRT_BENCH_ARGS=json.dumps({**settings, "port": port}))
+    if tree:
+        env["PYTHONPATH"] = os.pathsep.join([tree, env.get("PYTHONPATH", "")])
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WORKER], env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+        for r in range(world)
+    ]
+    outs = [p.communicate(timeout=1800) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        if p.returncode != 0:
+            raise RuntimeError(f"a rank failed ({settings}):\n{err[-3000:]}")
+    line = next(x for x in outs[0][0].splitlines() if x.startswith("RESULT "))
+    ranks = json.loads(line[len("RESULT ") :])
+    step_s = statistics.median(max(r["times"][i] for r in ranks) for i in range(len(ranks[0]["times"])))
+    peak = max(statistics.median(r["peaks"]) for r in ranks)
+    return {"step_s": round(step_s, 4), "peak_mb": round(peak, 1)}
+
+
+def parse_layout(text: str) -> tuple[int, int, int]:
+    import re
+
+    match = re.fullmatch(r"t(\d+)p(\d+)d(\d+)", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"layout {text!r}: expected t<tp>p<pp>d<dp>, e.g. t2p1d1")
+    tp, pp, dp = (int(g) for g in match.groups())
+    return tp, pp, dp
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hfrt bench pipeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--micro-batches", type=int, default=8, help="micro-batches per step in the memory comparison")
+    parser.add_argument("--seq", type=int, default=256, help="tokens per row (half of them response)")
+    parser.add_argument("--hidden", type=int, default=256, help="hidden size of the random Llama model")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers")
+    parser.add_argument("--layouts", nargs="+", type=parse_layout, default=[(2, 1, 1), (1, 2, 1), (1, 1, 2)],
+                        help="layouts of the step-time comparison")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per measurement (after one warm-up)")
+    parser.add_argument("--baseline-tree", help="another hfrt checkout whose engine is timed beside this one "
+                        "(a folder holding an `hfrt` package with roles/, protocols/ ... inside it)")  # fmt: skip
+    add_output_flags(parser)
+    args = parser.parse_args(argv)
+    common = {"seq": args.seq, "hidden": args.hidden, "layers": args.layers, "steps": args.steps}
+    result: dict[str, Any] = {"machine": machine(), "settings": common | {"micro_batches": args.micro_batches}}
+    memory = {}
+    for schedule in ("gpipe", "1f1b"):
+        settings = common | {"tp": 1, "pp": 2, "dp": 1, "schedule": schedule, "rows": 2 * args.micro_batches,
+                             "micro_batch_size": 2}  # fmt: skip
+        memory[schedule] = measure(settings, None)
+        print(f"pp=2 {schedule:6s} {args.micro_batches} micro-batches: peak +{memory[schedule]['peak_mb']} MB, "
+              f"step {memory[schedule]['step_s']} s", flush=True)  # fmt: skip
+    memory["peak_ratio_1f1b_vs_gpipe"] = round(memory["1f1b"]["peak_mb"] / max(memory["gpipe"]["peak_mb"], 1e-9), 3)
+    result["memory"] = memory
+    timing = {}
+    for tp, pp, dp in args.layouts:
+        name = f"t{tp}p{pp}d{dp}"
+        settings = common | {"tp": tp, "pp": pp, "dp": dp, "schedule": "1f1b", "rows": 8, "micro_batch_size": 2}
+        row = {"new": measure(settings, None)}
+        if args.baseline_tree:
+            row["baseline"] = measure(settings, str(Path(args.baseline_tree).resolve()))
+            row["step_ratio_new_vs_baseline"] = round(row["new"]["step_s"] / row["baseline"]["step_s"], 3)
+        timing[name] = row
+        print(name, json.dumps(row), flush=True)
+    result["step_time"] = timing
+    emit(result, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
