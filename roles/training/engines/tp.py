@@ -86,7 +86,7 @@ def build_mesh(tp: int, pp: int, device_type: str = "cpu") -> Mesh3D:
     return Mesh3D(mesh, tp=tp, pp=pp, dp=dp, tp_rank=tp_rank, pp_rank=pp_rank, dp_rank=dp_rank)
 
 
-def lm_of(model: nn.Module) -> nn.Module:
+def lm_of(model: nn.Module) -> Any:
     """The transformers model whose plan and embeddings apply (a value model's backbone)."""
     return model.backbone if isinstance(model, ValueModel) else model
 
@@ -424,14 +424,14 @@ def _param_name(model: nn.Module, param: nn.Parameter) -> str:
     return next(n for n, p in model.named_parameters() if p is param)
 
 
-def _head_name(model: nn.Module) -> str:
+def _head_name(model: Any) -> str:
     """The tied head's parameter name on the last stage (e.g. lm_head.weight)."""
     head = model.get_output_embeddings()
     module = next(n for n, m in model.named_modules() if m is head)
     return f"{module}.weight"
 
 
-def _is_tied(model: nn.Module) -> bool:
+def _is_tied(model: Any) -> bool:
     """Whether the causal LM's head shares the embedding's weight (value models have no head)."""
     if isinstance(model, ValueModel):
         return False

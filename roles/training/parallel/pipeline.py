@@ -40,11 +40,11 @@ class _NoEmbedding(nn.Module):
         raise RuntimeError("a later pipeline stage was given token ids instead of hidden states")
 
 
-def base_of(model: nn.Module) -> nn.Module:
+def base_of(model: nn.Module) -> Any:
     """The decoder stack (embed_tokens, layers, norm) of a causal LM or of a value model."""
     if isinstance(model, ValueModel):
         return model.backbone
-    return getattr(model, model.base_model_prefix)
+    return getattr(model, str(model.base_model_prefix))
 
 
 def check_pp(config: Any, pp: int, where: str = "parallel") -> None:
@@ -86,7 +86,7 @@ class StageModule(nn.Module):
 
     def __init__(self, model: nn.Module, stage: int, num_stages: int) -> None:
         super().__init__()
-        self.lm = model
+        self.lm: Any = model
         self.first, self.last = stage == 0, stage == num_stages - 1
         self.is_value = isinstance(model, ValueModel)
         self.temperature = 1.0
@@ -153,7 +153,7 @@ def run_schedule(
         raise ValueError(f"pipeline schedule {schedule!r} needs several stages per rank; use gpipe or 1f1b")
     runner = kind(pipe_stage, n_microbatches=micro_batches, loss_fn=loss, scale_grads=False)
     args = (cols["input_ids"],) if stage == 0 else ()
-    kwargs = {k: cols[k] for k in ("attention_mask", "position_ids", "responses")}
+    kwargs: dict[str, Any] = {k: cols[k] for k in ("attention_mask", "position_ids", "responses")}
     if loss is not None:
         out = runner.step(*args, target=index.to(device), **kwargs)
     else:
@@ -186,7 +186,7 @@ def _broadcast_output(out: Any, stage: int, num_stages: int, group: Any, device:
     last = dist.get_global_rank(group, num_stages - 1)
     if stage == num_stages - 1:
         parts = out if isinstance(out, tuple) else (out,)
-        meta = [[tuple(p.shape) for p in parts], isinstance(out, tuple)]
+        meta: list[Any] = [[tuple(p.shape) for p in parts], isinstance(out, tuple)]
     else:
         meta = [None, None]
     dist.broadcast_object_list(meta, src=last, group=group)

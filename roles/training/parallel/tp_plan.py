@@ -99,7 +99,7 @@ def partial_grad_names(model: nn.Module, override: Mapping[str, str] | None = No
     return out
 
 
-def apply_tp(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str], lm: nn.Module | None = None) -> None:
+def apply_tp(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str], lm: Any = None) -> None:
     """Shard `model` in place over `tp_mesh` with transformers' DTensor TP styles. Every rank must
     hold the same full weights (each keeps its own chunk; nothing is sent). A tied head is tied
     again afterwards (the styles replace the embedding's and the head's parameter separately).
@@ -107,7 +107,7 @@ def apply_tp(model: nn.Module, tp_mesh: Any, plan: Mapping[str, str], lm: nn.Mod
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
     lm = model if lm is None else lm
-    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    head: Any = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
     embedding = lm.get_input_embeddings()
     tied = isinstance(embedding, nn.Embedding) and getattr(head, "weight", None) is embedding.weight
     apply_tensor_parallelism(model, tp_mesh, dict(plan))
