@@ -54,7 +54,7 @@ def build_model(preset: str) -> Any:
     if family in ("llama", "qwen3") and size in ("small", "110m"):
         from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-        dims = (
+        dims: dict[str, Any] = (
             dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8, head_dim=32)
             if size == "small"
             else dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12, head_dim=64)
