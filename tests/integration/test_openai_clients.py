@@ -56,15 +56,19 @@ class ScriptedChatRollout:
 
     async def generate_turn(self, handle: BatchHandle, **options: Any) -> BatchHandle:
         self.calls.append(options)
-        out: dict[str, list[Any]] = {k: [] for k in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version", "turn_pieces", "turn_top")}
+        out: dict[str, list[Any]] = {k: [] for k in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version", "turn_pieces", "turn_top", "turn_finished")}
         for context, append in zip(non_tensor(handle, "context"), non_tensor(handle, "append"), strict=True):
             texts = [render(a["messages"][a.get("after") or 0:]) + "<assistant>" if isinstance(a, dict) else a for a in append]
             full = "".join(chr(t) for t in context) + "".join(texts)
-            text = self.reply(full)[: options["max_new_tokens"]]
+            base = full[: full.rfind("<assistant>") + len("<assistant>")]  # what follows is this turn so far (a prefill, chunks)
+            whole = self.reply(base)
+            text = whole[len(full) - len(base):][: options["max_new_tokens"]]
+            out["turn_finished"].append(len(full) - len(base) + len(text) >= len(whole))
             out["appended"].append([[ord(c) for c in t] for t in texts])
             out["turn_ids"].append([ord(c) for c in text])
             out["turn_log_probs"].append([-0.25] * len(text))
-            out["turn_text"].append(text)
+            out["turn_text"].append("".join(chr(t) for t in context[len(context) - options.get("text_prefix", 0):]) + text
+                                    if options.get("text_prefix") else text)
             out["weight_version"].append(7)
             out["turn_pieces"].append(list(text) if options.get("pieces") else [])
             out["turn_top"].append([[(ord(c), -0.25), (ord(c) + 1, -2.0)][: options.get("top_logprobs", 0)] for c in text])
@@ -188,3 +192,21 @@ async def test_a_smolagents_tool_calling_agent_runs_and_its_conversation_is_a_tr
     for t, call in zip(trajectories, calls, strict=True):
         assert t.prompt_ids == call.prompt_ids and t.response_ids == call.output_ids and t.gen_mask == [1] * len(call.output_ids)
     assert "final_answer" in "".join(chr(i) for i in trajectories[-1].response_ids)
+
+
+async def test_a_streamed_turn_is_sent_as_it_is_sampled_and_recorded_whole(server: OpenAIServer) -> None:
+    rollout = server.rollout
+    before = len(rollout.calls)
+
+    def ask() -> list[Any]:
+        stream = client(server).completions.create(model="scripted", prompt="<tool>8\n<assistant>", max_tokens=40, stream=True,
+                                                   user="streamed", logprobs=0)
+        return list(stream)
+
+    chunks = await in_thread(ask)
+    text = "The sum is 8."
+    assert "".join(c.choices[0].text for c in chunks) == text and len(chunks) == len(text) + 1  # a chunk per token, then finish
+    assert len(rollout.calls) - before == 4  # 4 tokens per generate_turn call: sent as sampled, not after the whole turn
+    assert all(c["max_new_tokens"] <= 4 for c in rollout.calls[before:])
+    session = server.sessions["streamed"].calls[-1]
+    assert session.output_ids == [ord(c) for c in text] and session.log_probs == [-0.25] * len(text)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import ipaddress
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -24,7 +25,7 @@ from starlette.routing import Route
 
 from hfrt.flows.agent.openai.api import error_body, parse_body
 from hfrt.flows.agent.openai.errors import ApiError, BadRequest
-from hfrt.flows.agent.openai.responses import event_stream, models_body
+from hfrt.flows.agent.openai.responses import models_body
 from hfrt.flows.agent.openai.schema import openapi_schema
 from hfrt.log import get_logger
 
@@ -105,10 +106,11 @@ def build_app(server: OpenAIServer) -> Starlette:
     async def sample(request: Request, kind: str) -> Response:
         body = parse_body(await read_body(request, limits.max_body_bytes))
         turn = server.chat_turn(body) if kind == "chat" else server.completion_turn(body)
+        if turn.stream:  # the first events before the 200: a refused request still gets its JSON error
+            events = server.stream(turn, request.headers.get("x-session-id"))
+            first = await events.__anext__()
+            return StreamingResponse(_events(first, events), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         results, reply = await server.complete(turn, request.headers.get("x-session-id"))
-        if turn.stream:
-            return StreamingResponse(_events(event_stream(turn, results, reply)), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
         return JSONResponse(reply)
 
     async def completions(request: Request) -> Response:
@@ -133,9 +135,17 @@ def build_app(server: OpenAIServer) -> Starlette:
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
 
 
-async def _events(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
-    for chunk in chunks:
-        yield chunk
+async def _events(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The stream's events; an error after the 200 went out ends it with an error event."""
+    yield first
+    try:
+        async for chunk in rest:
+            yield chunk
+    except ApiError as exc:
+        yield f"data: {json.dumps(error_body(exc))}\n\n".encode()
+    except Exception as exc:  # logged; the client hears no details
+        get_logger(part="openai_server").exception("stream_failed", error=f"{type(exc).__name__}: {exc}")
+        yield f"data: {json.dumps(error_body(ApiError(500, 'the server failed on this request (the server log has the details)')))}\n\n".encode()
 
 
 class _Uvicorn(uvicorn.Server):

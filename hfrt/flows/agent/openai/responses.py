@@ -146,11 +146,41 @@ def event_stream(request: TurnRequest, results: list[TurnResult], body: dict[str
     yield b"data: [DONE]\n\n"
 
 
-def _deltas(request: TurnRequest, result: TurnResult, choice: dict[str, Any], index: int) -> Iterator[dict[str, Any]]:
+def stream_head(request: TurnRequest, model: str) -> dict[str, Any]:
+    """The fields every chunk of one streamed response shares."""
+    prefix = "chatcmpl" if request.kind == "chat" else "cmpl"
+    return {"id": f"{prefix}-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": model,
+            "object": "chat.completion.chunk" if request.kind == "chat" else "text_completion"}
+
+
+def token_events(request: TurnRequest, head: dict[str, Any], part: TurnResult, *, first: bool) -> Iterator[bytes]:
+    """Chunks for the tokens of `part` as they are sampled (a streamed turn's next tokens); the
+    `first` part opens with the role (chat) and carries prompt_token_ids and weight_version."""
+    extension = {"prompt_token_ids": part.prompt_ids, "weight_version": part.weight_version} if first else {}
+    for delta in _deltas(request, part, {"message": {}}, 0, role=first):
+        yield _event({**head, "choices": [delta], **extension})
+        extension = {}
+
+
+def end_events(request: TurnRequest, head: dict[str, Any], body: dict[str, Any]) -> Iterator[bytes]:
+    """A streamed turn's closing chunks: finish_reason, usage when asked, [DONE]."""
+    end: dict[str, Any] = {"index": 0, "finish_reason": body["choices"][0]["finish_reason"], "logprobs": None}
+    if request.kind == "chat":
+        end["delta"] = {}
+    else:
+        end["text"] = ""
+    yield _event({**head, "choices": [end]})
+    if request.stream_usage:
+        yield _event({**head, "choices": [], "usage": body["usage"]})
+    yield b"data: [DONE]\n\n"
+
+
+def _deltas(request: TurnRequest, result: TurnResult, choice: dict[str, Any], index: int, *, role: bool = True) -> Iterator[dict[str, Any]]:
     """One choice's chunks before its finish chunk."""
     chat = request.kind == "chat"
-    if chat:
+    if chat and role:
         yield {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    if chat:
         calls = choice["message"].get("tool_calls")
         if calls:
             content = choice["message"].get("content")

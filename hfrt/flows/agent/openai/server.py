@@ -16,11 +16,12 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 from hfrt.flows.agent.loop import AgentGenerationError, Trajectory, TurnBatcher
 from hfrt.flows.agent.openai.api import ApiError, BadRequest, Limits, TurnRequest, _message, chat_request, completion_request
-from hfrt.flows.agent.openai.responses import TurnResult, chat_body, completion_body
+from hfrt.flows.agent.openai.responses import TurnResult, chat_body, completion_body, end_events, event_stream, stream_head, token_events
 from hfrt.flows.agent.openai.sessions import Session, SessionCall, build_trajectories, build_trajectory
 from hfrt.flows.agent.openai.tools import parser_for
 from hfrt.flows.batches import non_tensor
@@ -44,7 +45,8 @@ class ServerLimits:
     checked on the rollout daemon (400; None: the model's context less max_tokens).
     long_request_tokens: a request whose prompt (estimated from its size) plus max_tokens is longer
     goes to separate batches and is sampled `long_chunk_tokens` at a time (each chunk continues
-    the exact ids so far), so a short request waits at most one chunk of a long one."""
+    the exact ids so far), so a short request waits at most one chunk of a long one. A streamed
+    turn is sampled stream_chunk_tokens per call and each call's tokens are sent as they come."""
 
     max_body_bytes: int = 16 << 20
     max_tokens: int = 4096
@@ -54,6 +56,7 @@ class ServerLimits:
     max_prompt_tokens: int | None = None
     long_request_tokens: int = 256
     long_chunk_tokens: int = 16
+    stream_chunk_tokens: int = 4
 
 
 class RowBatcher(TurnBatcher):
@@ -191,16 +194,8 @@ class OpenAIServer:
             raise BadRequest("model", f"{turn.model!r} does not exist: this server samples {self.model!r}", status=404, code="model_not_found")
         held = self.sessions.get(name if turn.n == 1 else f"{name}#0") if name else None
         context, append = self._continuation(turn, held)
-        options = dict(turn.options)
-        if turn.stream:
-            options["pieces"] = True
-        if turn.top_logprobs:
-            options["top_logprobs"] = turn.top_logprobs
-        if self.limits.max_prompt_tokens is not None:
-            options["max_prompt_tokens"] = self.limits.max_prompt_tokens
-        prompt_size = len(context) + sum(len(a) if isinstance(a, str) else len(json.dumps(a.get("messages", a))) for a in append)
-        size = prompt_size + (0 if turn.options.get("fit_context") else turn.options["max_new_tokens"])
-        if size > self.limits.long_request_tokens:
+        options, batcher = self._options(turn, context, append)
+        if batcher is self._long:
             rows = await asyncio.gather(*(self._chunked(context, append, options, turn) for _ in range(turn.n)))
         else:
             rows = await asyncio.gather(*(self._generate(self.batcher, context, append, options, turn) for _ in range(turn.n)))
@@ -232,35 +227,79 @@ class OpenAIServer:
                 return session.ids, [item, turn.prefill] if turn.prefill else [item]
         return turn.context, turn.append
 
-    async def _chunked(self, context: list[int], append: list[Any], options: dict[str, Any], turn: TurnRequest) -> dict[str, Any]:
-        """One long choice sampled long_chunk_tokens at a time: each chunk's context is the prompt
-        plus every token sampled so far, so the turn is the same token sequence a single call
-        would sample (its log-probs each conditioned on exactly the tokens before it)."""
-        total, chunk = int(options["max_new_tokens"]), self.limits.long_chunk_tokens
-        row = dict(await self._generate(self._long, context, append, {**options, "max_new_tokens": min(chunk, total)}, turn))
-        prompt = list(context) + [t for piece in row["appended"] for t in piece]
-        row["turn_ids"], row["turn_log_probs"] = list(row["turn_ids"]), list(row["turn_log_probs"])
-        for k in ("turn_pieces", "turn_top"):
-            if k in row:
-                row[k] = list(row[k])
-        rounds = 0
-        while not row.get("turn_finished", True) and len(row["turn_ids"]) < total:
+    async def _chunks(self, batcher: TurnBatcher, context: list[int], append: list[Any], options: dict[str, Any],
+                      turn: TurnRequest, chunk: int) -> AsyncIterator[dict[str, Any]]:
+        """One choice sampled `chunk` tokens per call, each call's row as it comes: each chunk's
+        context is the prompt plus every token sampled so far, so the turn is the same token
+        sequence a single call would sample (its log-probs each conditioned on exactly the tokens
+        before it); the last row's turn_text is the whole turn's text."""
+        total = int(options["max_new_tokens"])
+        step = await self._generate(batcher, context, append, {**options, "max_new_tokens": min(chunk, total)}, turn)
+        yield step
+        prompt = list(context) + [t for piece in step["appended"] for t in piece]
+        got, finished, rounds = list(step["turn_ids"]), step.get("turn_finished", True), 0
+        while not finished and len(got) < total:
             rounds += 1
-            more = {**options, "max_new_tokens": min(chunk, total - len(row["turn_ids"])), "text_prefix": len(row["turn_ids"])}
+            more = {**options, "max_new_tokens": min(chunk, total - len(got)), "text_prefix": len(got)}
             if "seed" in more:
                 more["seed"] = (int(more["seed"]) + rounds) % 2**63
             try:
-                step = await self._generate(self._long, prompt + row["turn_ids"], [], more, turn)
+                step = await self._generate(batcher, prompt + got, [], more, turn)
             except BadRequest:
                 if not turn.options.get("fit_context"):
                     raise
-                break  # max_tokens not given and the context is full: the turn ends here
-            for k in ("turn_ids", "turn_log_probs", "turn_pieces", "turn_top"):
-                if k in row:
-                    row[k] += list(step.get(k) or [])
-            row.update({"turn_text": step["turn_text"], "turn_finished": step.get("turn_finished", True),
-                        "weight_version": min(int(row["weight_version"]), int(step["weight_version"]))})
+                return  # max_tokens not given and the context is full: the turn ends here
+            yield {**step, "appended": []}
+            got += list(step["turn_ids"])
+            finished = step.get("turn_finished", True)
+
+    async def _chunked(self, context: list[int], append: list[Any], options: dict[str, Any], turn: TurnRequest) -> dict[str, Any]:
+        """One long choice sampled long_chunk_tokens at a time (see _chunks), as one row."""
+        row: dict[str, Any] = {}
+        async for step in self._chunks(self._long, context, append, options, turn, self.limits.long_chunk_tokens):
+            row = merge_rows(row, step)
         return row
+
+    async def stream(self, turn: TurnRequest, session: str | None = None) -> AsyncIterator[bytes]:
+        """`turn` as server-sent events sent as it is sampled: stream_chunk_tokens per generate_turn
+        call, each call's tokens sent as they come, then the finish chunk (and usage); the session is
+        recorded at the end. With n > 1 or tools the turn is sampled whole first (tool calls are
+        parsed from the whole text), then sent a chunk per token."""
+        name = session or turn.user
+        if turn.n > 1 or turn.tools:
+            results, body = await self.complete(turn, session)
+            for event in event_stream(turn, results, body):
+                yield event
+            return
+        if turn.model is not None and turn.model != self.model:
+            raise BadRequest("model", f"{turn.model!r} does not exist: this server samples {self.model!r}", status=404, code="model_not_found")
+        context, append = self._continuation(turn, self.sessions.get(name) if name else None)
+        options, batcher = self._options(turn, context, append)
+        head, row = stream_head(turn, self.model), dict[str, Any]()
+        async for step in self._chunks(batcher, context, append, options, turn, self.limits.stream_chunk_tokens):
+            part = TurnResult.from_row(context if not row else [], step)
+            for event in token_events(turn, head, part, first=not row):
+                yield event
+            row = merge_rows(row, step)
+        result = TurnResult.from_row(context, row)
+        body = chat_body(turn, [result], self.model, self.tool_parser) if turn.kind == "chat" else completion_body(turn, [result], self.model)
+        if name:
+            self._record(name, turn, result, body["choices"][0]["message"] if turn.kind == "chat" else None)
+        for event in end_events(turn, head, body):
+            yield event
+
+    def _options(self, turn: TurnRequest, context: list[int], append: list[Any]) -> tuple[dict[str, Any], TurnBatcher]:
+        """generate_turn's options for `turn`, and the batcher its size sends it to."""
+        options = dict(turn.options)
+        if turn.stream:
+            options["pieces"] = True
+        if turn.top_logprobs:
+            options["top_logprobs"] = turn.top_logprobs
+        if self.limits.max_prompt_tokens is not None:
+            options["max_prompt_tokens"] = self.limits.max_prompt_tokens
+        prompt_size = len(context) + sum(len(a) if isinstance(a, str) else len(json.dumps(a.get("messages", a))) for a in append)
+        size = prompt_size + (0 if turn.options.get("fit_context") else turn.options["max_new_tokens"])
+        return options, (self._long if size > self.limits.long_request_tokens else self.batcher)
 
     async def _generate(self, batcher: TurnBatcher, context: list[int], append: list[Any], options: dict[str, Any],
                         turn: TurnRequest) -> dict[str, Any]:
@@ -294,6 +333,21 @@ def http_error(exc: AgentGenerationError, kind: str = "completion") -> ApiError:
         return ApiError(503, f"the rollout role is unavailable (incident {incident}; the server log has the details)")
     where = f"{cause.where} raised {cause.type_name}" if isinstance(cause, RemoteError) else type(cause).__name__
     return ApiError(500, f"generate_turn failed: {where} (incident {incident}; the server log has the details)")
+
+
+def merge_rows(row: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
+    """A turn's row so far (empty at first) with the next chunk's row appended: ids, log-probs,
+    pieces and top alternatives concatenated; text, finished and the oldest weight version from the
+    chunk (its turn_text decodes the whole turn, see generate_turn's text_prefix)."""
+    if not row:
+        return {k: list(v) if isinstance(v, list) else v for k, v in step.items()}
+    out = dict(row)
+    for k in ("turn_ids", "turn_log_probs", "turn_pieces", "turn_top"):
+        if k in out or k in step:
+            out[k] = list(out.get(k) or []) + list(step.get(k) or [])
+    out.update({"turn_text": step["turn_text"], "turn_finished": step.get("turn_finished", True),
+                "weight_version": min(int(row["weight_version"]), int(step["weight_version"]))})
+    return out
 
 
 def api_key_from(key: str = "", key_file: str = "") -> str | None:
