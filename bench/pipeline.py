@@ -7,8 +7,11 @@ Run: `hfrt bench pipeline [--micro-batches 8] [--layouts t2p1d1 t1p2d1 t1p1d2] [
 [--baseline-tree DIR] [--json] [--out FILE]`. Every measurement starts its own ranks (one process
 each, gloo on CPU, NCCL with CUDA) running a random Llama-shaped model built in code; rank
 processes import hfrt from the tree given (PYTHONPATH), so a baseline tree needs `hfrt/roles`,
-`hfrt/protocols`, ... reachable as packages (see --help). Peak memory is the largest rise of
-resident memory (CUDA: allocated memory) over the step, sampled every 2 ms, the maximum over ranks.
+`hfrt/protocols`, ... reachable as packages (see --help). Peak memory is reported two ways, the
+maximum over ranks: the most bytes of tensors autograd held for backward at once during the step
+(counted through saved-tensor hooks: exact, and what the schedule changes) and the largest rise
+of resident memory (CUDA: allocated memory) over the step, sampled every 2 ms (on CPU the
+allocator keeps freed memory, so this understates activations).
 It knows nothing of RL beyond one PPO loss.
 """
 
@@ -61,21 +64,30 @@ def used():
         return torch.cuda.memory_allocated() / 2**20
     with open(f"/proc/{os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-times, peaks = [], []
+held = [0, 0]  # bytes saved for backward now, and their peak over the step
+class Saved:
+    def __init__(self, t):
+        self.t, self.n = t, t.numel() * t.element_size()
+        held[0] += self.n; held[1] = max(held[1], held[0])
+    def __del__(self):
+        held[0] -= self.n
+times, peaks, saved = [], [], []
 for step in range(args["steps"] + 1):
     base, peak, stop = used(), [0.0], threading.Event()
+    held[1] = held[0]
     def sample():
         while not stop.wait(0.002):
             peak[0] = max(peak[0], used())
     t = threading.Thread(target=sample, daemon=True); t.start()
     dist.barrier(); start = time.perf_counter()
-    engine.step(loss, batch)
+    with torch.autograd.graph.saved_tensors_hooks(Saved, lambda s: s.t):
+        engine.step(loss, batch)
     dist.barrier(); elapsed = time.perf_counter() - start
     stop.set(); t.join(); peak[0] = max(peak[0], used())
     if step:  # the first step warms up (allocator, optimizer state)
-        times.append(elapsed); peaks.append(peak[0] - base)
+        times.append(elapsed); peaks.append(peak[0] - base); saved.append(held[1] / 2**20)
 box = [None] * world
-dist.all_gather_object(box, {"times": times, "peaks": peaks})
+dist.all_gather_object(box, {"times": times, "peaks": peaks, "saved": saved})
 if rank == 0:
     print("RESULT " + json.dumps(box))
 dist.barrier(); dist.destroy_process_group()
@@ -108,7 +120,8 @@ def measure(settings: dict[str, Any], tree: str | None) -> dict[str, Any]:
     ranks = json.loads(line[len("RESULT ") :])
     step_s = statistics.median(max(r["times"][i] for r in ranks) for i in range(len(ranks[0]["times"])))
     peak = max(statistics.median(r["peaks"]) for r in ranks)
-    return {"step_s": round(step_s, 4), "peak_mb": round(peak, 1)}
+    saved = max(statistics.median(r["saved"]) for r in ranks)
+    return {"step_s": round(step_s, 4), "peak_rss_rise_mb": round(peak, 1), "peak_saved_for_backward_mb": round(saved, 1)}
 
 
 def parse_layout(text: str) -> tuple[int, int, int]:
@@ -141,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = common | {"tp": 1, "pp": 2, "dp": 1, "schedule": schedule, "rows": 2 * args.micro_batches,
                              "micro_batch_size": 2}  # fmt: skip
         memory[schedule] = measure(settings, None)
-        print(f"pp=2 {schedule:6s} {args.micro_batches} micro-batches: peak +{memory[schedule]['peak_mb']} MB, "
-              f"step {memory[schedule]['step_s']} s", flush=True)  # fmt: skip
-    memory["peak_ratio_1f1b_vs_gpipe"] = round(memory["1f1b"]["peak_mb"] / max(memory["gpipe"]["peak_mb"], 1e-9), 3)
+        m = memory[schedule]
+        print(f"pp=2 {schedule:6s} {args.micro_batches} micro-batches: activations held for backward at most "
+              f"{m['peak_saved_for_backward_mb']} MB, RSS +{m['peak_rss_rise_mb']} MB, step {m['step_s']} s", flush=True)
+    ratio = memory["1f1b"]["peak_saved_for_backward_mb"] / max(memory["gpipe"]["peak_saved_for_backward_mb"], 1e-9)
+    memory["saved_ratio_1f1b_vs_gpipe"] = round(ratio, 3)
     result["memory"] = memory
     timing = {}
     for tp, pp, dp in args.layouts:

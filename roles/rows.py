@@ -12,6 +12,7 @@ losses, models or the wire.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,20 +33,21 @@ def _comm_device() -> torch.device:
     return torch.device("cpu")
 
 
-def all_reduce(values: Sequence[float], op: str = "sum") -> list[float]:
-    """Element-wise sum / max / min over the group's ranks (the values themselves with no group)."""
+def all_reduce(values: Sequence[float], op: str = "sum", group: Any = None) -> list[float]:
+    """Element-wise sum / max / min over the group's ranks (the values themselves with no group).
+    `group`: a sub-group, e.g. a tensor-parallel engine's data-parallel group (default: all ranks)."""
     if group_size() == 1:
         return [float(v) for v in values]
     ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
     work = torch.tensor(list(values), dtype=torch.float64, device=_comm_device())
-    dist.all_reduce(work, op=ops[op])
+    dist.all_reduce(work, op=ops[op], group=group)
     return [float(v) for v in work.cpu().tolist()]
 
 
-def reduce_metrics(metrics: Mapping[str, float], op: str = "max") -> dict[str, float]:
+def reduce_metrics(metrics: Mapping[str, float], op: str = "max", group: Any = None) -> dict[str, float]:
     """The same metrics on every rank: reduced key by key (every rank must have the same keys)."""
     keys = sorted(metrics)
-    return dict(zip(keys, all_reduce([float(metrics[k]) for k in keys], op), strict=True))
+    return dict(zip(keys, all_reduce([float(metrics[k]) for k in keys], op, group), strict=True))
 
 
 def check_rows(rows: int, endpoint: str) -> int:

@@ -72,7 +72,8 @@ def run_updates(
     padded, pad = equal_rows(tensors, endpoint)
     rows = int(padded["response_mask"].shape[0])
     real = rows - pad
-    [global_rows] = all_reduce([real])
+    dp = engine.dp_group  # rows differ only across data-parallel ranks (tp / pp ranks share them)
+    [global_rows] = all_reduce([real], group=dp)
     bounds = chunk_bounds(rows, mini_batch_count(global_rows, schedule.ppo_mini_batch_size, rows))
     totals: dict[str, float] = {}
     steps = 0
@@ -80,15 +81,16 @@ def run_updates(
     for _ in range(schedule.ppo_epochs):
         for lo, hi in bounds:
             mini = {k: v[lo:hi] for k, v in padded.items()}
-            tokens, seqs = all_reduce(counts(mini["response_mask"]))
+            tokens, seqs = all_reduce(counts(mini["response_mask"]), group=dp)
             scale = LossScale(max(tokens, 1.0), max(seqs, 1.0), engine.dp_size)
             shares: dict[str, float] = {}
             metrics = engine.step(
                 make_loss(scale, shares), mini, schedule.micro_batch_size,
                 temperature=temperature, with_entropy=with_entropy,
             )
+            shares = engine.from_last_stage(shares)  # with pipeline stages only the last computed them
             if shares:  # same keys on every rank: every rank ran the same micro-batches
-                metrics |= {k: v / engine.dp_size for k, v in reduce_metrics(shares, "sum").items()}
+                metrics |= {k: v / engine.dp_size for k, v in reduce_metrics(shares, "sum", dp).items()}
             lr = metrics.pop("lr")
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value

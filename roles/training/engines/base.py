@@ -35,6 +35,8 @@ from hfrt.roles.losses import LossScale, entropy_from_logits
 from hfrt.roles.models import ValueModel, replace_folder
 
 Batch = Mapping[str, torch.Tensor]
+#: backends whose checkpoints are one DCP folder by parameter name: each loads the other's, at any layout
+DCP_BACKENDS = frozenset({"fsdp2", "tp"})
 
 
 @dataclass
@@ -232,6 +234,13 @@ class TrainEngine(ABC):
     def forward_module(self) -> nn.Module:
         """The module to call for forward passes (a wrapper for some backends)."""
 
+    #: the group rows are split over (None: every rank of the role; a tp / pp engine's dp group)
+    dp_group: Any = None
+
+    def from_last_stage(self, value: Any) -> Any:
+        """`value` as the last pipeline stage computed it (engines without stages: unchanged)."""
+        return value
+
     #: the torch optimizer (None when frozen); engines that own theirs (DeepSpeed) override the hooks
     optimizer: torch.optim.Optimizer | None = None
 
@@ -418,7 +427,8 @@ class TrainEngine(ABC):
         if not meta_file.exists():
             raise FileNotFoundError(f"{folder} is not an hfrt engine checkpoint (no hfrt_engine.json)")
         meta = json.loads(meta_file.read_text())
-        if meta["backend"] != self.config.backend:
+        same_format = {meta["backend"], self.config.backend} <= DCP_BACKENDS  # one DCP folder, any layout
+        if meta["backend"] != self.config.backend and not same_format:
             raise ValueError(f"checkpoint {folder} was written by {meta['backend']}, not {self.config.backend}")
         self._load_from(folder)
         self.steps = int(meta["steps"])

@@ -252,16 +252,18 @@ class TPEngine(TrainEngine):
         n = self._micro_batches(batch_rows(full), micro_batch_size)
         shares = _Shares(loss_fn, full, scale, self.is_value, n)
         self._run(full, micro_batch_size, shares)
-        metrics = self._from_last_stage(shares.metrics())
+        metrics = self.from_last_stage(shares.metrics())
         grad_norm = self._optimizer_step()
         self.steps += 1
         return self._reduce_metrics(metrics) | {"grad_norm": grad_norm, "lr": self.current_lr()}
 
-    def _from_last_stage(self, metrics: dict[str, float]) -> dict[str, float]:
-        """The loss and metrics the last stage computed, on every stage of the pipeline."""
-        box: list[Any] = [metrics if self.pp_rank == self.pp_size - 1 else None]
+    def from_last_stage(self, value: Any) -> Any:
+        """`value` as the last stage computed it (the loss, metrics, loss shares), on every stage."""
+        if self.pp_size == 1:
+            return value
+        box: list[Any] = [value if self.pp_rank == self.pp_size - 1 else None]
         dist.broadcast_object_list(box, src=dist.get_global_rank(self.pp_group, self.pp_size - 1), group=self.pp_group)
-        return dict(box[0])
+        return box[0]
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
         """Loss scales and metrics: summed over the dp group only (tp / pp replicas hold the same rows)."""
