@@ -47,7 +47,7 @@ from hfrt.roles.training.engines.base import (
 )
 from hfrt.roles.training.engines.fsdp2 import _mp_policy, engine_state, restore
 from hfrt.roles.training.parallel import pipeline, tp_plan
-from hfrt.roles.training.parallel.shard import stage_layers
+from hfrt.roles.training.parallel.stages import stage_layers
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,8 @@ class TPEngine(TrainEngine):
         if size <= 0:
             raise ValueError(f"micro_batch_size must be positive, got {size}")
         per = -(-rows // -(-rows // size))
-        return -(-rows // per)
+        # 1F1B needs a micro-batch per stage at least: a rank with fewer rows pads more
+        return max(-(-rows // per), self.pp_size)
 
     @torch.no_grad()
     def forward(
@@ -400,6 +401,8 @@ class _Shares:
 
     def __call__(self, output: Any, index: torch.Tensor) -> torch.Tensor:
         keep = index >= 0
+        if not bool(keep.any()):  # a micro-batch of padding only (fewer rows than stages)
+            return (output[0] if isinstance(output, tuple) else output).sum() * 0.0
         rows = index[keep]
         mb = {k: v[rows] for k, v in self.batch.items()}
         if self.is_value:

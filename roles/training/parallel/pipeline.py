@@ -20,7 +20,7 @@ from torch import nn
 
 from hfrt.roles.losses import entropy_from_logits
 from hfrt.roles.models import ValueModel
-from hfrt.roles.training.parallel.shard import stage_layers
+from hfrt.roles.training.parallel.stages import stage_layers
 
 #: schedule names → torch.distributed.pipelining classes (default "1f1b")
 SCHEDULES = ("gpipe", "1f1b")
