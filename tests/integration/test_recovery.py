@@ -380,7 +380,7 @@ def test_a_frozen_reward_daemon_sigstop_is_replaced_and_the_run_finishes(tmp_pat
 @pytest.mark.timeout(300)
 def test_a_role_that_crashes_on_every_restart_ends_the_run_naming_it(tmp_path: Path) -> None:
     reward_file = tmp_path / "my_reward.py"
-    reward_file.write_text("def score(prompt, response, **kw):\n    return 0.0\n")
+    reward_file.write_text("def score(response, ground_truth, **kw):\n    return 0.0\n")
     run_dir = tmp_path / "run"
     run = start_run(run_dir, "steps=200", "recovery_max_restarts=2", "roles.reward.options.function=" + f"{reward_file}:score")
     with killed_on_exit(run):

@@ -81,9 +81,13 @@ class _RecordingEngine:
     """Stands in for a TrainEngine (pure logic: no model); make_loss records each step's LossScale."""
 
     dp_size = 1
+    dp_group = None
 
     def __init__(self) -> None:
         self.scales: list[LossScale] = []
+
+    def from_last_stage(self, value: Any) -> Any:
+        return value
 
     def step(self, loss_fn: Any, mini: dict[str, torch.Tensor], micro: Any, **_: Any) -> dict[str, float]:
         return {"lr": 0.0, "loss": 0.0}

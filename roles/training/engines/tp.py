@@ -345,7 +345,7 @@ class TPEngine(TrainEngine):
             full = None
             if self.owner[name] == self.pp_rank:
                 held = pick(params[name] if name in params else params[self.head_name])
-                full = held.full_tensor() if isinstance(held, DTensor) else held
+                full = _full(held) if isinstance(held, DTensor) else held
             out[name] = self._from_stage(full, name)
         return out
 
@@ -419,6 +419,26 @@ class _Shares:
 
     def metrics(self) -> dict[str, float]:
         return {"loss": self.total, **self.extra}
+
+
+def _full(tensor: DTensor) -> torch.Tensor:
+    """The whole of a DTensor. Split over one mesh dim: a plain, synchronous all-gather of the
+    (DTensor-chunked) pieces over that dim's group; DTensor's own full_tensor() otherwise."""
+    if tensor.device_mesh.ndim != 1 or tensor.placements[0].is_replicate():
+        return tensor.full_tensor() if tensor.device_mesh.ndim != 1 else tensor.to_local()
+    dim = tensor.placements[0].dim % tensor.dim()  # type: ignore[attr-defined]
+    group = tensor.device_mesh.get_group()
+    parts = dist.get_world_size(group)
+    size = int(tensor.shape[dim])
+    bounds = [tp_plan.chunk_bounds(size, parts, i) for i in range(parts)]
+    width = max(stop - start for start, stop in bounds)
+    local = tensor.to_local().contiguous()
+    pad = [0, 0] * (local.dim() - 1 - dim) + [0, width - local.shape[dim]]
+    padded = torch.nn.functional.pad(local, pad).to(_comm_device())
+    gathered = [torch.empty_like(padded) for _ in range(parts)]
+    dist.all_gather(gathered, padded, group=group)
+    pieces = [g.narrow(dim, 0, stop - start) for g, (start, stop) in zip(gathered, bounds, strict=True)]
+    return torch.cat(pieces, dim=dim).to(local.device)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
