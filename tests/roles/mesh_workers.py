@@ -22,7 +22,7 @@ def _engine(
     from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
 
     model = model_zoo.value_model(family, seed=seed) if value else model_zoo.model(family, seed=seed, tied=tied)
-    config = EngineConfig(backend="tp", tp=tp, pp=pp, micro_batch_size=2, pp_schedule=schedule, optim=OptimConfig(lr=1e-2))
+    config = EngineConfig(backend="tp", tp=tp, pp=pp, micro_batch_size=2, pp_schedule=schedule, optim=OptimConfig(lr=1e-2, eps=1e-3))
     return build_train_engine(model, config)
 
 
@@ -63,7 +63,14 @@ def _retire(engine: Any) -> None:
 
 
 def zoo(rank: int, world: int, *, out_dir: Path, cases: list[tuple[str, int, int, bool]]) -> dict[str, Any]:
-    return {f"{f}-t{tp}p{pp}{'-tied' if tied else ''}": one_update(f, tp, pp, tied) for f, tp, pp, tied in cases}
+    import sys
+
+    out = {}
+    for f, tp, pp, tied in cases:
+        name = f"{f}-t{tp}p{pp}{'-tied' if tied else ''}"
+        print(f"rank {rank}: {name}", file=sys.stderr, flush=True)  # names the case a crash happened in
+        out[name] = one_update(f, tp, pp, tied)
+    return out
 
 
 def across_layouts(rank: int, world: int, *, out_dir: Path, family: str, layouts: list[tuple[int, int]]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from hfrt.roles.losses import LossScale
 from hfrt.roles.models import ValueModel, transformer_blocks
@@ -276,6 +276,9 @@ class TPEngine(TrainEngine):
 
     def _optimizer_step(self) -> float:
         assert self.optimizer is not None and self.scheduler is not None
+        for p in self.model.parameters():  # a gradient laid out unlike its parameter (an embedding's
+            if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:  # may come back whole)
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         grads = {n: _local(p.grad) for n, p in self.model.named_parameters() if p.grad is not None}
         for name in self.partial_grads:
             if name in grads:
@@ -424,9 +427,12 @@ class _Shares:
 def _full(tensor: DTensor) -> torch.Tensor:
     """The whole of a DTensor. Split over one mesh dim: a plain, synchronous all-gather of the
     (DTensor-chunked) pieces over that dim's group; DTensor's own full_tensor() otherwise."""
-    if tensor.device_mesh.ndim != 1 or tensor.placements[0].is_replicate():
-        return tensor.full_tensor() if tensor.device_mesh.ndim != 1 else tensor.to_local()
-    dim = tensor.placements[0].dim % tensor.dim()  # type: ignore[attr-defined]
+    placement = tensor.placements[0]
+    if tensor.device_mesh.ndim == 1 and placement.is_replicate():
+        return tensor.to_local()
+    if tensor.device_mesh.ndim != 1 or type(placement) is not Shard:  # e.g. a packed (strided) shard
+        return tensor.full_tensor()
+    dim = placement.dim % tensor.dim()
     group = tensor.device_mesh.get_group()
     parts = dist.get_world_size(group)
     size = int(tensor.shape[dim])
