@@ -35,10 +35,8 @@ def one_update(family: str, tp: int, pp: int, tied: bool = False, schedule: str 
     batch = rows_for(make_batch(128), engine.dp_rank, engine.dp_size)
     log_probs = engine.forward_values(batch) if value else engine.forward_logprobs(batch)
     metrics = engine.step(model_zoo.value_loss_fn if value else ppo_loss, batch, micro_batch_size=2)
-    # Gradients sharded over dp and tp at once are 2-D DTensors whose full_tensor() runs two
-    # all-gathers that gloo intermittently mismatches (torch warns it cannot merge them); there the
-    # test checks the gradient norm and the weights after the step (Adam's first step moves each
-    # weight by lr·sign(grad)), which FSDP's own unshard gathers.
+    # A gradient split over dp and tp at once is not gathered here (two DTensor all-gathers per
+    # tensor); at those layouts the gradient norm and the weights after the step carry the check.
     both = engine.tp_size > 1 and engine.dp_size > 1
     grads, weights = (None if both else engine.full_gradients()), engine.full_parameters()
     keep = dist.get_rank() == 0
