@@ -315,7 +315,9 @@ async def test_a_short_request_is_answered_within_a_second_while_a_longest_one_r
         short = time.monotonic()
         status, out = await call(srv, "/completions", {"prompt": "1+1=", "max_tokens": 4})
         waited = time.monotonic() - short
-        assert status == 200 and not task.done(), waited  # answered while the longest one still runs
+        assert status == 200, waited
+        if task.done():  # only when the long one met its end-of-sequence token early, not its 100 tokens
+            assert task.result()[1]["choices"][0]["finish_reason"] == "stop", task.result()
         print(f"the short request waited {waited:.2f} s (load {os.getloadavg()[0]:.1f})")
         if os.getloadavg()[0] < 3:  # the 1 s bound holds on a quiet machine (one chunk ~0.2 s on 2 cores)
             assert waited < 1.0, waited
