@@ -85,6 +85,10 @@ class TurnBatcher:
     a round goes out when that many requests wait instead; with `idle_flush` also at once when no
     call is in flight (requests that come while one runs go together in the next)."""
 
+    #: the generate_turn columns every row gets back; OPTIONAL_COLUMNS only when the role returns them
+    COLUMNS: tuple[str, ...] = ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version")
+    OPTIONAL_COLUMNS: tuple[str, ...] = ()
+
     def __init__(self, rollout: Any, *, flush_after_s: float = 0.05, seed: int | None = None, timeout_s: float = CALL_TIMEOUT_S,
                  batch_size: int | None = None, idle_flush: bool = False) -> None:
         self.rollout, self.flush_after_s, self.timeout_s = rollout, flush_after_s, timeout_s
@@ -144,7 +148,8 @@ class TurnBatcher:
     async def _send(self, handle: BatchHandle, options: dict[str, Any], entries: list[Any]) -> None:
         try:
             out = await self.rollout.generate_turn(handle, **options, timeout_s=self.timeout_s)
-            columns = {c: non_tensor(out, c) for c in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version")}
+            columns = {c: non_tensor(out, c) for c in self.COLUMNS}
+            columns |= {c: v for c in self.OPTIONAL_COLUMNS if (v := non_tensor(out, c))}  # those returned
         except Exception as exc:
             error = AgentGenerationError(f"generate_turn on the rollout role failed for {len(entries)} conversations: {exc}")
             error.rows, error.__cause__ = len(entries), exc

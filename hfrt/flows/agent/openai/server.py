@@ -24,15 +24,12 @@ from hfrt.flows.agent.openai.api import ApiError, BadRequest, Limits, TurnReques
 from hfrt.flows.agent.openai.responses import TurnResult, chat_body, completion_body, end_events, event_stream, stream_head, token_events
 from hfrt.flows.agent.openai.sessions import Session, SessionCall, build_trajectories, build_trajectory
 from hfrt.flows.agent.openai.tools import parser_for
-from hfrt.flows.batches import non_tensor
 from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.log import get_logger
 from hfrt.wire.errors import CallTimeout, DaemonGone, RemoteError
 
 #: remote error types that mean the request's input was refused (a 400, not a server fault)
 INPUT_ERRORS = ("ValueError", "TypeError", "KeyError")
-#: generate_turn's output columns a row carries back (the optional ones when asked for)
-COLUMNS = ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version", "turn_pieces", "turn_top", "turn_finished")
 
 
 @dataclass(frozen=True)
@@ -63,21 +60,7 @@ class RowBatcher(TurnBatcher):
     """A TurnBatcher whose rows also carry generate_turn's optional columns (text pieces, top
     log-probs) when the call returned them."""
 
-    async def _send(self, handle: Any, options: dict[str, Any], entries: list[Any]) -> None:
-        try:
-            out = await self.rollout.generate_turn(handle, **options, timeout_s=self.timeout_s)
-            columns = {c: non_tensor(out, c) for c in COLUMNS}
-            columns = {c: v for c, v in columns.items() if v or c in COLUMNS[:5]}  # the optional ones when returned
-        except Exception as exc:
-            error = AgentGenerationError(f"generate_turn on the rollout role failed for {len(entries)} conversations: {exc}")
-            error.rows, error.__cause__ = len(entries), exc
-            for e in entries:
-                if not e[3].done():
-                    e[3].set_exception(error)
-            return
-        for row, e in enumerate(entries):
-            if not e[3].done():
-                e[3].set_result({c: v[row] for c, v in columns.items()})
+    OPTIONAL_COLUMNS = ("turn_pieces", "turn_top", "turn_finished")
 
 
 class OpenAIServer:
