@@ -309,8 +309,9 @@ async def test_tools_n_and_top_logprobs_on_the_daemon_and_a_tool_turn_stays_exac
 async def test_a_short_request_is_answered_within_a_second_while_a_longest_one_runs(ctl: Any, decode: Any) -> None:
     rollout = await ctl.role("rollout", timeout_s=90)
     async with OpenAIServer(rollout, model="tiny", flush_after_s=0.01) as srv:  # long_request_tokens 256, chunks of 16
-        # 400 prompt + 100 new tokens of the tiny model's 512: sampled in chunks, each continuing the exact ids
-        task = asyncio.ensure_future(call(srv, "/completions", {"prompt": "7" * 400, "max_tokens": 100, "logprobs": 0}))
+        # 100 prompt + 400 new tokens of the tiny model's 512: sampled in 25 chunks, each continuing the exact ids,
+        # so on a fast machine the long one is still running when the short one arrives (100 new tokens were not: CI)
+        task = asyncio.ensure_future(call(srv, "/completions", {"prompt": "7" * 100, "max_tokens": 400, "logprobs": 0}))
         await asyncio.sleep(0.3)  # the long one is under way
         short = time.monotonic()
         status, out = await call(srv, "/completions", {"prompt": "1+1=", "max_tokens": 4})
