@@ -154,6 +154,7 @@ class VLLMGenerationEngine:
             remove_stale_cpushm()
         self.llm = vllm.LLM(
             **parallel,
+            **self._engine_args(),
             model=config.model_dir,
             dtype=config.dtype,
             max_model_len=config.max_model_len,
@@ -172,6 +173,14 @@ class VLLMGenerationEngine:
         self._asleep = False
         self._kv_asleep = False
         _silence_expected_reload_gaps(config.model_dir)
+
+    def _engine_args(self) -> dict[str, Any]:
+        """More vllm.LLM arguments for a subclass (roles/generation/lora.py: enable_lora)."""
+        return {}
+
+    def _lora_request(self) -> Any:
+        """The LoRARequest every rollout samples through (None: the base weights alone)."""
+        return None
 
     def close(self) -> None:
         """Remove this engine's shared-memory segments now (a process that ends with os._exit
@@ -228,7 +237,7 @@ class VLLMGenerationEngine:
             logprobs=0,
         )
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self._lora_request())
         rows, logps = [], []
         for out in outputs:
             for completion in out.outputs:
