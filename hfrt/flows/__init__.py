@@ -37,6 +37,7 @@ BUILTIN: dict[str, str] = {
     "dapo": "hfrt.flows.recipes.dapo",
     "grpo_async": "hfrt.flows.recipes.grpo_async",
     "agent_calc": "hfrt.flows.recipes.agent_calc",
+    "agent_openai": "hfrt.flows.agent.openai_grpo",
     "rm": "hfrt.flows.recipes.rm",
 }
 

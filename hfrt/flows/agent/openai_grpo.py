@@ -1,0 +1,131 @@
+"""The `agent_openai` flow: GRPO on the conversations of an external agent framework (smolagents by
+default) that drives the policy through hfrt's OpenAI-compatible endpoint.
+
+The run serves its rollout role (or, with agent_on = "actor", the actor's own generation engine)
+on a loopback OpenAIServer with a fresh API key for its whole length. A step: push the actor's
+weights to the rollout role → run the driver once per sample (`n` per prompt, `agent_threads` at
+a time, each conversation its own session) → score each final answer with `agent_reward` → the
+sessions' exact trajectories (gen_mask 1 only on tokens the policy sampled; prompts, tool results
+and re-rendered history 0) assembled on the rollout daemons → (reference ∥ reward) → advantages
+→ actor update, as agent_grpo does. It knows endpoints, sessions and the driver/reward contract;
+nothing of smolagents (the driver imports it) or of engines.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hfrt.flows.agent.external import DRIVERS, DriverCall, Episode, dump_trajectories, episode_metrics, load_callable, run_external
+from hfrt.flows.agent.grpo import ROLES, AgentGRPOConfig, PushCounter, agent_samples, prompt_columns, roles_for
+from hfrt.flows.agent.loop import agent_metrics, assemble
+from hfrt.flows.agent.openai.server import OpenAIServer, ServerLimits
+from hfrt.flows.agent.openai.tools import parser_for
+from hfrt.flows.async_steps import run_and_close
+from hfrt.flows.grpo_family import train_on
+from hfrt.flows.pipeline import WeightSync
+from hfrt.flows.timing import StageTimer
+from hfrt.flows.trainer import Trainer, get_roles
+from hfrt.protocols import BatchHandle
+
+__all__ = ["ROLES", "AgentOpenAIConfig", "Config", "OpenAISteps", "flow", "roles_for"]
+
+
+@dataclass(frozen=True)
+class AgentOpenAIConfig(AgentGRPOConfig):
+    """agent_grpo's settings (n, prompts_per_step, temperature, agent_on, ...) with the external
+    agent's: agent_driver (`smolagents`, or module:function taking a DriverCall and returning the
+    final answer), agent_reward (module:function (answer, sample) -> float), max_new_tokens per
+    HTTP call, max_turns (the framework's max steps), max_total_tokens (the longest prompt + reply
+    of one call), sample_timeout_s (one conversation), agent_threads (conversations at once; 0:
+    all of a step's), tool_parser (hermes or llama3) and save_trajectories (each step's trained
+    trajectories to RUN_DIR/trajectories/step-N.jsonl). Synchronous steps only (max_staleness 0)."""
+
+    max_new_tokens: int = 48
+    max_total_tokens: int = 1024
+    max_turns: int = 3
+    agent_driver: str = "smolagents"
+    agent_reward: str = "hfrt.flows.agent.smolagents_calc:calc_reward"
+    agent_threads: int = 0
+    tool_parser: str = "hermes"
+    save_trajectories: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_staleness:
+            raise ValueError(f"config max_staleness={self.max_staleness}: agent_openai runs synchronous steps only; use 0")
+        if self.agent_threads < 0:
+            raise ValueError(f"config agent_threads={self.agent_threads}: use 0 (all of a step's conversations) or more")
+        if self.max_new_tokens >= self.max_total_tokens:
+            raise ValueError(f"config max_new_tokens={self.max_new_tokens} must be below max_total_tokens={self.max_total_tokens}")
+        try:
+            parser_for(self.tool_parser)
+        except ValueError as exc:
+            raise ValueError(f"config tool_parser={self.tool_parser!r}: {exc}") from exc
+        load_callable(self.agent_driver, "agent_driver", DRIVERS)
+        load_callable(self.agent_reward, "agent_reward")
+
+    def call(self) -> DriverCall:
+        """The DriverCall every conversation starts from (server address and session filled in later)."""
+        return DriverCall(base_url="", api_key="", model="policy", session="", sample={}, max_tokens=self.max_new_tokens,
+                          temperature=self.temperature, max_steps=self.max_turns, timeout_s=self.sample_timeout_s)
+
+
+Config = AgentOpenAIConfig
+
+
+class OpenAISteps:
+    """The step function: the driver's conversations through `server`, trained on as agent_grpo's."""
+
+    def __init__(self, cfg: AgentOpenAIConfig, roles: dict[str, Any], server: OpenAIServer) -> None:
+        self.cfg, self.server = cfg, server
+        self.driver, self.reward = load_callable(cfg.agent_driver, "agent_driver", DRIVERS), load_callable(cfg.agent_reward, "agent_reward")
+        self.train = {k: roles[k] for k in ("actor", "reference", "reward")}
+        self.generator = roles["actor"] if cfg.agent_on == "actor" else roles["rollout"]
+        self.sync = None if cfg.agent_on == "actor" else WeightSync(roles["actor"], roles["rollout"])
+        self.pushes = PushCounter(roles["actor"]) if cfg.agent_on == "actor" else None
+        self.last: list[Episode] = []
+
+    async def __call__(self, step: int, prompts: BatchHandle) -> dict[str, Any]:
+        cfg, t = self.cfg, StageTimer()
+        info: dict[str, Any] = {}
+        if self.sync is not None:
+            await self.sync.publish(step)
+            info = await t.one("sync", self.sync.drain())
+        samples = agent_samples(cfg, step, prompts)
+        call = DriverCall(**{**vars(cfg.call()), "base_url": self.server.url, "api_key": self.server.api_key or ""})
+        threads = cfg.agent_threads or len(samples)
+        episodes = await t.one("generate", run_external(self.server, self.driver, self.reward, samples, call,
+                                                        tag=f"step{step}-", threads=threads))
+        self.last = episodes
+        trajectories = [tr for e in episodes for tr in e.trajectories or []]
+        if cfg.save_trajectories and cfg.run_dir:
+            dump_trajectories(Path(cfg.run_dir) / "trajectories" / f"step-{step}.jsonl", episodes)
+        if not trajectories:
+            errors = sorted({e.error for e in episodes if e.error})[:3]
+            raise RuntimeError(f"step {step}: no conversation made a single call to the endpoint (errors: {errors})")
+        batch = await t.one("assemble", assemble(self.generator, trajectories, carry=(*prompt_columns(prompts), "uid")))
+        if self.pushes is not None:
+            info |= await self.pushes.since_last()
+        record = await train_on(cfg, t, batch, **self.train)
+        rows = {f"agent/rows_{k.removeprefix('agent/')}": v for k, v in agent_metrics(trajectories).items()}
+        return record | rows | episode_metrics(episodes) | info
+
+    async def close(self, *, abort: bool = False) -> None:
+        """Nothing runs between steps."""
+
+
+async def flow(ctl: Any, config: AgentOpenAIConfig | dict[str, Any]) -> dict[str, Any]:
+    cfg = AgentOpenAIConfig.read(config)
+    needed = ("actor", "reference", "reward") if cfg.agent_on == "actor" else ("actor", "rollout", "reference", "reward")
+    roles = await get_roles(ctl, *needed)
+    trainer = Trainer(ctl, cfg, roles)
+    generator = roles["actor"] if cfg.agent_on == "actor" else roles["rollout"]
+    limits = ServerLimits(max_tokens=cfg.max_new_tokens, max_prompt_tokens=cfg.max_total_tokens - cfg.max_new_tokens,
+                          request_timeout_s=cfg.sample_timeout_s, long_request_tokens=10**9)
+    batch = cfg.agent_threads or cfg.n * cfg.prompts_per_step
+    async with OpenAIServer(generator, model="policy", batch_size=batch, flush_after_s=0.1, limits=limits,
+                            api_key=secrets.token_urlsafe(16), tool_parser=cfg.tool_parser) as server:
+        return await run_and_close(trainer, OpenAISteps(cfg, roles, server))

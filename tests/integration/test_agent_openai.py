@@ -1,0 +1,72 @@
+"""The agent_openai flow on real daemons (tiny preset): smolagents' ToolCallingAgent drives the policy
+through the run's OpenAI-compatible endpoint, each conversation recorded as exact trajectories
+(gen_mask 1 on sampled tokens only, their sampler log-probs), scored on its final answer and
+trained on by GRPO: two steps whose losses are finite, whose update moves the weights (the second
+step samples with weight version 1 and the gradient is non-zero), and whose trajectories are the
+ones the endpoint recorded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("smolagents", reason="smolagents is in the `test` extra (pip install smolagents)")
+
+
+def varied_reward(answer: Any, sample: dict[str, Any]) -> float:
+    """A reward a random tiny model's answers vary on (the parity of the answer's length), so GRPO groups have a signal."""
+    return float(len(str(answer)) % 2)
+
+
+@pytest.fixture(scope="module")
+def long_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny preset with a 2,048-token context: smolagents' tool schemas and prompts are ~1,000
+    byte-level tokens, past the preset's 512."""
+    from hfrt.roles.models import build_tiny
+
+    model, tokenizer = build_tiny(0)
+    model.config.max_position_embeddings = 2048
+    folder = tmp_path_factory.mktemp("tiny2k")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_smolagents_conversations_are_recorded_as_trajectories_and_trained_on_by_grpo(long_tiny: Path, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    run_dir = tmp_path / "run"
+    sets = ["steps=2", "progress=off", "export_hf=false", "prompts_per_step=2", "n=4", "max_new_tokens=16", "max_total_tokens=1600",
+            "max_turns=1", "save_trajectories=true", "agent_reward=tests.integration.test_agent_openai:varied_reward"]
+    sets += [f"roles.{role}.options.model={long_tiny}" for role in ("actor", "rollout", "reference")]
+    cmd = [sys.executable, "-m", "hfrt", "controller", "--flow", "agent_openai", "--run-dir", str(run_dir)]
+    proc = subprocess.run(cmd + [a for s in sets for a in ("--set", s)], capture_output=True, text=True, timeout=230)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1]
+    for r in records:
+        assert r["agent/error_rate"] == 0.0 and r["agent/calls_mean"] >= 1.0 and r["controller_bulk_bytes"] == 0
+        assert all(abs(r[k]) < 1e3 for k in ("actor/loss", "actor/pg_loss", "actor/kl_loss")), r  # finite (NaN fails too)
+    assert records[0]["actor/grad_norm"] > 0.0  # a real gradient: the groups' rewards differ
+    decode = Tokenizer.from_file(str(long_tiny / "tokenizer.json")).decode
+    for step in (0, 1):
+        rows = [json.loads(line) for line in (run_dir / "trajectories" / f"step-{step}.jsonl").read_text().splitlines()]
+        assert len({r["session"].split("/")[0] for r in rows}) == 8  # 2 prompts × n=4 conversations, each recorded
+        for r in rows:
+            # each HTTP call of smolagents (which re-renders its memory) is its own exact trajectory:
+            # the prompt as the chat template rendered it, then only sampled tokens (mask 1, their log-probs)
+            assert len(r["response_ids"]) == len(r["gen_mask"]) == len(r["log_probs"]) > 0
+            assert r["gen_mask"] == [1] * len(r["response_ids"]) and all(lp < 0 for lp in r["log_probs"])
+            assert r["weight_versions"] == [step]  # step 1 sampled with the weights step 0's update made
+            assert r["reward"] == varied_reward(r["answer"], {}) and not r["error"]
+            prompt = decode(r["prompt_ids"], skip_special_tokens=False)
+            assert "New task:" in prompt and prompt.endswith("<assistant>" if "/" in r["session"] else "<assistant><tool_call>\n")
+        first = [r for r in rows if "/" not in r["session"]]
+        assert all('"name": "calculator"' in decode(r["prompt_ids"]) for r in first)  # smolagents' tools, through the template
