@@ -33,6 +33,7 @@ from torch import nn
 
 from hfrt.roles.losses import LossScale, entropy_from_logits
 from hfrt.roles.models import ValueModel, replace_folder
+from hfrt.roles.training import batching
 
 Batch = Mapping[str, torch.Tensor]
 #: backends whose checkpoints are one DCP folder by parameter name: each loads the other's, at any layout
@@ -82,12 +83,22 @@ class EngineConfig:
         × data parallel; fsdp2 with tp * pp > 1 selects it too).
     tp, pp: tensor- and pipeline-parallel sizes (dp = world size / (tp * pp)); see engines.tp.
     pp_schedule: the pipeline schedule with pp > 1: "1f1b" (default; activations of at most pp
-        micro-batches alive) or "gpipe" (all forwards, then all backwards).
+        micro-batches alive), "gpipe" (all forwards, then all backwards) or "interleaved-1f1b"
+        (pp_stages_per_rank non-adjacent stages per rank, a smaller bubble).
+    pp_stages_per_rank: pipeline stages each rank holds; 0 (default): 2 with interleaved-1f1b, else 1.
     tp_plan: entries added to / replacing the model's transformers TP plan (module pattern →
         style name, e.g. {"model.layers.*.mlp.down_proj": "rowwise"}).
     zero_stage: DeepSpeed ZeRO stage (1, 2 or 3); ignored by other backends.
     mixed_precision: "fp32" or "bf16" (bf16 compute, fp32 master weights and grad reduction).
-    micro_batch_size: default rows per forward/backward pass.
+    micro_batch_size: default rows per forward/backward pass (when max_tokens_per_micro_batch is unset).
+    max_tokens_per_micro_batch: a token budget per forward/backward pass instead of a row count
+        (verl's use_dynamic_bsz + ppo_max_token_len_per_gpu): rows grouped longest first while
+        rows × longest row (packed: the sum of their tokens) fits; the same number of
+        micro-batches on every dp rank. None (default): micro_batch_size rows. See
+        hfrt.roles.training.batching for the rule; docs/token-budgets.md for costs.
+    pack: run each micro-batch as one padding-free sequence (verl's use_remove_padding): rows
+        concatenated with their own position ids, no cross-row attention. Default False (each
+        micro-batch is trimmed to its own longest prompt and response instead). Not with pp > 1.
     trainable: False builds no optimizer (reference policy, reward model).
     """
 
@@ -100,7 +111,21 @@ class EngineConfig:
     tp: int = 1
     pp: int = 1
     pp_schedule: str = "1f1b"
+    pp_stages_per_rank: int = 0
     tp_plan: Mapping[str, str] | None = None
+    max_tokens_per_micro_batch: int | None = None
+    pack: bool = False
+
+    def __post_init__(self) -> None:
+        batching.check_budget(self.max_tokens_per_micro_batch)
+        if not isinstance(self.pack, bool):
+            raise ValueError(f"engine.pack: expected true or false, got {self.pack!r}")
+        if self.pp > 1 and (self.max_tokens_per_micro_batch is not None or self.pack):
+            raise ValueError(
+                f"engine: max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} / pack={self.pack} with pp={self.pp}: "
+                "pipeline stages exchange activations of one static shape, so micro-batches there are micro_batch_size "
+                "rows at the batch's width; unset both, or use pp=1"
+            )
 
 
 def lr_multiplier(optim: OptimConfig) -> Callable[[int], float]:
@@ -185,15 +210,25 @@ def model_forward(
     with_entropy: bool = False,
     with_sum_pi_squared: bool = False,
 ) -> ForwardOutput:
-    """Log-probs (+ entropy, + Σπ²) of `responses`, or values at response positions, for one micro-batch."""
-    inputs = _model_inputs(mb, device)
+    """Log-probs (+ entropy, + Σπ²) of `responses`, or values at response positions, for one
+    micro-batch: [rows, R], or [1, N] for a packed one (batching.packed: no attention mask, the
+    logits read at its PACKED_POSITIONS)."""
+    packed_at = mb.get(batching.PACKED_POSITIONS)
+    if packed_at is not None:
+        inputs = {"input_ids": mb["input_ids"].to(device), "position_ids": mb["position_ids"].to(device)}
+        packed_at = packed_at.to(device)
+    else:
+        inputs = _model_inputs(mb, device)
     width = int(mb["responses"].shape[1])
     if is_value:
         values = module(**inputs)
-        return ForwardOutput(values=values[:, -width - 1 : -1].float())
+        return ForwardOutput(values=(values[:, packed_at] if packed_at is not None else values[:, -width - 1 : -1]).float())
     # The LM head only where a response token is predicted (the last width + 1 positions, the
     # very last dropped): prompt positions' [vocab] logits are never made.
-    logits = module(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
+    if packed_at is not None:
+        logits = module(**inputs, use_cache=False, logits_to_keep=packed_at).logits
+    else:
+        logits = module(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     out = ForwardOutput(log_probs=token_log_probs(logits, mb["responses"].to(device)))
@@ -204,8 +239,11 @@ def model_forward(
     return out
 
 
-def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
-    return None if parts[0] is None else torch.cat([p for p in parts if p is not None]).cpu()
+def _expanded(micro: batching.Micro, out: ForwardOutput, cpu: bool = False) -> ForwardOutput:
+    """`out` of a trimmed or packed micro-batch at the batch's full width [rows, R] (zeros where
+    the rows had no real column), on the CPU when asked."""
+    parts = [micro.expand(t) for t in (out.log_probs, out.entropy, out.values, out.sum_pi_squared)]
+    return ForwardOutput(*(t.cpu() if cpu and t is not None else t for t in parts))
 
 
 # ------------------------------------------------------------------------------------ engine
@@ -286,26 +324,47 @@ class TrainEngine(ABC):
         """Evaluation-mode forward over the whole batch in micro-batches; results on CPU."""
         module = self.forward_module
         module.eval()
+        micros = self.micro_batches(batch, micro_batch_size)
         outs = []
-        for mb in split_micro(batch, micro_batch_size or self.config.micro_batch_size):
+        for micro in micros:
             with self._autocast():
-                outs.append(
-                    model_forward(
-                        module,
-                        mb,
-                        device=self.device,
-                        is_value=self.is_value,
-                        temperature=temperature,
-                        with_entropy=with_entropy,
-                        with_sum_pi_squared=with_sum_pi_squared,
-                    )
+                out = model_forward(
+                    module,
+                    micro.inputs,
+                    device=self.device,
+                    is_value=self.is_value,
+                    temperature=temperature,
+                    with_entropy=with_entropy,
+                    with_sum_pi_squared=with_sum_pi_squared,
                 )
+            outs.append(_expanded(micro, out, cpu=True))
         return ForwardOutput(
-            log_probs=_cat([o.log_probs for o in outs]),
-            entropy=_cat([o.entropy for o in outs]),
-            values=_cat([o.values for o in outs]),
-            sum_pi_squared=_cat([o.sum_pi_squared for o in outs]),
+            log_probs=batching.in_row_order(micros, [o.log_probs for o in outs]),
+            entropy=batching.in_row_order(micros, [o.entropy for o in outs]),
+            values=batching.in_row_order(micros, [o.values for o in outs]),
+            sum_pi_squared=batching.in_row_order(micros, [o.sum_pi_squared for o in outs]),
         )
+
+    #: rows that must share a micro-batch, in order (a reward model's chosen / rejected pairs)
+    rows_together: int = 1
+    #: kept sequence widths are rounded up to a multiple of this (an engine sharding the sequence sets it)
+    seq_multiple: int = 1
+
+    def micro_batches(self, batch: Batch, micro_batch_size: int | None = None) -> list[batching.Micro]:
+        """This rank's micro-batches of `batch`: micro_batch_size rows, or the config's token
+        budget; trimmed, or packed when config.pack and the rows allow it (see batching).
+        Collective over the dp group with a token budget (every rank runs as many as the most)."""
+        lengths = batching.row_lengths(batch)
+        budget = self.config.max_tokens_per_micro_batch
+        pack = self.config.pack and batching.packable(batch, lengths)
+        unit = self.rows_together
+        rows = micro_batch_size or self.config.micro_batch_size
+        groups = batching.plan(lengths, budget=budget, rows_per_micro=rows, packed=pack, unit=unit)
+        if budget is not None and self.dp_size > 1 and dist.is_initialized():
+            count = torch.tensor([float(len(groups))], dtype=torch.float64, device=_comm_device())
+            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.dp_group)
+            groups = batching.split_to(groups, int(count.item()), lengths, pack, unit)
+        return batching.micro_batches(batch, groups, lengths, pack=pack, multiple=self.seq_multiple)
 
     def forward_logprobs(self, batch: Batch, *, temperature: float = 1.0, **kwargs: Any) -> torch.Tensor:
         out = self.forward(batch, temperature=temperature, **kwargs)
@@ -344,24 +403,24 @@ class TrainEngine(ABC):
         if not self.config.trainable:
             raise RuntimeError("this engine was built with trainable=False (no optimizer)")
         scale = self.loss_scale(batch)
-        micro = split_micro(batch, micro_batch_size or self.config.micro_batch_size)
+        micro = self.micro_batches(batch, micro_batch_size)
         module = self.forward_module
         module.train()
         self._zero_grad()
         total = torch.zeros((), dtype=torch.float64)
         extra: dict[str, float] = {}
-        for cpu_mb in micro:
-            mb = {k: v.to(self.device) for k, v in cpu_mb.items()}  # the loss reads its columns here
+        for part in micro:
+            mb = {k: v[part.rows].to(self.device) for k, v in batch.items()}  # the loss reads full-width columns
             with self._autocast():
                 out = model_forward(
                     module,
-                    mb,
+                    part.inputs,
                     device=self.device,
                     is_value=self.is_value,
                     temperature=temperature,
                     with_entropy=with_entropy,
                 )
-                loss, metrics = loss_fn(out, mb, scale)
+                loss, metrics = loss_fn(_expanded(part, out), mb, scale)
             self._backward(loss)
             total += loss.detach().double().cpu()
             for key, value in metrics.items():
