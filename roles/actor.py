@@ -35,6 +35,7 @@ from hfrt.roles.common import (
     build_engine,
     check_backend,
     check_generation_options,
+    check_lora,
     check_options,
     check_parallel,
     close_group,
@@ -58,8 +59,10 @@ from hfrt.roles.mixins.advantage import Advantages
 from hfrt.roles.mixins.agent_turns import AgentTurns
 from hfrt.roles.mixins.weight_sync import publish
 from hfrt.roles.models import export_model_dir, load_tokenizer, resolve_model_dir
+from hfrt.roles.reference import masked_log_probs
 from hfrt.roles.rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
 from hfrt.roles.training.actor_loss import actor_loss, prepare_corrections, update_columns
+from hfrt.roles.training.lora import adapters_disabled, write_adapter_folder
 from hfrt.roles.training.updates import forward_equal, run_updates
 from hfrt.wire.endpoints import Dispatch, endpoint
 from hfrt.wire.loss_options import ActorLoss as ActorLoss  # declared torch-free, checked before launch
@@ -98,7 +101,7 @@ class ActorDaemon(AgentTurns, Daemon):
     step per update (GRPO on-policy) it is the number of updates applied, which is the version
     grpo_async publishes after each update."""
 
-    OPTIONS = frozenset({"generator", "sampling", "vllm", "parallel", "generation"})
+    OPTIONS = frozenset({"generator", "sampling", "vllm", "parallel", "generation", "lora"})
     #: endpoints that stay in the generation phase (the agent loop's); `generate` makes its own
     #: round trip; the RANK0 endpoints (advantages) touch no engine and never change phase
     GENERATION_SIDE = frozenset({"generate_turn", "assemble_trajectories"})
@@ -111,6 +114,7 @@ class ActorDaemon(AgentTurns, Daemon):
         opts = ModelOptions.read(with_layout(context.options, layouts), trainable=True)
         check_backend(context, opts.engine)
         check_parallel(context, opts, f"roles.{context.role}.options.parallel")
+        check_lora(opts)
         if layouts is not None and layouts[1].tp > 1:
             from hfrt.roles.training.parallel.tp_plan import check_tp
 
@@ -286,19 +290,38 @@ class ActorDaemon(AgentTurns, Daemon):
             with_entropy=cfg.entropy_coeff != 0,
         ) | corrections
 
+    @endpoint(dispatch=Dispatch.SPLIT)
+    @in_training_phase
+    def compute_ref_log_prob(self, batch: Batch, *extra: Batch, temperature: float | None = None) -> Batch:
+        """With LoRA (options.lora): the reference policy's log-probs (`ref_log_prob`), i.e. the
+        base model's — this actor with its adapters off — as a reference daemon over the same
+        model computes them, without a second copy of the weights; 0 where response_mask is 0."""
+        if self.engine.lora is None:
+            raise ValueError("actor.compute_ref_log_prob: this actor trains its full weights (no options.lora), so "
+                             "they are not the reference's: configure a reference role")
+        with adapters_disabled(self.engine.model):
+            ref = masked_log_probs(self.engine, merge(batch, extra), "actor.compute_ref_log_prob", temperature)
+        return Batch({"ref_log_prob": ref})
+
     @endpoint(dispatch=Dispatch.REPLICATE)
     @in_training_phase
     def export_hf(self, path: str) -> str:
         """Write the current policy as a Hugging Face model folder (the base model's config and
-        tokenizer, the trained weights as model.safetensors) that transformers and vLLM load.
-        Every rank takes part in gathering the weights; rank 0 writes."""
+        tokenizer, the trained weights as model.safetensors) that transformers and vLLM load; with
+        LoRA the weights merged (W + alpha/r·B·A) and the adapters alone as a PEFT adapter folder
+        in `path`/adapter (peft.PeftModel.from_pretrained, vLLM's LoRARequest). Every rank takes
+        part in gathering the weights; rank 0 writes."""
         keep = self.context.rank == 0
         weights: dict[str, torch.Tensor] = {}
         for bucket in self.engine.state_dict_for_generation():
             if keep:
                 weights.update({name: t.detach().to("cpu", copy=True) for name, t in bucket.items()})
+        base = resolve_model_dir(self.opts.model, self.opts.seed)
+        adapters = self.engine.adapter_state_dict() if self.engine.lora is not None else None
         if keep:
-            export_model_dir(resolve_model_dir(self.opts.model, self.opts.seed), weights, Path(path))
+            export_model_dir(base, weights, Path(path))
+            if adapters is not None:
+                write_adapter_folder(Path(path) / "adapter", adapters, self.engine.lora, str(base))
         return str(path)
 
     @endpoint(dispatch=Dispatch.REPLICATE)

@@ -34,6 +34,7 @@ from hfrt.roles.training.engines import (
     build_train_engine,
     init_distributed,
 )
+from hfrt.roles.training.lora import LoraSpec
 from hfrt.wire.endpoints import Dispatch, endpoint
 
 #: Options every role accepts (the tensor plane reads `transfer`, `stage_in_shm`, `inline_max_bytes`).
@@ -119,6 +120,8 @@ class ModelOptions:
     dtype: str
     seed: int
     engine: EngineConfig
+    #: options.lora (actor, critic): peft LoRA adapters train instead of the full weights
+    lora: LoraSpec | None = None
 
     @classmethod
     def read(cls, options: Mapping[str, Any], *, trainable: bool, default_backend: str = "local") -> ModelOptions:
@@ -129,6 +132,7 @@ class ModelOptions:
             dtype=str(options.get("dtype", "float32")),
             seed=int(options.get("seed", 0)),
             engine=engine_config(raw, trainable=trainable),
+            lora=LoraSpec.read(options.get("lora"), "options.lora"),
         )
 
 
@@ -301,7 +305,18 @@ def build_engine(
     check_backend(context, opts.engine)
     check_fits(context, opts, value_head=value_head, extra_copies=extra_copies)
     model = load_model(ModelConfig(opts.model, opts.dtype, value_head=value_head, seed=opts.seed))
-    return build_train_engine(model, opts.engine)
+    return build_train_engine(model, opts.engine, opts.lora)
+
+
+def check_lora(opts: ModelOptions, *, value_head: bool = False) -> None:
+    """Before launch: options.lora on a backend that trains it, its target_modules matching
+    modules of the model (built on the meta device from its config; the error names those it has)."""
+    if opts.lora is None:
+        return
+    from hfrt.roles.training import lora
+
+    lora.check_engine(opts.lora, opts.engine, "options.lora")
+    lora.counts(model_config(opts), opts.lora, value_head=value_head)
 
 
 def close_group(joined: bool) -> None:

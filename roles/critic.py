@@ -1,7 +1,8 @@
 """The critic role daemon: a value model (causal-LM backbone + scalar head) that predicts values
 for the response tokens and trains on returns with a clipped value loss.
 
-Options: roles/common.py's (`model` may be a preset, an HF directory, or a value-model directory
+Options: roles/common.py's, and `lora` (LoRA adapters on the backbone, the head trains in full;
+roles/training/lora.py) (`model` may be a preset, an HF directory, or a value-model directory
 written by models.save_value_model; a fresh head is seeded from `seed`). It knows nothing of how
 returns or advantages are computed: the flow does that.
 """
@@ -19,6 +20,7 @@ from hfrt.roles.common import (
     ModelOptions,
     build_engine,
     check_backend,
+    check_lora,
     check_options,
     check_parallel,
     close_group,
@@ -58,10 +60,11 @@ class CriticDaemon(CheckpointEndpoints, Daemon):
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
-        check_options(context, ())
+        check_options(context, ("lora",))
         opts = ModelOptions.read(context.options, trainable=True)
         check_backend(context, opts.engine)
         check_parallel(context, opts)
+        check_lora(opts, value_head=True)
 
     async def setup(self) -> None:
         with role_errors(self.context):

@@ -24,6 +24,7 @@ from hfrt.roles.common import (
     role_errors,
 )
 from hfrt.roles.rows import forward_inputs, merge
+from hfrt.roles.training.engines import TrainEngine
 from hfrt.roles.training.updates import forward_equal
 from hfrt.wire.endpoints import Dispatch, endpoint
 
@@ -36,11 +37,17 @@ class FrozenPolicy:
 
     def log_probs(self, batch: Batch, endpoint: str, temperature: float | None = None) -> torch.Tensor:
         """[rows, R] log-probs of `responses` at `temperature` (default: the rollout's, from meta), 0 where masked."""
-        tensors = forward_inputs(batch, endpoint)
-        temp = float(temperature if temperature is not None else batch.meta.get("temperature", 1.0))
-        out = forward_equal(self.engine, tensors, endpoint, temperature=temp)
-        assert out.log_probs is not None
-        return out.log_probs * tensors["response_mask"].to(out.log_probs.dtype)
+        return masked_log_probs(self.engine, batch, endpoint, temperature)
+
+
+def masked_log_probs(engine: TrainEngine, batch: Batch, endpoint: str, temperature: float | None = None) -> torch.Tensor:
+    """What a reference computes with `engine` (also the LoRA actor's, adapters off): [rows, R]
+    log-probs of `responses` at `temperature` (default: the rollout's, from meta), 0 where masked."""
+    tensors = forward_inputs(batch, endpoint)
+    temp = float(temperature if temperature is not None else batch.meta.get("temperature", 1.0))
+    out = forward_equal(engine, tensors, endpoint, temperature=temp)
+    assert out.log_probs is not None
+    return out.log_probs * tensors["response_mask"].to(out.log_probs.dtype)
 
 
 class ReferenceDaemon(Daemon):

@@ -153,7 +153,8 @@ def optimizer_and_scheduler(
     if not config.trainable:
         model.requires_grad_(False)
         return None, None
-    optimizer = build_optimizer(model.parameters(), config.optim)
+    # only what trains (all of it, or LoRA's adapters + a value head) gets AdamW state
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], config.optim)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(config.optim))
 
 
@@ -453,9 +454,26 @@ class TrainEngine(ABC):
 
         Collective on sharded backends: every rank must exhaust the iterator. Tensors may be
         views of temporary gather buffers, valid only until the next item is requested: copy
-        what you keep. At most one block is gathered at a time.
+        what you keep. At most one block is gathered at a time. With LoRA: the merged weights
+        under the plain model's names (W + alpha/r·B·A; see adapter_state_dict for adapters only).
         """
+        if self.lora is not None:
+            from hfrt.roles.training import lora
+
+            return lora.merged_buckets(self._gathered_buckets(), self.lora)
         return self._gathered_buckets()
+
+    #: the LoRA adapters' hfrt.roles.training.lora.LoraSpec when the model has them (else None)
+    lora: Any = None
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter tensors, whole, under peft's in-model names (`<module>.lora_A.default.weight`),
+        fp32 copies on this rank's device. Collective on sharded backends: every rank calls it."""
+        from hfrt.roles.training import lora
+
+        if self.lora is None:
+            raise RuntimeError("adapter_state_dict: this engine's model has no LoRA adapters (options.lora)")
+        return lora.full_tensors(lora.adapter_parameters(self.model))
 
     # ---- checkpoints
     def save(self, path: str | Path) -> Path:

@@ -67,7 +67,7 @@ class DeepSpeedEngine(TrainEngine):
             self.engine: Any = model.to(self.device)
             self.optimizer = None
             return
-        optimizer = build_optimizer(model.parameters(), config.optim)
+        optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], config.optim)
         factor = lr_multiplier(config.optim)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model,
@@ -116,11 +116,12 @@ class DeepSpeedEngine(TrainEngine):
     def _save_into(self, folder: Path) -> None:
         if self.optimizer is None:
             raise RuntimeError("a frozen DeepSpeed engine has nothing to checkpoint")
-        self.engine.save_checkpoint(str(folder), tag=CHECKPOINT_TAG)
+        # with LoRA only what trains is saved (the frozen base is the model option's)
+        self.engine.save_checkpoint(str(folder), tag=CHECKPOINT_TAG, exclude_frozen_parameters=self.lora is not None)
 
     def _load_from(self, folder: Path) -> None:
         if self.optimizer is None:
             raise RuntimeError("a frozen DeepSpeed engine cannot load a training checkpoint")
-        path, _ = self.engine.load_checkpoint(str(folder), tag=CHECKPOINT_TAG)
+        path, _ = self.engine.load_checkpoint(str(folder), tag=CHECKPOINT_TAG, load_module_strict=self.lora is None)
         if path is None:
             raise FileNotFoundError(f"DeepSpeed found no checkpoint under {folder}")

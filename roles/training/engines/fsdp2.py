@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -78,7 +78,7 @@ class FSDP2Engine(TrainEngine):
         return out
 
     def _state(self) -> dict[str, Any]:
-        return engine_state(self.model, self.optimizer)
+        return engine_state(self.model, self.optimizer, frozen=self.lora is None)
 
     def _save_into(self, folder: Path) -> None:
         dcp.save(self._state(), checkpoint_id=str(folder / "dcp"))
@@ -86,23 +86,29 @@ class FSDP2Engine(TrainEngine):
             torch.save(self.scheduler.state_dict(), folder / "scheduler.pt")
 
     def _load_from(self, folder: Path) -> None:
-        restore(self.model, self.optimizer, self.scheduler, self._state(), folder / "dcp")
+        restore(self.model, self.optimizer, self.scheduler, self._state(), folder / "dcp", frozen=self.lora is None)
 
 
-def engine_state(model: nn.Module, optimizer: Any) -> dict[str, Any]:
-    """The distributed state dict a checkpoint holds: {"model": ...} plus "optim" when training."""
+def engine_state(model: nn.Module, optimizer: Any, *, frozen: bool = True) -> dict[str, Any]:
+    """The distributed state dict a checkpoint holds: {"model": ...} plus "optim" when training.
+    frozen=False leaves out parameters that do not train (LoRA: the base is the model option's)."""
+    options = StateDictOptions(ignore_frozen_params=not frozen)
     if optimizer is None:
-        return {"model": get_state_dict(model, [])[0]}
-    model_state, optim_state = get_state_dict(model, optimizer)
+        return {"model": get_state_dict(model, [], options=options)[0]}
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     return {"model": model_state, "optim": optim_state}
 
 
 def restore(
-    model: nn.Module, optimizer: Any, scheduler: Any, state: dict[str, Any], checkpoint: Path, process_group: Any = None
+    model: nn.Module, optimizer: Any, scheduler: Any, state: dict[str, Any], checkpoint: Path, process_group: Any = None,
+    *, frozen: bool = True,
 ) -> None:
     """Load the distributed checkpoint `checkpoint` into `state` (the engine's own state-dict
-    layout), then into the model and optimizer; the scheduler from scheduler.pt beside it."""
+    layout), then into the model and optimizer; the scheduler from scheduler.pt beside it.
+    frozen=False: the checkpoint holds only trainable parameters (see engine_state)."""
     dcp.load(state, checkpoint_id=str(checkpoint), process_group=process_group)
-    set_state_dict(model, optimizer or [], model_state_dict=state["model"], optim_state_dict=state.get("optim", {}))
+    options = StateDictOptions(ignore_frozen_params=not frozen, strict=frozen)
+    set_state_dict(model, optimizer or [], model_state_dict=state["model"], optim_state_dict=state.get("optim", {}),
+                   options=options)
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(checkpoint.parent / "scheduler.pt", weights_only=True))

@@ -46,15 +46,27 @@ class LocalEngine(TrainEngine):
         for _, names in named_buckets(self.model, transformer_blocks(self.model)):
             yield {name: params[name].detach() for name in names}
 
+    def _model_state(self) -> dict[str, Any]:
+        """The model's state dict; with LoRA only what trains (the base is the model option's)."""
+        state = self.model.state_dict()
+        if self.lora is not None:
+            trains = {n for n, p in self.model.named_parameters() if p.requires_grad}
+            state = {k: v for k, v in state.items() if k in trains}
+        return state
+
     def _save_into(self, folder: Path) -> None:
-        state: dict[str, Any] = {"model": self.model.state_dict()}
+        state: dict[str, Any] = {"model": self._model_state()}
         if self.optimizer is not None and self.scheduler is not None:
             state |= {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
         torch.save(state, folder / "local.pt")
 
     def _load_from(self, folder: Path) -> None:
         state = torch.load(folder / "local.pt", map_location=self.device, weights_only=True)
-        self.model.load_state_dict(state["model"])
+        if self.lora is not None:
+            from hfrt.roles.training.lora import check_saved_state
+
+            check_saved_state(self.model, state["model"], str(folder))
+        self.model.load_state_dict(state["model"], strict=self.lora is None)
         if self.optimizer is not None and self.scheduler is not None and "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
