@@ -46,6 +46,7 @@ from hfrt.roles.common import (
     sampling_params,
 )
 from hfrt.roles.generation.batches import (
+    chunk_bounds,
     decode_responses,
     encode_prompt,
     fixed_width,
@@ -163,12 +164,17 @@ class ActorDaemon(AgentTurns, Daemon):
     # -- rollouts ---------------------------------------------------------------------------
 
     @endpoint(dispatch=Dispatch.SPLIT_GENERATION)
-    def generate(self, batch: Batch, *extra: Batch, **sampling: Any) -> Batch:
+    def generate(self, batch: Batch, *extra: Batch, chunk: int | None = None, chunks: int = 1, **sampling: Any) -> Batch:
         """Sample responses for the `prompt` column (strings, chats or token ids); keyword
         arguments override the `sampling` option for this call. See roles/generation/batches.py
-        for the output; meta holds the transition timings and peak memory (max over ranks)."""
+        for the output; meta holds the transition timings and peak memory (max over ranks).
+        chunk=i, chunks=k: only the i-th of k contiguous parts of this rank's prompts, laid out as
+        the whole batch would be (prompt width over all of them) and sampled row by row
+        (SamplingParams.row_offset), so the k chunks' rollouts concatenated are the rollout one
+        call makes with chunk=0, chunks=1 (streamed scoring, hfrt/flows/streaming.py)."""
         prompts = with_uids(merge(batch, extra))
         check_rows(len(prompts), "actor.generate")
+        lo, hi = chunk_bounds(chunk, chunks, len(prompts))
         params = sampling_params(self.sampling, **sampling)
         if params.seed is not None:
             params = dataclasses.replace(params, seed=params.seed + self._generation_dp_rank())
@@ -183,6 +189,10 @@ class ActorDaemon(AgentTurns, Daemon):
             params = dataclasses.replace(params, seed=int(top) + self._generation_dp_rank())
         else:
             [width] = all_reduce([max(len(i) for i in ids)], "max")
+        if chunk is not None:
+            check_rows(hi - lo, "actor.generate (a chunk)")
+            ids, prompts = ids[lo:hi], prompts[lo:hi]
+            params = dataclasses.replace(params, row_offset=lo * params.n)
         out, metrics = self.hybrid.generate(ids, params)
         self._count(metrics)
         record = fixed_width(
@@ -345,6 +355,7 @@ class ActorDaemon(AgentTurns, Daemon):
     @in_training_phase
     def load(self, path: str) -> dict[str, int]:
         self.engine.load(path)
+        self.hybrid.forget_push()  # new weights, possibly at the step count last pushed
         return {"steps": self.engine.steps}
 
     @endpoint(dispatch=Dispatch.REPLICATE)

@@ -106,3 +106,13 @@ def length_stats(response_mask: torch.Tensor, max_new_tokens: int) -> dict[str, 
         "response_length/min": shortest, "response_length/clip_ratio": clipped / max(rows, 1),
         "response_tokens": tokens,
     }
+
+
+def chunk_bounds(chunk: int | None, chunks: int, rows: int) -> tuple[int, int]:
+    """[start, stop) of chunk `chunk` — the chunk-th of `chunks` contiguous, nearly equal parts of
+    `rows` prompts (the first parts one shorter when they do not divide); (0, rows) for None."""
+    if chunk is None:
+        return 0, rows
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (chunk, chunks)) or not 0 <= chunk < chunks:
+        raise ValueError(f"generate: need 0 <= chunk < chunks, got chunk={chunk!r}, chunks={chunks!r}")
+    return chunk * rows // chunks, (chunk + 1) * rows // chunks

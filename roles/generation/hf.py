@@ -32,6 +32,10 @@ class SamplingParams:
     temperature: 0 means greedy. top_k: 0 or less disables. top_p: 1 disables.
     n: samples per prompt. stop_token_ids: generation of a row ends after any of these (the
     engine adds the tokenizer's eos unless ignore_eos). seed: None draws a fresh seed.
+    row_offset: None samples the call's rows from one generator (seed); an int gives each row its
+    own generator, seeded from (seed, row_offset + its row), so a row's tokens do not depend on
+    which other rows share the call (a rollout generated in chunks samples what one call would;
+    vLLM seeds every request on its own anyway and ignores it).
     """
 
     temperature: float = 1.0
@@ -42,6 +46,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
+    row_offset: int | None = None
 
 
 class GenerationEngine(Protocol):
@@ -79,10 +84,17 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def row_generators(seed: int, first_row: int, rows: int) -> list[torch.Generator]:
+    """One generator per row, seeded from (seed, the row's index): the row's draws do not depend
+    on the rows beside it."""
+    return [torch.Generator().manual_seed((seed * 1_000_003 + first_row + i) % 2**63) for i in range(rows)]
+
+
 def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | list[torch.Generator]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token [B], log-prob [B]) from last-position logits [B, V]."""
+    """(token [B], log-prob [B]) from last-position logits [B, V]; a list of generators samples
+    row i with generator i."""
     logits = logits.float()
     if params.temperature <= 0:
         tokens = logits.argmax(dim=-1)
@@ -93,7 +105,12 @@ def sample_next(
             probs = torch.softmax(filter_logits(log_probs, params.top_k, params.top_p), dim=-1)
         else:  # no truncation: the distribution is the one whose log-probs we report
             probs = log_probs.exp()
-        tokens = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+        if isinstance(generator, list):
+            cpu = probs.cpu()
+            picked = [torch.multinomial(cpu[i], 1, generator=g) for i, g in enumerate(generator)]
+            tokens = torch.cat(picked).to(logits.device)
+        else:
+            tokens = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
     return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
@@ -167,6 +184,11 @@ class HFGenerationEngine:
     def local_parameters(self) -> dict[str, torch.Tensor]:
         """The parameters by name; a tensor-parallel model's as this rank's local pieces."""
         return dict(self._params)
+
+    @property
+    def keeps_weights_asleep(self) -> bool:
+        """A shared module is the training module; a private copy is freed by sleep."""
+        return self.share_weights
 
     def load_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.share_weights:
@@ -243,8 +265,9 @@ class HFGenerationEngine:
 
     def _sample(self, rows: list[list[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
         device = next(iter(self._params.values())).device
-        generator = torch.Generator().manual_seed(
-            params.seed if params.seed is not None else int(torch.randint(2**62, ()).item())
+        seed = params.seed if params.seed is not None else int(torch.randint(2**62, ()).item())
+        generator: torch.Generator | list[torch.Generator] = (
+            torch.Generator().manual_seed(seed) if params.row_offset is None else row_generators(seed, params.row_offset, len(rows))
         )
         ids, mask = left_pad(rows, self.pad_token_id)
         stops = self._stop_ids(params).to(device)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import os
 import resource
 import threading
@@ -88,23 +89,47 @@ class HybridEngine:
         self.train = train
         self.gen = gen
         self.phase = "train"
+        #: the training engine's optimizer steps when its weights were last pushed (None: never,
+        #: or forgotten); the push is skipped while it still matches and the engine kept them
+        self.pushed_version: int | None = None
+
+    def forget_push(self) -> None:
+        """The training weights changed without an optimizer step (a checkpoint load): push again."""
+        self.pushed_version = None
+
+    def current(self) -> bool:
+        """True when the generation engine still holds the training weights as they are now:
+        pushed at the engine's current step count, and not dropped by sleep since (vLLM on CPU
+        ignores sleep; a shared HF module is the training module)."""
+        version = getattr(self.train, "steps", None)
+        return version is not None and version == self.pushed_version and bool(getattr(self.gen, "keeps_weights_asleep", False))
 
     def to_generate(self) -> dict[str, float]:
-        """Wake the generation engine and push current weights, streamed per block."""
+        """Wake the generation engine and push current weights, streamed per block — unless the
+        engine still holds them (`current`: same optimizer step count since the last push;
+        reshard/push_skipped = 1 then). Tensors the training engine owns for good (the local
+        backend's own parameters) go in without a defensive copy."""
         if self.phase == "generate":
             return {}
         start, before = time.perf_counter(), rss_mb()
+        if self.current():
+            self.gen.wake()
+            self.phase = "generate"
+            return {"timing/reshard_to_generate_s": time.perf_counter() - start, "memory/rss_before_mb": before,
+                    "reshard/pushed_mb": 0.0, "reshard/push_skipped": 1.0}
         pushed = [0]
         with PeakRSS() as peak:
             self.gen.wake()
-            self.gen.load_weights(_stream(self.train.state_dict_for_generation(), pushed))
+            _load(self.gen, _stream(self.train.state_dict_for_generation(), pushed), stable=_owns_tensors(self.train))
             _synchronize()
         self.phase = "generate"
+        self.pushed_version = getattr(self.train, "steps", None)
         return {
             "timing/reshard_to_generate_s": time.perf_counter() - start,
             "memory/reshard_to_generate_peak_rss_mb": peak.peak_mb,
             "memory/rss_before_mb": before,
             "reshard/pushed_mb": pushed[0] / 2**20,
+            "reshard/push_skipped": 0.0,
         }
 
     def to_train(self) -> dict[str, float]:
@@ -200,6 +225,23 @@ class ReshardHybrid(HybridEngine):
         metrics = super().to_train()
         self.resharder.to_train()
         return metrics
+
+
+def _owns_tensors(train: TrainEngine) -> bool:
+    """True when state_dict_for_generation yields tensors that stay valid after the next block is
+    drawn (the local backend yields its parameters themselves; sharded backends yield views of
+    gather buffers that are reused)."""
+    config = getattr(train, "config", None)
+    return getattr(config, "backend", None) == "local"
+
+
+def _load(gen: GenerationEngine, stream: Iterator[tuple[str, torch.Tensor]], *, stable: bool) -> None:
+    """gen.load_weights(stream), telling an engine that can use it that the tensors stay valid
+    (vLLM then skips its per-tensor copy)."""
+    if stable and "stable" in inspect.signature(gen.load_weights).parameters:
+        gen.load_weights(stream, stable=True)  # type: ignore[call-arg]
+    else:
+        gen.load_weights(stream)
 
 
 def _stream(buckets: Iterator[dict[str, torch.Tensor]], pushed: list[int]) -> Iterator[tuple[str, torch.Tensor]]:
