@@ -26,6 +26,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from hfrt.flows.reference import without_reference
+
 BUILTIN: dict[str, str] = {
     "ping": "hfrt.flows.recipes.ping",
     "ppo": "hfrt.flows.recipes.ppo",
@@ -65,7 +67,8 @@ class Flow:
         """The roles a run with `config` launches: `roles` (default: the flow's table) as the
         module's roles_for narrows them, or all of them when it defines none."""
         table = self.roles if roles is None else roles
-        return table if self.pick_roles is None else self.pick_roles(config, table)
+        table = table if self.pick_roles is None else self.pick_roles(config, table)
+        return without_reference(config, table)  # a LoRA actor stands in for the reference
 
     def check(self, config: Mapping[str, Any]) -> None:
         """Raise ValueError naming the key when the flow's Config rejects `config`."""

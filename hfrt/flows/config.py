@@ -72,6 +72,9 @@ class FlowConfig:
     weights by default, and says so (a warning and `started_from_trained_weights` in the summary);
     true loads the weights they started with instead (kept in daemons_dir/initial_weights, which
     `hfrt controller` sets to the attach file's folder, or RUN_DIR with --keep-daemons).
+    reference_from_actor: with LoRA on the actor (roles.actor.options.lora) the reference
+    log-probs are the actor's with its adapters off, and no reference daemon is launched
+    (hfrt.flows.reference); false keeps the reference role. No effect without LoRA.
     """
 
     steps: int = 150
@@ -109,6 +112,7 @@ class FlowConfig:
     reward_error_limit: float = 0.5
     reset_weights: bool = False
     daemons_dir: str = ""
+    reference_from_actor: bool = True
 
     def __post_init__(self) -> None:
         self._resolve_aliases()

@@ -32,6 +32,7 @@ from hfrt.flows.checkpoint import (
 )
 from hfrt.flows.config import CALL_TIMEOUT_S, FlowConfig
 from hfrt.flows.data import make_source, validation_rows
+from hfrt.flows.reference import reference_role
 from hfrt.flows.report import MetricsLog
 from hfrt.flows.reward_errors import ERRORS_KEY, RewardErrors
 from hfrt.log import get_logger
@@ -42,9 +43,16 @@ StepFn = Callable[[int, BatchHandle], Awaitable[dict[str, Any]]]
 
 
 async def get_roles(ctl: Any, *names: str) -> dict[str, Any]:
-    """The role groups a flow needs, waited for together."""
-    groups = await asyncio.gather(*(ctl.role(name, timeout_s=CALL_TIMEOUT_S) for name in names))
-    return dict(zip(names, groups, strict=True))
+    """The role groups a flow needs, waited for together. "reference" beside "actor" when no
+    reference daemon said hello (a run whose LoRA actor stands in for it launches none,
+    hfrt.flows.reference): the actor's stand-in, checked once the actor is up."""
+    daemons = getattr(ctl, "daemons", None)
+    stand_in = "reference" in names and "actor" in names and daemons is not None and not daemons("reference")
+    wait = [name for name in names if not (stand_in and name == "reference")]
+    groups = dict(zip(wait, await asyncio.gather(*(ctl.role(name, timeout_s=CALL_TIMEOUT_S) for name in wait)), strict=True))
+    if stand_in:
+        groups["reference"] = reference_role(ctl, groups["actor"]) or await ctl.role("reference", timeout_s=CALL_TIMEOUT_S)
+    return {name: groups[name] for name in names}
 
 
 class FlowState(Protocol):
