@@ -17,6 +17,8 @@ and ROLES constants. A PLAN.toml looks like::
     actor = "llama-13b"                 # a preset, a Hugging Face folder, or a table of numbers
     critic = { layers = 80, hidden = 8192, heads = 64, vocab = 32000, kv_heads = 8, intermediate = 28672 }
     reward = "function"                 # a rule reward: no device time
+    [lora]
+    actor = 16                          # LoRA rank of a trained role (roles.<role>.options.lora)
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def load_plan(path: str | Path, efficiency: Efficiency | None = None) -> PlanInp
 def parse_plan(data: dict[str, Any], source: str = "<plan>", efficiency: Efficiency | None = None) -> PlanInput:
     """Check a parsed PLAN.toml; `efficiency` (from --calibrate) replaces its [efficiency] table."""
     r = Reader(source)
-    top = r.section(data, "top level", {"name", "flow", "cluster", "workload", "models", "efficiency", "top"})
+    top = r.section(data, "top level", {"name", "flow", "cluster", "workload", "models", "efficiency", "top", "lora"})
     flow = r.get(top, "top level", "flow", str, "")
     if not flow:
         r.problem("top level: missing flow (a built-in flow name such as \"ppo\", or a .py file)")
@@ -68,6 +70,7 @@ def parse_plan(data: dict[str, Any], source: str = "<plan>", efficiency: Efficie
     hw, nodes, per_node, names, launcher = _cluster(r, top.get("cluster", {}))
     workload = _workload(r, top.get("workload", {}))
     models, sources = _models(r, top.get("models", {}), roles, source)
+    models, stages = _lora(r, top.get("lora", {}), models, stages)
     eff = efficiency or read_efficiency(r, top.get("efficiency", {}))
     r.raise_if_any()
     used = {role for s in stages for role in s.calls}
@@ -77,6 +80,31 @@ def parse_plan(data: dict[str, Any], source: str = "<plan>", efficiency: Efficie
         problem, flow, roles, sources, r.get(top, "top level", "name", str, f"plan-{Path(flow).stem}"), names, launcher,
         r.get(top, "top level", "top", int, 5), source,
     )
+
+
+def _lora(
+    r: Reader, raw: Any, models: dict[str, ModelSpec], stages: tuple[Stage, ...]
+) -> tuple[dict[str, ModelSpec], tuple[Stage, ...]]:
+    """[lora] role = rank: those roles train adapters (ModelSpec.lora_rank). With LoRA on the actor
+    the reference's passes run on the actor, adapters off (hfrt.flows.reference): no reference model."""
+    t = r.section(raw, "[lora]", None)
+    for role, rank in t.items():
+        if role not in models:
+            r.problem(f"[lora]: {role!r} is not a role with a model here ({', '.join(sorted(models))})")
+        elif isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+            r.problem(f"[lora] {role}: the LoRA rank must be an integer > 0, got {rank!r}")
+        else:
+            models[role] = dataclasses.replace(models[role], lora_rank=rank)
+    if "actor" not in t or "reference" not in models or "actor" not in models:
+        return models, stages
+    moved = []
+    for stage in stages:
+        calls = dict(stage.calls)
+        ops = calls.pop("reference", ())
+        if ops:
+            calls["actor"] = calls.get("actor", ()) + ops
+        moved.append(Stage(stage.name, calls))
+    return {role: m for role, m in models.items() if role != "reference"}, tuple(moved)
 
 
 def _only(stage: Stage, models: dict[str, ModelSpec]) -> Stage:

@@ -50,7 +50,9 @@ HARDWARE: dict[str, Hardware] = {
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer's shape. params: total parameter count (computed when 0)."""
+    """A decoder-only transformer's shape. params: total parameter count (computed when 0).
+    lora_rank: > 0 when the role trains LoRA adapters (all-linear) instead of its full weights:
+    grads, Adam state, the gradient all-reduce and the weight sync are the adapters' only."""
 
     name: str
     layers: int
@@ -61,6 +63,7 @@ class ModelSpec:
     kv_heads: int = 0
     params: float = 0.0
     tied: bool = False
+    lora_rank: int = 0
 
     def __post_init__(self) -> None:
         for key in ("layers", "hidden", "heads", "vocab"):
@@ -71,6 +74,8 @@ class ModelSpec:
         object.__setattr__(self, "intermediate", self.intermediate or 4 * self.hidden)
         object.__setattr__(self, "kv_heads", self.kv_heads or self.heads)
         object.__setattr__(self, "params", float(self.params or self.counted_params()))
+        if self.lora_rank < 0:
+            raise ValueError(f"model {self.name!r}: lora_rank must be >= 0 (got {self.lora_rank})")
 
     @property
     def kv_dim(self) -> int:
@@ -81,6 +86,18 @@ class ModelSpec:
         h = self.hidden
         layer = 2 * h * h + 2 * h * self.kv_dim + 3 * h * self.intermediate + 2 * h
         return self.layers * layer + self.vocab * h * (1 if self.tied else 2) + h
+
+    @property
+    def adapter_params(self) -> int:
+        """LoRA's A and B on every linear layer of every block (q, k, v, o, gate, up, down):
+        rank × (in + out) each; 0 without LoRA."""
+        h, kv, inter = self.hidden, self.kv_dim, self.intermediate
+        return self.layers * self.lora_rank * (2 * h + 2 * (h + kv) + 2 * h + 3 * (h + inter))
+
+    @property
+    def trained_params(self) -> float:
+        """What gets gradients, optimizer state and is synced to generation: the adapters with LoRA."""
+        return float(self.adapter_params) if self.lora_rank else self.params
 
 
 #: Shapes of hfrt's own presets (roles/models.py: `tiny` is built there in code, `smollm2-135m`
@@ -208,6 +225,8 @@ def static_memory(model: ModelSpec, layout: Layout, trained: bool, hw: Hardware)
     if not trained:
         return hw.param_bytes * shard
     optim = 8 + (4 if hw.param_bytes < 4 else 0)
+    if model.lora_rank:  # frozen base weights; grads and Adam state of the adapters only
+        return hw.param_bytes * shard + (hw.param_bytes + optim) * model.trained_params / layout.devices
     return 2 * hw.param_bytes * shard + optim * model.params / layout.devices
 
 
@@ -269,11 +288,11 @@ def train_cost(model: ModelSpec, layout: Layout, w: Workload, hw: Hardware, per_
     tensor-parallel all-reduces, a data-parallel gradient all-reduce and an optimizer step per mini-batch."""
     f = forward_cost(model, layout, w, "train", hw, per_node)
     updates = w.ppo_epochs * w.ppo_mini_batches
-    grads = hw.param_bytes * model.params / (layout.tp * layout.pp)
+    grads = hw.param_bytes * model.trained_params / (layout.tp * layout.pp)
     dp_comm = 0.0
     if layout.dp > 1:
         dp_comm = grads * 2 * (layout.dp - 1) / layout.dp / _link(hw, layout.devices, per_node) + 2 * hw.latency_s * math.log2(layout.dp)
-    optimizer = 3 * 16 * model.params / layout.devices / hw.mem_bw
+    optimizer = 3 * 16 * model.trained_params / layout.devices / hw.mem_bw
     return Cost(
         train=w.ppo_epochs * 4 * f.forward + updates * optimizer,
         comm=w.ppo_epochs * 3 * f.comm + updates * dp_comm, latency=w.ppo_epochs * 3 * f.latency, calls=1,
@@ -299,7 +318,7 @@ def generate_cost(
     kv_read = per_replica * per_seq * (w.prompt_len + w.response_len / 2) / w.seq_len
     decode = w.response_len * (waves * weights + kv_read) / hw.mem_bw
     comm = tp_comm(model, gen, per_replica * (w.prompt_len + w.response_len), w.response_len * waves, hw, per_node)
-    shard = hw.param_bytes * model.params / (gen.tp * gen.pp)
+    shard = hw.param_bytes * model.trained_params / (gen.tp * gen.pp)  # LoRA: only adapters move
     ratio = (train.tp * train.pp) // (gen.tp * gen.pp)
     transition = shard * (ratio - 1) / ratio / _link(hw, train.tp * train.pp, per_node) if ratio > 1 else 0.0
     steps = math.ceil(per_replica / w.micro_batch_size) + w.response_len * waves
