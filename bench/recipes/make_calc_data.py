@@ -7,6 +7,10 @@ tool syntax the `agent_calc` flow runs, then the question:
     {"prompt": "Use the calculator.\\n23+45=<calc>23+45</calc>[68]68\\n71+18=<calc>71+18</calc>[89]89\\n59+63=",
      "ground_truth": "122", "data_source": "calc"}
 
+With `--style task` a row's prompt is the bare question (`59+63`) instead: the task an agent
+framework is given (the `agent_openai` flow, whose smolagents driver shows the tool in its own
+system prompt); the same seed asks the same questions in either style.
+
 It knows the row format of hfrt's data files and the flow's tool syntax; nothing of training.
 """
 
@@ -27,7 +31,11 @@ def prompt(a: int, b: int) -> str:
     return f"{HEADER}{a}+{b}="
 
 
-def rows(count: int, seed: int, low: int, high: int, skip: set[tuple[int, int]]) -> list[dict[str, object]]:
+#: a row's prompt per --style: the few-shot text agent_calc continues, or the bare task for an agent framework
+STYLES = {"few-shot": prompt, "task": lambda a, b: f"{a}+{b}"}
+
+
+def rows(count: int, seed: int, low: int, high: int, skip: set[tuple[int, int]], style: str = "few-shot") -> list[dict[str, object]]:
     """`count` distinct questions a+b (operands in [low, high]) not in `skip` (which gains them)."""
     available = (high - low + 1) ** 2 - sum(1 for a, b in skip if low <= a <= high and low <= b <= high)
     if count > available:
@@ -39,11 +47,11 @@ def rows(count: int, seed: int, low: int, high: int, skip: set[tuple[int, int]])
         if pair in skip:
             continue
         skip.add(pair)
-        out.append({"prompt": prompt(*pair), "ground_truth": str(sum(pair)), "data_source": "calc"})
+        out.append({"prompt": STYLES[style](*pair), "ground_truth": str(sum(pair)), "data_source": "calc"})
     return out
 
 
-def write(folder: Path, train: int, val: int, seed: int = 0, low: int = 10, high: int = 99) -> tuple[Path, Path]:
+def write(folder: Path, train: int, val: int, seed: int = 0, low: int = 10, high: int = 99, style: str = "few-shot") -> tuple[Path, Path]:
     """val.jsonl first, then train.jsonl from the pairs val did not take; neither asks an example's pair."""
     if not 0 <= low <= high:
         raise ValueError(f"operand range {low}-{high}: need 0 <= min-operand <= max-operand")
@@ -54,7 +62,7 @@ def write(folder: Path, train: int, val: int, seed: int = 0, low: int = 10, high
     paths = []
     for name, count, offset in (("val", val, 1), ("train", train, 0)):
         path = folder / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows(count, seed * 2 + offset, low, high, seen)))
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows(count, seed * 2 + offset, low, high, seen, style)))
         paths.append(path)
     return paths[1], paths[0]
 
@@ -68,9 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-operand", type=int, default=10)
     p.add_argument("--max-operand", type=int, default=99)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--style", choices=sorted(STYLES), default="few-shot",
+                   help="few-shot: the agent_calc prompt; task: the bare question (agent_openai)")
     args = p.parse_args(argv)
     try:
-        train, val = write(Path(args.out), args.train, args.val, args.seed, args.min_operand, args.max_operand)
+        train, val = write(Path(args.out), args.train, args.val, args.seed, args.min_operand, args.max_operand, args.style)
     except ValueError as exc:
         p.error(str(exc))
     print(f"wrote {train} ({args.train} rows) and {val} ({args.val} rows)")

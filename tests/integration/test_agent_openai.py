@@ -15,12 +15,46 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("smolagents", reason="smolagents is in the `test` extra (pip install smolagents)")
+from hfrt import config as runconfig
+from hfrt.bench.recipes import make_calc_data
+from hfrt.flows import load_flow
+from hfrt.flows.data import read_rows
+
+RECIPE = Path(__file__).resolve().parents[2] / "bench" / "recipes" / "smollm2-calc-openai.toml"
 
 
 def varied_reward(answer: Any, sample: dict[str, Any]) -> float:
     """A reward a random tiny model's answers vary on (the parity of the answer's length), so GRPO groups have a signal."""
     return float(len(str(answer)) % 2)
+
+
+def test_bad_driver_reward_or_settings_are_refused_naming_the_key() -> None:
+    config = load_flow("agent_openai").config_cls
+    with pytest.raises(ValueError, match=r"agent_driver='crewai': give module:function or one of smolagents"):
+        config.read({"agent_driver": "crewai"})
+    with pytest.raises(ValueError, match=r"agent_reward='hfrt.nothing:f': cannot load it"):
+        config.read({"agent_reward": "hfrt.nothing:f"})
+    with pytest.raises(ValueError, match=r"tool_parser='qwen'"):
+        config.read({"tool_parser": "qwen"})
+    with pytest.raises(ValueError, match=r"max_staleness=1: agent_openai runs synchronous steps only"):
+        config.read({"max_staleness": 1})
+
+
+def test_recipe_data_and_config_parse_as_an_agent_openai_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # as the recipe's header runs it: the data maker's task style asks the few-shot style's questions, bare
+    monkeypatch.chdir(tmp_path)
+    make_calc_data.main(["--out", "runs/calc-task", "--style", "task", "--train", "8", "--val", "4"])
+    make_calc_data.main(["--out", "runs/calc", "--train", "8", "--val", "4"])
+    for name in ("train.jsonl", "val.jsonl"):
+        tasks, shots = read_rows(Path("runs/calc-task") / name), read_rows(Path("runs/calc") / name)
+        assert [r["prompt"] + "=" for r in tasks] == [r["prompt"].rsplit("\n", 1)[1] for r in shots]
+        assert [r["ground_truth"] for r in tasks] == [r["ground_truth"] for r in shots]
+    flow = load_flow("agent_openai")
+    rc = runconfig.build(flow.roles, file=RECIPE)
+    cfg = flow.config_cls.read({**rc.flow, "run_dir": str(tmp_path)})
+    assert cfg.agent_driver == "smolagents" and cfg.agent_stop == "}}" and cfg.data == "runs/calc-task/train.jsonl"
+    assert {rc.roles[r]["options"]["model"] for r in ("actor", "reference", "rollout")} == {"smollm2-135m"}
+    runconfig.check_role_options(rc.roles)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +74,7 @@ def long_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_smolagents_conversations_are_recorded_as_trajectories_and_trained_on_by_grpo(long_tiny: Path, tmp_path: Path) -> None:
+    pytest.importorskip("smolagents", reason="smolagents is in the `test` extra (pip install smolagents)")
     from tokenizers import Tokenizer
 
     run_dir = tmp_path / "run"

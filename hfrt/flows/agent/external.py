@@ -29,7 +29,8 @@ DRIVERS = {"smolagents": "hfrt.flows.agent.smolagents_calc:drive"}
 class DriverCall:
     """What a driver gets for one conversation: where the policy is served (base_url, api_key,
     model), the session id to send as header X-Session-Id on every request, the sample (its
-    `prompt` is the task; the driver may set `tool_calls`), and per-request sampling settings."""
+    `prompt` is the task; the driver may set `tool_calls`), and per-request sampling settings
+    (`stop`: stop strings to send, each one token of the served model's vocabulary)."""
 
     base_url: str
     api_key: str
@@ -40,6 +41,7 @@ class DriverCall:
     temperature: float
     max_steps: int
     timeout_s: float
+    stop: tuple[str, ...] = ()
 
 
 Driver = Callable[[DriverCall], Any]

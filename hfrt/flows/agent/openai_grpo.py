@@ -40,7 +40,8 @@ class AgentOpenAIConfig(AgentGRPOConfig):
     final answer), agent_reward (module:function (answer, sample) -> float), max_new_tokens per
     HTTP call, max_turns (the framework's max steps), max_total_tokens (the longest prompt + reply
     of one call), sample_timeout_s (one conversation), agent_threads (conversations at once; 0:
-    all of a step's), tool_parser (hermes or llama3) and save_trajectories (each step's trained
+    all of a step's), agent_stop (a stop string the driver sends with each request, one token of
+    the model's vocabulary, e.g. "}}" to end a tool call's JSON; "": none), tool_parser (hermes or llama3) and save_trajectories (each step's trained
     trajectories to RUN_DIR/trajectories/step-N.jsonl). Synchronous steps only (max_staleness 0)."""
 
     max_new_tokens: int = 48
@@ -49,6 +50,7 @@ class AgentOpenAIConfig(AgentGRPOConfig):
     agent_driver: str = "smolagents"
     agent_reward: str = "hfrt.flows.agent.smolagents_calc:calc_reward"
     agent_threads: int = 0
+    agent_stop: str = ""
     tool_parser: str = "hermes"
     save_trajectories: bool = False
 
@@ -70,7 +72,8 @@ class AgentOpenAIConfig(AgentGRPOConfig):
     def call(self) -> DriverCall:
         """The DriverCall every conversation starts from (server address and session filled in later)."""
         return DriverCall(base_url="", api_key="", model="policy", session="", sample={}, max_tokens=self.max_new_tokens,
-                          temperature=self.temperature, max_steps=self.max_turns, timeout_s=self.sample_timeout_s)
+                          temperature=self.temperature, max_steps=self.max_turns, timeout_s=self.sample_timeout_s,
+                          stop=(self.agent_stop,) if self.agent_stop else ())
 
 
 Config = AgentOpenAIConfig

@@ -22,9 +22,10 @@ from hfrt.flows.tasks import leading_number
 #: the system prompt: what the tools are and one worked example in the form the agent's memory
 #: renders (a tool call, then "Observation:" as a user turn); the endpoint parses the calls
 SYSTEM_PROMPT = (
-    "Solve the task with the tools. Reply with one tool call per step:\n"
+    "Solve the task by calling tools, one call per reply, as JSON in <tool_call> tags.\n"
+    "First call the calculator, e.g. for 23+45:\n"
     '<tool_call>\n{"name": "calculator", "arguments": {"expression": "23+45"}}\n</tool_call>\n'
-    "Then give the result:\n"
+    "After \"Observation: 68\", reply with the final answer:\n"
     '<tool_call>\n{"name": "final_answer", "arguments": {"answer": "68"}}\n</tool_call>\n'
     "Tools:{%- for tool in tools.values() %} {{ tool.name }}: {{ tool.description }}{%- endfor %}"
 )
@@ -65,7 +66,8 @@ def drive(call: DriverCall) -> Any:
     import smolagents
 
     class EndpointModel(smolagents.OpenAIServerModel):  # type: ignore[misc]
-        """OpenAIServerModel without stop strings (the endpoint stops on single tokens)."""
+        """OpenAIServerModel without smolagents' own stop strings (the endpoint stops on single tokens
+        only; "Observation:" is several); the call's `stop` strings are sent instead."""
 
         @property
         def supports_stop_parameter(self) -> bool:
@@ -74,7 +76,7 @@ def drive(call: DriverCall) -> Any:
     model = EndpointModel(model_id=call.model, api_base=call.base_url, api_key=call.api_key,
                           client_kwargs={"default_headers": {"X-Session-Id": call.session}, "max_retries": 0,
                                          "timeout": call.timeout_s},
-                          max_tokens=call.max_tokens, temperature=call.temperature)
+                          max_tokens=call.max_tokens, temperature=call.temperature, **({"stop": list(call.stop)} if call.stop else {}))
     agent = smolagents.ToolCallingAgent(tools=[calculator_tool()], model=model, max_steps=call.max_steps,
                                         verbosity_level=-1, prompt_templates=prompt_templates())
     try:
