@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from hfrt.flows.config import CALL_TIMEOUT_S, FlowConfig
 from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
 from hfrt.flows.ppo_family import PPO_ROLES
+from hfrt.flows.streaming import check_stream_chunks
 from hfrt.flows.timing import StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
@@ -32,7 +33,9 @@ StepFn = Callable[..., Awaitable[dict[str, Any]]]
 @dataclass(frozen=True)
 class GRPOConfig(FlowConfig):
     """FlowConfig plus n (samples per prompt), norm_adv_by_std (false: Dr.GRPO), and the KL loss
-    (kl_loss_coef, kl_loss_type; coefficient 0 turns it off) with its loss_agg_mode."""
+    (kl_loss_coef, kl_loss_type; coefficient 0 turns it off) with its loss_agg_mode. stream_chunks:
+    the step's rollout in that many actor calls, reference and reward started on each as it
+    arrives (same samples; grpo and ppo only; docs/bench-and-performance.md for what it costs)."""
 
     prompts_per_step: int = 8
     n: int = 8
@@ -40,6 +43,14 @@ class GRPOConfig(FlowConfig):
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     loss_agg_mode: str = "token-mean"
+    #: generate calls per step; the reference and reward start on each as it arrives
+    #: (hfrt/flows/streaming.py). 1: one call. Only flows whose config declares STREAMED.
+    stream_chunks: int = 1
+    STREAMED: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_stream_chunks(self)
 
     def flow_actor_options(self) -> dict[str, Any]:
         """KL as a loss term (no critic) and the loss aggregation."""
@@ -61,6 +72,7 @@ class GRPOFlowConfig(GRPOConfig):
 
     prompts_per_step: int = 16
     norm_adv_by_std: bool = False
+    STREAMED: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)

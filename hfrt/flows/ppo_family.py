@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hfrt.flows.config import FlowConfig
+from hfrt.flows.streaming import check_stream_chunks
 from hfrt.flows.tasks import REWARD
 
 ENGINE = {"micro_batch_size": 32, "optim": {"lr": 2e-3}}
@@ -26,7 +27,8 @@ PPO_ROLES: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class PPOConfig(FlowConfig):
     """FlowConfig plus GAE (gamma, lam) and the in-reward KL (kl_coef, kl_ctrl fixed|adaptive,
-    target_kl, kl_horizon; kl_coef 0 turns it off)."""
+    target_kl, kl_horizon; kl_coef 0 turns it off). stream_chunks: the step's rollout in that many
+    actor calls, critic, reference and reward started on each as it arrives (ppo only)."""
 
     gamma: float = 1.0
     lam: float = 0.95
@@ -35,10 +37,15 @@ class PPOConfig(FlowConfig):
     target_kl: float = 0.1
     kl_horizon: float = 10000.0
     cliprange_value: float = 0.5
+    #: generate calls per step; critic, reference and reward start on each as it arrives
+    #: (hfrt/flows/streaming.py). 1: one call. Only flows whose config declares STREAMED.
+    stream_chunks: int = 1
     CRITIC: ClassVar[bool] = True  # gae's values: these flows run a critic
+    STREAMED: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_stream_chunks(self)
         if self.kl_ctrl not in ("fixed", "adaptive"):
             raise ValueError(f"config kl_ctrl={self.kl_ctrl!r}: use fixed or adaptive")
 

@@ -13,6 +13,7 @@ from typing import Any
 from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.grpo_family import GRPO_ROLES, GRPOConfig, GRPOFlowConfig, actor_loss_options
 from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
+from hfrt.flows.streaming import streamed_experience
 from hfrt.flows.timing import StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
@@ -45,13 +46,16 @@ async def grpo_step(cfg: GRPOConfig, step: int, prompts: BatchHandle, *, actor: 
     """One GRPO step on a batch of prompts; returns its metrics."""
     t = StageTimer()
     kw = {"timeout_s": CALL_TIMEOUT_S}
-    # Stage 1: generate n responses per prompt (samples of a prompt share its uid)
-    rollout = await t.one("generate", actor.generate(
-        prompts, n=cfg.n, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-        seed=sampling_seed(cfg, step), **kw))
-    # Stage 2: prepare experience — the reference and the reward at once
-    ref, scores = await t.together(
-        "stage2", ref_log_prob=reference.compute_log_prob(rollout, **kw), reward=reward.score(rollout, **kw))
+    # Stage 1: generate n responses per prompt (samples of a prompt share its uid), in
+    # cfg.stream_chunks calls; stage 2: prepare experience — the reference and the reward at once,
+    # on each chunk as it arrives (hfrt/flows/streaming.py)
+    rollout, stage2 = await streamed_experience(
+        t, lambda chunk, chunks: actor.generate(
+            prompts, n=cfg.n, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+            seed=sampling_seed(cfg, step), chunk=chunk, chunks=chunks, **kw),
+        cfg.stream_chunks,
+        lambda part: {"ref_log_prob": reference.compute_log_prob(part, **kw), "reward": reward.score(part, **kw)})
+    ref, scores = stage2["ref_log_prob"], stage2["reward"]
     # Old log-probs: skipped when the update is one optimizer step (the actor then takes its
     # current log-probs, detached, as TRL does): a forward pass fewer, the same update.
     old = [] if cfg.on_policy(len(prompts) * cfg.n) else [

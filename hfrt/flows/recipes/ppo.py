@@ -9,10 +9,11 @@ their options; it knows nothing of engines, devices or how a daemon computes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
+from hfrt.flows.streaming import streamed_experience
 from hfrt.flows.ppo_family import ENGINE, PPO_ROLES, PPOConfig
 from hfrt.flows.timing import StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
@@ -46,6 +47,7 @@ class PPOFlowConfig(PPOConfig):
     prompts_per_step: int = 64
     kl_coef: float = 0.1
     val_every: int = 100
+    STREAMED: ClassVar[bool] = True
 
 
 Config = PPOFlowConfig
@@ -64,13 +66,16 @@ async def ppo_step(
     """One PPO step on a batch of prompts; returns its metrics."""
     t = StageTimer()
     kw = {"timeout_s": CALL_TIMEOUT_S}
-    # Stage 1: generate responses
-    rollout = await t.one("generate", actor.generate(
-        prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=sampling_seed(cfg, step), **kw))
-    # Stage 2: prepare experience — three roles at once
-    values, ref, scores = await t.together(
-        "stage2", values=critic.compute_values(rollout, **kw),
-        ref_log_prob=reference.compute_log_prob(rollout, **kw), reward=reward.score(rollout, **kw))
+    # Stage 1: generate responses, in cfg.stream_chunks calls; stage 2: prepare experience —
+    # three roles at once, on each chunk as it arrives (hfrt/flows/streaming.py)
+    rollout, stage2 = await streamed_experience(
+        t, lambda chunk, chunks: actor.generate(
+            prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=sampling_seed(cfg, step),
+            chunk=chunk, chunks=chunks, **kw),
+        cfg.stream_chunks,
+        lambda part: {"values": critic.compute_values(part, **kw), "ref_log_prob": reference.compute_log_prob(part, **kw),
+                      "reward": reward.score(part, **kw)})
+    values, ref, scores = stage2["values"], stage2["ref_log_prob"], stage2["reward"]
     # Old log-probs: skipped when the update is on-policy and no KL enters the reward (see grpo)
     old = [] if cfg.kl_coef == 0 and cfg.on_policy(len(prompts)) else [
         await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **kw))]
