@@ -201,6 +201,46 @@ async def test_reset_connections_log_no_traceback_and_the_server_serves_on(serve
     assert not [r for r in caplog.records if r.levelno >= 30 or r.exc_info], [r.getMessage() for r in caplog.records]
 
 
+async def test_malformed_http_framing_gets_a_json_400_and_the_server_serves_on(server: OpenAIServer) -> None:
+    # requests uvicorn's parser refuses before any app code runs: a JSON 400 (code malformed_http), not plain text
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    cases = [head + b"Content-Length: abc\r\n\r\n{}", head + b"Content-Length: -5\r\n\r\n{}",
+             head + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",  # a chunk size that is not hex
+             head + b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",  # both framings
+             b"GARBAGE\r\n\r\n", head + b"Bad Header\r\nContent-Length: 2\r\n\r\n{}"]
+
+    def send(data: bytes, shut: bool = False) -> bytes:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(data)
+            if shut:
+                sock.shutdown(socket.SHUT_WR)
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+            return reply
+
+    loop = asyncio.get_running_loop()
+    for data in cases:
+        reply = await loop.run_in_executor(POOL, send, data)
+        status, _, body = reply.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 400") and b"application/json" in status, (data[-40:], reply[:200])
+        assert json.loads(body)["error"]["code"] == "malformed_http"
+    # a body cut short (Content-Length 100, 10 bytes, then the client's end closed): no one to answer, nothing logged as an error
+    assert await loop.run_in_executor(POOL, send, head + b"Content-Length: 100\r\n\r\n{\"prompt\"", True) == b""
+    assert (await call(server, "/completions", {"prompt": "ok", "max_tokens": 2}))[0] == 200
+
+
+async def test_finish_reason_is_length_when_the_models_context_cuts_the_turn(server: OpenAIServer) -> None:
+    # no max_tokens: a chat turn gets what the 512-token context leaves (4 tokens here), and is cut there
+    messages = [{"role": "user", "content": "x" * 490}]  # "<user>" + 490 + "\n<assistant>": 508 tokens
+    status, out = await call(server, "/chat/completions", {"messages": messages, "temperature": 0})
+    assert status == 200, out
+    assert len(out["prompt_token_ids"]) == 508 and len(out["choices"][0]["token_ids"]) == 4
+    assert out["choices"][0]["finish_reason"] == "length"
+    status, out = await call(server, "/completions", {"prompt": "1+1=", "max_tokens": 2, "temperature": 0})
+    assert status == 200 and out["choices"][0]["finish_reason"] == ("length" if len(out["choices"][0]["token_ids"]) == 2 else "stop")
+
+
 async def test_api_key_openapi_and_limits(ctl: Any) -> None:
     rollout = await ctl.role("rollout", timeout_s=90)
     limits = ServerLimits(max_concurrent_requests=1, request_timeout_s=30)

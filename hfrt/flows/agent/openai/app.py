@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from hfrt.flows.agent.openai.api import error_body, parse_body
 from hfrt.flows.agent.openai.errors import ApiError, BadRequest
+from hfrt.flows.agent.openai.framing import protocol
 from hfrt.flows.agent.openai.responses import models_body
 from hfrt.flows.agent.openai.schema import openapi_schema
 from hfrt.log import get_logger
@@ -181,7 +182,7 @@ class HttpServer:
             raise
         self.port = int(sock.getsockname()[1])
         http = "httptools" if _has("httptools") else "h11"
-        config = uvicorn.Config(self._app, http=http, lifespan="off", log_config=None, access_log=False, server_header=False,
+        config = uvicorn.Config(self._app, http=protocol(http), lifespan="off", log_config=None, access_log=False, server_header=False,
                                 timeout_keep_alive=60, timeout_graceful_shutdown=5)
         self._uvicorn = _Uvicorn(config)
         self._task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))

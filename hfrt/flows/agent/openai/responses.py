@@ -24,8 +24,9 @@ from hfrt.flows.agent.openai.tools import parser_for
 @dataclass(frozen=True)
 class TurnResult:
     """What generate_turn sampled for one choice: the whole prompt's ids, the sampled ids, their
-    log-probs and text, the weight version, and (when asked) each token's text piece and its
-    top alternatives [(id, log-prob), ...]."""
+    log-probs and text, the weight version, (when asked) each token's text piece and its top
+    alternatives [(id, log-prob), ...], and `finished`: whether the turn ended on eos or a stop
+    token (False: cut at max_tokens or by the model's context; None: the role did not say)."""
 
     prompt_ids: list[int]
     token_ids: list[int]
@@ -34,14 +35,17 @@ class TurnResult:
     weight_version: int
     pieces: list[str] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+    finished: bool | None = None
 
     @classmethod
     def from_row(cls, context: list[int], row: dict[str, Any]) -> TurnResult:
         """From generate_turn's output row for a request whose `context` ids were sent."""
         prompt = list(context) + [int(t) for piece in row["appended"] for t in piece]
         top = [[(int(i), float(lp)) for i, lp in alts] for alts in row.get("turn_top") or []]
+        finished = row.get("turn_finished")
         return cls(prompt, [int(t) for t in row["turn_ids"]], [float(x) for x in row["turn_log_probs"]],
-                   str(row["turn_text"]), int(row["weight_version"]), [str(p) for p in row.get("turn_pieces") or []], top)
+                   str(row["turn_text"]), int(row["weight_version"]), [str(p) for p in row.get("turn_pieces") or []], top,
+                   None if finished is None else bool(finished))
 
 
 def token_name(token_id: int) -> str:
@@ -50,7 +54,10 @@ def token_name(token_id: int) -> str:
 
 
 def _finish_reason(request: TurnRequest, result: TurnResult) -> str:
-    """'length' when the turn used all of max_tokens, else 'stop' (eos or a stop token)."""
+    """'length' when the turn was cut before eos or a stop token — by max_tokens, or by the model's
+    context (a chat request without max_tokens gets what the context leaves) — else 'stop'."""
+    if result.finished is not None:
+        return "stop" if result.finished else "length"
     return "length" if len(result.token_ids) >= request.options["max_new_tokens"] else "stop"
 
 
