@@ -2,8 +2,15 @@
 reward and shape, interleaved in one run (one hfrt step, then one TRL step, ...).
 
 Run: `hfrt bench vs-trl [--model tiny|smollm2-135m|DIR] [--steps N] [--warmup K] [--prompts 8]
-[--n 4] [--max-new-tokens 16] [--engine hf|vllm] [--json] [--out FILE]`. Needs `trl` (the `bench`
-extra); without it the command says how to install it and exits 2.
+[--n 4] [--max-new-tokens 16] [--engine hf|vllm] [--stream-chunks K] [--max-tokens-per-micro-batch T]
+[--pack] [--trl-gradient-checkpointing] [--json] [--out FILE]`. Needs `trl` (the `bench` extra);
+without it the command says how to install it and exits 2.
+
+TRL runs at its fastest: gradient checkpointing off (GRPOConfig's default in trl 1.16 is on; the
+flag turns it back on); its GRPOConfig has no padding-free or packing option. Besides step times
+the result holds each step's padding fraction (before token budgets / as hfrt's engine plans its
+micro-batches), the peak RSS of hfrt's daemons, and the load average at start and end
+(bench/vs_trl_measure.py).
 
 Both sides: fp32 on CPU, the addition task's prompts as plain strings (the same rows in the same
 order), its rule reward, n samples per prompt, temperature 1, KL loss 0.001 (k3 / low_var_kl),
@@ -52,6 +59,10 @@ class Shape:
     seed: int = 0
     max_operand: int = 9
     threads: int = 0  # 0: every core
+    stream_chunks: int = 1  # hfrt's generate calls per step (streamed scoring)
+    max_tokens_per_micro_batch: int | None = None  # hfrt's token budget (actor and reference); None: rows
+    pack: bool = False  # hfrt's padding-free micro-batches
+    trl_gradient_checkpointing: bool = False  # TRL 1.16's GRPOConfig turns it on by default; off is its fastest
 
 
 def completion_tokens(rows: Iterable[Sequence[int]], eos_ids: Collection[int], pad_id: int | None) -> int:
@@ -146,7 +157,7 @@ def _trl_run(shape: Shape, steps: int, conn: Any) -> None:
             max_completion_length=shape.max_new_tokens, temperature=1.0, top_p=1.0, beta=0.001,
             num_iterations=1, scale_rewards="none", loss_type="dapo", max_steps=steps, shuffle_dataset=False,
             save_strategy="no", report_to=[], logging_steps=10**6, disable_tqdm=True, max_grad_norm=1.0,
-            dataloader_num_workers=0,
+            dataloader_num_workers=0, gradient_checkpointing=shape.trl_gradient_checkpointing,
         )
         trainer = Timed(
             model=model, reward_funcs=reward, args=args,  # type: ignore[arg-type]
@@ -197,23 +208,25 @@ def hfrt_roles(shape: Shape, engine: str) -> dict[str, dict[str, Any]]:
     roles = {name: {**spec, "options": dict(spec.get("options", {}))} for name, spec in grpo.ROLES.items()}
     micro = shape.prompts * shape.n
     common = {"model": shape.model, "seed": shape.seed, "threads": thread_count(shape)}
+    budget = {"max_tokens_per_micro_batch": shape.max_tokens_per_micro_batch} if shape.max_tokens_per_micro_batch else {}
+    budget |= {"pack": True} if shape.pack else {}
     roles["actor"]["options"] |= common | {
-        "engine": {"micro_batch_size": micro, "optim": {"lr": shape.lr}}, "generator": engine,
+        "engine": {"micro_batch_size": micro, "optim": {"lr": shape.lr}, **budget}, "generator": engine,
     }
     if engine == "vllm":  # fp32 like everything else here (vLLM's "auto" is the model's bf16: emulated on most CPUs)
         roles["actor"]["options"]["vllm"] = {"dtype": "float32"}
-    roles["reference"]["options"] |= common | {"engine": {"micro_batch_size": micro}}
+    roles["reference"]["options"] |= common | {"engine": {"micro_batch_size": micro, **budget}}
     return roles
 
 
 def hfrt_config(shape: Shape, steps: int) -> Any:
     from hfrt.flows.recipes import grpo
 
-    return grpo.GRPOConfig.read({
+    return grpo.GRPOFlowConfig.read({  # every setting given: the same run as GRPOConfig, streamed scoring allowed
         "run_dir": "", "progress": "off", "tensorboard": False, "trace": False, "steps": steps,
         "prompts_per_step": shape.prompts, "n": shape.n, "max_new_tokens": shape.max_new_tokens,
         "temperature": 1.0, "entropy_coeff": 0.0, "kl_loss_coef": 0.001, "norm_adv_by_std": False,
-        "seed": shape.seed, "max_operand": shape.max_operand,
+        "seed": shape.seed, "max_operand": shape.max_operand, "stream_chunks": shape.stream_chunks,
     })
 
 
@@ -226,21 +239,50 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start
     from hfrt.flows.recipes import grpo
     from hfrt.flows.trainer import get_roles
 
+    from hfrt.bench.vs_trl_measure import DaemonRSS, padding_fractions, row_lengths
+    from hfrt.flows.batches import non_tensor
+    from hfrt.roles.models import load_tokenizer
+
     cfg = hfrt_config(shape, steps)
     roles = await get_roles(ctl, "actor", "reference", "reward")
     hfrt_ready = time.perf_counter() - start
     ready = await asyncio.to_thread(trl.receive)
     rows = prompt_rows(shape, steps)
+    tokenizer = load_tokenizer(shape.model, shape.seed)
+    engine = hfrt_roles(shape, "hf")["actor"]["options"]["engine"]
+    rss = DaemonRSS(exclude=[trl.proc.pid] if trl.proc.pid else [])
+    rss.start()
     hfrt_steps, trl_steps = [], []
     for step in range(steps):
         lo, hi = step * shape.prompts, (step + 1) * shape.prompts
         prompts = prompts_handle({k: v[lo:hi] for k, v in rows.items()})
+        seen = Recorder(roles["reward"])
         start = time.perf_counter()
-        record = await grpo.grpo_step(cfg, step, prompts, **roles)
+        record = await grpo.grpo_step(cfg, step, prompts, **(roles | {"reward": seen}))
         record["wall_s"] = time.perf_counter() - start
+        prompt_len, response_len = row_lengths(tokenizer, non_tensor(seen.rollout, "prompt"), non_tensor(seen.rollout, "response"), 1)
+        record |= padding_fractions(prompt_len, response_len, engine)
         hfrt_steps.append(record)
         trl_steps.append(await asyncio.to_thread(trl.step))
-    return {"hfrt": hfrt_steps, "trl": trl_steps, "trl_ready_s": ready["ready_s"], "hfrt_ready_s": hfrt_ready}
+    return {"hfrt": hfrt_steps, "trl": trl_steps, "trl_ready_s": ready["ready_s"], "hfrt_ready_s": hfrt_ready} | rss.stop()
+
+
+class Recorder:
+    """The reward role, keeping the rollout it was asked to score (its inline text columns give
+    the rows' lengths; no tensor is pulled): chunks of a streamed step are joined."""
+
+    def __init__(self, reward: Any) -> None:
+        self.reward, self.parts = reward, []
+
+    @property
+    def rollout(self) -> Any:
+        from hfrt.protocols import BatchHandle
+
+        return BatchHandle.concat(self.parts)
+
+    def score(self, rollout: Any, **kwargs: Any) -> Any:
+        self.parts.append(rollout)
+        return self.reward.score(rollout, **kwargs)
 
 
 def measure(shape: Shape, steps: int, warmup: int, engine: str) -> dict[str, Any]:
@@ -284,6 +326,10 @@ def summarize(out: dict[str, Any], warmup: int) -> dict[str, Any]:
         "hfrt_startup_s": round(out["hfrt_ready_s"], 2), "trl_startup_s": round(out["trl_ready_s"], 2),
         "hfrt_steps_s": [round(r["wall_s"], 3) for r in ours], "trl_steps_s": [round(r["step_s"], 3) for r in theirs],
         "hfrt_reward_mean": med(r["reward/mean"] for r in ours),
+        **{f"response_length_{k}": med(r[f"response_length/{k}"] for r in ours) for k in ("mean", "min", "max")
+           if all(f"response_length/{k}" in r for r in ours)},
+        **{k: med(r[k] for r in ours) for k in ("padding_before", "padding_after") if all(k in r for r in ours)},
+        **{k: out[k] for k in ("hfrt_peak_daemon_rss_mb", "hfrt_peak_daemons_rss_total_mb") if k in out},
     }
 
 
@@ -298,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-6, help="learning rate of both sides")
     p.add_argument("--threads", type=int, default=0, help="torch threads per process (0: every core)")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="hfrt's generation engine (TRL uses transformers' generate)")
+    p.add_argument("--stream-chunks", type=int, default=1, help="hfrt's generate calls per step, scored as each arrives")
+    p.add_argument("--max-tokens-per-micro-batch", type=int, default=None, help="hfrt's token budget per micro-batch (actor, reference)")
+    p.add_argument("--pack", action="store_true", help="hfrt's padding-free micro-batches")
+    p.add_argument("--trl-gradient-checkpointing", action="store_true", help="leave TRL's default gradient checkpointing on (slower)")
     add_output_flags(p)
     args = p.parse_args(argv)
     if importlib.util.find_spec("trl") is None:
@@ -308,14 +358,18 @@ def main(argv: list[str] | None = None) -> int:
     from hfrt.log import configure as configure_logging
 
     configure_logging("warning")
-    shape = Shape(args.model, args.prompts, args.n, args.max_new_tokens, args.lr, threads=args.threads)
+    shape = Shape(args.model, args.prompts, args.n, args.max_new_tokens, args.lr, threads=args.threads,
+                  stream_chunks=args.stream_chunks, max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
+                  pack=args.pack, trl_gradient_checkpointing=args.trl_gradient_checkpointing)
+    load_start = [round(x, 2) for x in os.getloadavg()]
     result = measure(shape, args.steps, args.warmup, args.engine)
-    result |= {"steps": args.steps, "warmup": args.warmup, "shape": asdict(shape), **machine()}
+    result |= {"steps": args.steps, "warmup": args.warmup, "shape": asdict(shape), **machine(), "load_avg_start": load_start,
+               "trl_padding_free": "GRPOConfig (trl 1.16) has no padding-free or packing option; completions are right-padded to the longest"}
     print(f"{'':<24}{'hfrt':>10}{'TRL':>10}")
     for label, a, b in (("step (s)", "hfrt_step_s", "trl_step_s"), ("tokens / s", "hfrt_tokens_per_s", "trl_tokens_per_s"),
                         ("start-up (s)", "hfrt_startup_s", "trl_startup_s")):
         print(f"{label:<24}{result[a]:>10}{result[b]:>10}")
-    print(f"speedup (TRL step / hfrt step): {result['speedup']}")
+    print(f"speedup (TRL step / hfrt step): {result['speedup']}   load average {load_start} -> {result['load_avg']}")
     emit(result, args)
     return 0
 
