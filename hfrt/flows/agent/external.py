@@ -95,6 +95,8 @@ async def run_external(server: Any, driver: Driver, reward: Reward, samples: Seq
             try:
                 episode.answer = await asyncio.wait_for(loop.run_in_executor(pool, driver, this), call.timeout_s)
                 episode.reward = float(reward(episode.answer, episode.sample))
+            except TimeoutError:
+                episode.reward, episode.error = error_reward, f"the agent ran past sample_timeout_s={call.timeout_s}"
             except Exception as exc:  # the sample's own failure: recorded, the run goes on
                 episode.reward, episode.error = error_reward, f"{type(exc).__name__}: {exc}"[:500]
             held = server.sessions.get(session)
