@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,26 @@ RECIPE = Path(__file__).resolve().parents[2] / "bench" / "recipes" / "smollm2-ca
 def varied_reward(answer: Any, sample: dict[str, Any]) -> float:
     """A reward a random tiny model's answers vary on (the parity of the answer's length), so GRPO groups have a signal."""
     return float(len(str(answer)) % 2)
+
+
+def failing_driver(call: Any) -> Any:
+    if call.sample["prompt"] == "slow":
+        time.sleep(2)
+    raise RuntimeError(f"no answer for {call.sample['prompt']} in {call.session}")
+
+
+@pytest.mark.asyncio
+async def test_a_failing_or_slow_driver_ends_only_its_own_conversation() -> None:
+    from hfrt.flows.agent.external import DriverCall, episode_metrics, run_external
+    from hfrt.flows.agent.openai.server import OpenAIServer
+
+    async with OpenAIServer(object(), model="policy") as server:
+        call = DriverCall(server.url, "", "policy", "", {}, max_tokens=8, temperature=1.0, max_steps=1, timeout_s=0.5)
+        episodes = await run_external(server, failing_driver, varied_reward, [{"prompt": "1+1"}, {"prompt": "slow"}], call,
+                                      tag="t-", threads=2, error_reward=-1.0)
+    assert [e.error for e in episodes] == ["RuntimeError: no answer for 1+1 in t-0", "the agent ran past sample_timeout_s=0.5"]
+    assert all(e.reward == -1.0 and e.trajectories == [] and e.calls == 0 for e in episodes) and not server.sessions
+    assert episode_metrics(episodes)["agent/error_rate"] == 1.0
 
 
 def test_bad_driver_reward_or_settings_are_refused_naming_the_key() -> None:
