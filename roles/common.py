@@ -254,6 +254,12 @@ def check_fits(context: DaemonContext, opts: ModelOptions, *, value_head: bool =
     folder = resolve_model_dir(opts.model, opts.seed)
     params = parameter_count(folder, value_head=value_head)
     need = (training_bytes(params, opts.engine, context.world_size) + extra_copies * 4.0 * params) / 2**20
+    if opts.lora is not None and opts.engine.trainable:  # frozen base; grads + AdamW of what trains only
+        from hfrt.roles.training import lora
+
+        trains = lora.counts(model_config(opts), opts.lora, value_head=value_head)["trainable"]
+        frozen = dataclasses.replace(opts.engine, trainable=False)
+        need = (training_bytes(params, frozen, context.world_size) + 16.0 * trains + extra_copies * 4.0 * params) / 2**20
     have = available_mb(context.options)
     if need > have:
         raise ModelDoesNotFit(
@@ -305,7 +311,7 @@ def build_engine(
     check_backend(context, opts.engine)
     check_fits(context, opts, value_head=value_head, extra_copies=extra_copies)
     model = load_model(ModelConfig(opts.model, opts.dtype, value_head=value_head, seed=opts.seed))
-    return build_train_engine(model, opts.engine, opts.lora)
+    return build_train_engine(model, opts.engine, opts.lora, lora_seed=opts.seed)
 
 
 def check_lora(opts: ModelOptions, *, value_head: bool = False) -> None:

@@ -107,15 +107,18 @@ def linear_module_names(model: nn.Module) -> list[str]:
     return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear) and name})
 
 
-def apply(model: nn.Module, spec: LoraSpec, where: str = "options.lora") -> nn.Module:
+def apply(model: nn.Module, spec: LoraSpec, where: str = "options.lora", *, seed: int = 0) -> nn.Module:
     """Inject peft's LoRA layers into `model` in place (before any sharding) and leave only the
-    adapters — and a value model's head — trainable. A target that matches nothing is refused,
-    naming the linear modules the model has."""
+    adapters — and a value model's head — trainable. A's random init is drawn from `seed`, so
+    every rank of a sharded engine starts from the same adapters (B starts at 0). A target that
+    matches nothing is refused, naming the linear modules the model has."""
     from peft import inject_adapter_in_model
 
     part = adapted_part(model)
     try:
-        inject_adapter_in_model(spec.peft_config(), part, adapter_name=ADAPTER)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            inject_adapter_in_model(spec.peft_config(), part, adapter_name=ADAPTER)
     except ValueError as exc:  # peft's NoMatchingPeftModuleError and friends
         raise ValueError(
             f"{where}.target_modules={spec.record()['target_modules']!r} matches no module of the model "

@@ -57,16 +57,17 @@ def init_distributed(rank: int, world_size: int, master_addr: str, master_port: 
     )
 
 
-def build_train_engine(model: nn.Module, config: EngineConfig, lora: Any = None) -> TrainEngine:
+def build_train_engine(model: nn.Module, config: EngineConfig, lora: Any = None, *, lora_seed: int = 0) -> TrainEngine:
     """The engine for config.backend, wrapping `model` (which it may shard in place). With
     tp * pp > 1 the backend must be "tp" or "fsdp2" (both give the TP engine: FSDP2 over dp).
     `lora` (a hfrt.roles.training.lora.LoraSpec): peft's adapters are injected first, before any
-    sharding, and only they (and a value model's head) train; the engine keeps the spec as `.lora`."""
+    sharding (A drawn from `lora_seed`, the same on every rank), and only they (and a value
+    model's head) train; the engine keeps the spec as `.lora`."""
     if lora is not None:
         from hfrt.roles.training import lora as adapters
 
         adapters.check_engine(lora, config, "options.lora")
-        engine = build_train_engine(adapters.apply(model, lora), config)
+        engine = build_train_engine(adapters.apply(model, lora, seed=lora_seed), config)
         engine.lora = lora
         return engine
     if config.tp * config.pp > 1 or config.backend == "tp":
