@@ -73,6 +73,20 @@ def check_budget(budget: object, where: str = "engine.max_tokens_per_micro_batch
     return budget
 
 
+def check_settings(budget: object, pack: object, pp: int) -> None:
+    """An engine's budget and pack settings (ValueError naming the key and value): no budget or
+    packing with pipeline stages, which exchange activations of one static shape."""
+    check_budget(budget)
+    if not isinstance(pack, bool):
+        raise ValueError(f"engine.pack: expected true or false, got {pack!r}")
+    if pp > 1 and (budget is not None or pack):
+        raise ValueError(
+            f"engine: max_tokens_per_micro_batch={budget} / pack={pack} with pp={pp}: pipeline stages exchange "
+            "activations of one static shape, so micro-batches there are micro_batch_size rows at the batch's "
+            "width; unset both, or use pp=1"
+        )
+
+
 def plan(
     lengths: Lengths, *, budget: int | None, rows_per_micro: int, packed: bool, unit: int = 1
 ) -> list[list[int]]:

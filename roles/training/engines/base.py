@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
@@ -34,6 +33,10 @@ from torch import nn
 from hfrt.roles.losses import LossScale, entropy_from_logits
 from hfrt.roles.models import ValueModel, replace_folder
 from hfrt.roles.training import batching
+from hfrt.roles.training.engines.optim import OptimConfig as OptimConfig
+from hfrt.roles.training.engines.optim import build_optimizer as build_optimizer
+from hfrt.roles.training.engines.optim import lr_multiplier as lr_multiplier
+from hfrt.roles.training.engines.optim import optimizer_and_scheduler as optimizer_and_scheduler
 
 Batch = Mapping[str, torch.Tensor]
 #: backends whose checkpoints are one DCP folder by parameter name: each loads the other's, at any layout
@@ -56,26 +59,6 @@ LossFn = Callable[[ForwardOutput, Batch, LossScale], tuple[torch.Tensor, Mapping
 
 
 @dataclass(frozen=True)
-class OptimConfig:
-    """AdamW and its learning-rate schedule.
-
-    schedule: "constant" (after linear warmup) or "warmup_cosine" (linear warmup, then cosine
-        decay to min_lr_ratio × lr at total_steps).
-    grad_clip: max global grad norm; 0 or less disables clipping (the norm is still reported).
-    """
-
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    total_steps: int = 0
-    min_lr_ratio: float = 0.0
-
-
-@dataclass(frozen=True)
 class EngineConfig:
     """Which training backend, and how it runs.
 
@@ -86,19 +69,17 @@ class EngineConfig:
         micro-batches alive), "gpipe" (all forwards, then all backwards) or "interleaved-1f1b"
         (pp_stages_per_rank non-adjacent stages per rank, a smaller bubble).
     pp_stages_per_rank: pipeline stages each rank holds; 0 (default): 2 with interleaved-1f1b, else 1.
+    loss_parallel: log-probs / entropy from the tp-sharded head's logits without gathering them
+        (torch's loss_parallel; needs tp > 1 dividing the vocabulary and an untied head).
     tp_plan: entries added to / replacing the model's transformers TP plan (module pattern →
         style name, e.g. {"model.layers.*.mlp.down_proj": "rowwise"}).
     zero_stage: DeepSpeed ZeRO stage (1, 2 or 3); ignored by other backends.
     mixed_precision: "fp32" or "bf16" (bf16 compute, fp32 master weights and grad reduction).
     micro_batch_size: default rows per forward/backward pass (when max_tokens_per_micro_batch is unset).
-    max_tokens_per_micro_batch: a token budget per forward/backward pass instead of a row count
-        (verl's use_dynamic_bsz + ppo_max_token_len_per_gpu): rows grouped longest first while
-        rows × longest row (packed: the sum of their tokens) fits; the same number of
-        micro-batches on every dp rank. None (default): micro_batch_size rows. See
-        hfrt.roles.training.batching for the rule; docs/token-budgets.md for costs.
-    pack: run each micro-batch as one padding-free sequence (verl's use_remove_padding): rows
-        concatenated with their own position ids, no cross-row attention. Default False (each
-        micro-batch is trimmed to its own longest prompt and response instead). Not with pp > 1.
+    max_tokens_per_micro_batch: tokens per forward/backward pass instead of a row count (verl's
+        use_dynamic_bsz + ppo_max_token_len_per_gpu); None (default): micro_batch_size rows.
+    pack: each micro-batch as one padding-free sequence (verl's use_remove_padding); default
+        False: trimmed to its own longest row. Both: batching's docstring, docs/token-budgets.md.
     trainable: False builds no optimizer (reference policy, reward model).
     """
 
@@ -112,56 +93,13 @@ class EngineConfig:
     pp: int = 1
     pp_schedule: str = "1f1b"
     pp_stages_per_rank: int = 0
+    loss_parallel: bool = False
     tp_plan: Mapping[str, str] | None = None
     max_tokens_per_micro_batch: int | None = None
     pack: bool = False
 
     def __post_init__(self) -> None:
-        batching.check_budget(self.max_tokens_per_micro_batch)
-        if not isinstance(self.pack, bool):
-            raise ValueError(f"engine.pack: expected true or false, got {self.pack!r}")
-        if self.pp > 1 and (self.max_tokens_per_micro_batch is not None or self.pack):
-            raise ValueError(
-                f"engine: max_tokens_per_micro_batch={self.max_tokens_per_micro_batch} / pack={self.pack} with pp={self.pp}: "
-                "pipeline stages exchange activations of one static shape, so micro-batches there are micro_batch_size "
-                "rows at the batch's width; unset both, or use pp=1"
-            )
-
-
-def lr_multiplier(optim: OptimConfig) -> Callable[[int], float]:
-    """The LambdaLR factor for step `s` (0-based count of optimizer steps already taken)."""
-
-    def factor(step: int) -> float:
-        if optim.warmup_steps > 0 and step < optim.warmup_steps:
-            return (step + 1) / optim.warmup_steps
-        if optim.schedule == "constant":
-            return 1.0
-        if optim.schedule != "warmup_cosine":
-            raise ValueError(f"unknown lr schedule {optim.schedule!r}: use constant or warmup_cosine")
-        span = max(optim.total_steps - optim.warmup_steps, 1)
-        progress = min(max(step - optim.warmup_steps, 0) / span, 1.0)
-        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-        return optim.min_lr_ratio + (1.0 - optim.min_lr_ratio) * cosine
-
-    return factor
-
-
-def optimizer_and_scheduler(
-    model: nn.Module, config: EngineConfig
-) -> tuple[torch.optim.Optimizer | None, torch.optim.lr_scheduler.LambdaLR | None]:
-    """AdamW + its LR schedule for a trainable engine; for a frozen one, no grads and (None, None)."""
-    if not config.trainable:
-        model.requires_grad_(False)
-        return None, None
-    # only what trains (all of it, or LoRA's adapters + a value head) gets AdamW state
-    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], config.optim)
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(config.optim))
-
-
-def build_optimizer(params: Any, optim: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(
-        params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay, foreach=False
-    )
+        batching.check_settings(self.max_tokens_per_micro_batch, self.pack, self.pp)
 
 
 # ------------------------------------------------------------------------------------ batches
@@ -196,6 +134,12 @@ def _model_inputs(mb: Batch, device: torch.device) -> dict[str, torch.Tensor]:
 
 def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[tokens] in fp32, without keeping a second [.., vocab] tensor alive."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(logits, DTensor):  # a vocabulary-sharded head (tp loss_parallel)
+        from hfrt.roles.training.parallel import vocab
+
+        return vocab.token_log_probs(logits, tokens)
     logits = logits.float()
     picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
