@@ -341,7 +341,7 @@ class ActorDaemon(AgentTurns, Daemon):
         gathered training weights (diagnostic; gathers the weights twice)."""
         self._to_generate()
         try:
-            return compare_weights(self.engine.state_dict_for_generation(), generation_parameters(self.generator))
+            return compare_weights(self.hybrid.weights(), generation_parameters(self.generator))  # with LoRA: adapters
         finally:
             self._to_train()
 

@@ -94,14 +94,22 @@ def build_hybrid(
     """The actor's hybrid engine over `engine`. With layouts: generator 'vllm' makes each rank one
     vLLM rank at the generation tp (external_launcher), fed full blocks; otherwise a TP/PP model at
     the generation layout filled by micro-DP resharding. Without: a full generation copy (HF or
-    vLLM) the training weights are pushed into."""
+    vLLM) the training weights are pushed into; with options.lora that copy keeps its base weights
+    and only the adapters are pushed (AdapterHybrid, roles/generation/lora.py)."""
     kind = str(context.options.get("generator", "hf"))
+    if opts.lora is not None and layouts is not None:
+        raise ValueError(f"roles.{context.role}.options.lora: adapter sync runs without a generation layout "
+                         "(options.parallel / generation.parallel); remove one of them")
     if layouts is not None and kind != "vllm":
         return _resharding_hybrid(context, engine, tokenizer, getattr(torch, opts.dtype), *layouts)
     generator = generation_engine(
         kind, model=opts.model, dtype=opts.dtype, seed=opts.seed, tokenizer=tokenizer,
-        vllm=context.options.get("vllm"), layout=layouts[1] if layouts is not None else None,
+        vllm=context.options.get("vllm"), layout=layouts[1] if layouts is not None else None, lora=opts.lora,
     )
+    if opts.lora is not None:
+        from hfrt.roles.generation.lora import AdapterHybrid
+
+        return AdapterHybrid(engine, generator)
     return HybridEngine(engine, generator)
 
 

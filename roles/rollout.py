@@ -2,7 +2,8 @@
 the training actor, holding a numbered version of the policy's weights pushed by weight sync.
 
 Options: `model`, `dtype`, `seed`, `threads`, `dist_master` (as every role), `generator` ("hf" |
-"vllm"), `sampling` (SamplingParams defaults), `vllm` (VLLMConfig fields but model_dir). Until the
+"vllm"), `sampling` (SamplingParams defaults), `vllm` (VLLMConfig fields but model_dir), `lora` (the
+actor's LoRA table: the engine keeps the base weights and syncs receive adapters only). Until the
 first sync it holds the `model` option's weights as version -1. Every sample it returns carries
 the version it was generated with (non-tensor column `weight_version`, meta `weight_version`).
 It knows generation and weight sync; nothing of training, losses or the algorithm.
@@ -36,6 +37,7 @@ from hfrt.roles.generation.batches import (
 )
 from hfrt.roles.generation.build import generation_engine
 from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
+from hfrt.roles.generation.lora import AdapterHFGeneration, adapter_spec, check_record
 from hfrt.roles.mixins.agent_turns import AgentTurns
 from hfrt.roles.mixins.partial_rollout import NO_VERSION, PartialRollouts
 from hfrt.roles.mixins.weight_sync import WeightSyncError, apply_sync
@@ -52,7 +54,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
     (SPLIT, roles/mixins/partial_rollout.py: a rollout in segments that a weight sync can interrupt);
     generate_turn and assemble_trajectories (SPLIT, roles/mixins/agent_turns.py: multi-turn agent rollouts)."""
 
-    OPTIONS = frozenset({"generator", "sampling", "vllm"})
+    OPTIONS = frozenset({"generator", "sampling", "vllm", "lora"})
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
@@ -60,6 +62,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
         check_generation_options(context.options)
         if context.options.get("engine"):
             raise ValueError("the rollout role does not train: option engine is not read (remove it)")
+        adapter_spec(context)
 
     async def setup(self) -> None:
         with role_errors(self.context):
@@ -73,7 +76,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
             self.sampling = sampling_params(ctx.options.get("sampling"))
             self.engine = generation_engine(
                 str(ctx.options.get("generator", "hf")), model=self.model, dtype=self.dtype, seed=self.seed,
-                tokenizer=self.tokenizer, vllm=ctx.options.get("vllm"),
+                tokenizer=self.tokenizer, vllm=ctx.options.get("vllm"), lora=adapter_spec(ctx),
             )
             self.version = INITIAL_VERSION
             self.broken: str | None = None  # why the weights are not usable (a failed sync)
@@ -89,6 +92,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
         daemon-to-daemon one at a time, each checksum checked on arrival and on what the engine
         then holds. A failed sync leaves this daemon refusing to generate until the next good one."""
         where = f"rollout daemon {self.context.identity}"
+        check_record(sync.get("adapter"), getattr(self.engine, "spec", None), where)
         peers = self.tensor_plane().peers
         self.broken = f"the sync to version {sync.get('version')!r} did not finish"
         try:
@@ -101,6 +105,8 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
 
     def _held(self, layout: list[list[Any]]) -> torch.Tensor | None:
         """What the HF engine now holds for `layout`, packed as the publisher packed it."""
+        if isinstance(self.engine, AdapterHFGeneration):
+            return self.engine.held(layout)
         if not isinstance(self.engine, HFGenerationEngine):
             return None  # vLLM fuses and renames parameters: only the received bytes are checked
         params = self.engine._params

@@ -22,11 +22,17 @@ def generation_engine(
     tokenizer: Any,
     vllm: Mapping[str, Any] | None = None,
     layout: Any = None,
+    lora: Any = None,
 ) -> GenerationEngine:
     """Engine `kind` ("hf" | "vllm") for `model`; `vllm` holds VLLMConfig fields but model_dir, and
-    `layout` (a generation Layout with tp > 1) makes each rank one vLLM rank at that tp."""
+    `layout` (a generation Layout with tp > 1) makes each rank one vLLM rank at that tp. `lora` (an
+    AdapterSpec, roles/generation/lora.py): the engine keeps the base weights and receives adapters only."""
     if kind == "hf":
         copy = load_model(ModelConfig(model, dtype, seed=seed))
+        if lora is not None:
+            from hfrt.roles.generation.lora import AdapterHFGeneration
+
+            return AdapterHFGeneration(copy, lora, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         return HFGenerationEngine(copy, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     if kind == "vllm":
         from hfrt.roles.generation.vllm_engine import VLLMConfig, VLLMGenerationEngine
@@ -36,5 +42,10 @@ def generation_engine(
         fields["model_dir"] = str(resolve_model_dir(model, seed))
         if layout is not None and layout.tp > 1:
             fields["tensor_parallel_size"], fields["data_parallel_size"] = layout.tp, layout.dp
-        return VLLMGenerationEngine(build_dataclass(VLLMConfig, fields, "vllm"), pad_token_id=tokenizer.pad_token_id)
+        config = build_dataclass(VLLMConfig, fields, "vllm")
+        if lora is not None:
+            from hfrt.roles.generation.lora import adapter_vllm_engine
+
+            return adapter_vllm_engine(config, lora, pad_token_id=tokenizer.pad_token_id)  # type: ignore[no-any-return]
+        return VLLMGenerationEngine(config, pad_token_id=tokenizer.pad_token_id)
     raise ValueError(f"unknown generator {kind!r}: use hf or vllm")

@@ -104,6 +104,11 @@ class HybridEngine:
         version = getattr(self.train, "steps", None)
         return version is not None and version == self.pushed_version and bool(getattr(self.gen, "keeps_weights_asleep", False))
 
+    def weights(self) -> Iterator[dict[str, torch.Tensor]]:
+        """What to_generate pushes, one bucket at a time: the full weights (AdapterHybrid in
+        roles/generation/lora.py: the LoRA adapters only)."""
+        return self.train.state_dict_for_generation()
+
     def to_generate(self) -> dict[str, float]:
         """Wake the generation engine and push current weights, streamed per block — unless the
         engine still holds them (`current`: same optimizer step count since the last push;
@@ -120,7 +125,7 @@ class HybridEngine:
         pushed = [0]
         with PeakRSS() as peak:
             self.gen.wake()
-            _load(self.gen, _stream(self.train.state_dict_for_generation(), pushed), stable=_owns_tensors(self.train))
+            _load(self.gen, _stream(self.weights(), pushed), stable=_owns_tensors(self.train))
             _synchronize()
         self.phase = "generate"
         self.pushed_version = getattr(self.train, "steps", None)

@@ -1,6 +1,7 @@
 """Versioned, bucketed weight sync from a trainer's ranks to generation-only daemons, daemon side.
 
-The publisher (a trainer rank's `publish_weights` endpoint, via `publish`) packs the full weights, one
+The publisher (a trainer rank's `publish_weights` endpoint, via `publish`) packs the full weights
+(with LoRA on the trainer: the adapter tensors only, and the record says so under "adapter"), one
 bucket of whole tensors at a time, into flat byte buffers that stay in its tensor store; the flow
 passes their handles on, and each receiver pulls them daemon-to-daemon (shm / gloo on CPU, CUDA
 IPC / NCCL on GPU), checks every bucket's checksum on the bytes it received and again on what its
@@ -91,16 +92,28 @@ def publish(
         raise ValueError(f"publish_weights: bucket_mb must be > 0, got {bucket_mb!r}")
     start = time.perf_counter()
     buckets: list[dict[str, Any]] = []
+    spec = getattr(engine, "lora", None)
+    extra = {} if spec is None else {"adapter": spec.record()}  # LoRA: the adapters only (roles/generation/lora.py)
     if rank != 0:  # take part in gathering (collective on sharded backends), keep nothing
-        for _ in engine.state_dict_for_generation():
+        for _ in _published(engine):
             pass
-        return {"version": version, "buckets": buckets, "timing/publish_s": time.perf_counter() - start}
-    for index, (flat, layout) in enumerate(pack_buckets(engine.state_dict_for_generation(), int(bucket_mb * 2**20))):
+        return {"version": version, "buckets": buckets, "timing/publish_s": time.perf_counter() - start} | extra
+    for index, (flat, layout) in enumerate(pack_buckets(_published(engine), int(bucket_mb * 2**20))):
         record = {"index": index, "layout": layout, "checksum": bucket_checksum(flat), "nbytes": flat.numel()}
         if corrupt_buckets and index in corrupt_buckets:
             flat[flat.numel() // 2] ^= 0xFF
         buckets.append(record | {"data": flat})
-    return {"version": version, "buckets": buckets, "timing/publish_s": time.perf_counter() - start}
+    return {"version": version, "buckets": buckets, "timing/publish_s": time.perf_counter() - start} | extra
+
+
+def _published(engine: Any) -> Iterator[dict[str, torch.Tensor]]:
+    """What a version holds: the full weights, or with LoRA (engine.lora) only the adapter tensors,
+    under PEFT's saved names, which a receiver built with the same options.lora loads."""
+    if getattr(engine, "lora", None) is None:
+        return engine.state_dict_for_generation()
+    from hfrt.roles.generation.lora import adapter_tensors
+
+    return adapter_tensors(engine)
 
 
 def apply_sync(
