@@ -197,10 +197,11 @@ def trimmed(batch: Mapping[str, torch.Tensor], rows: Sequence[int], lengths: Len
     return Micro(index, inputs, width)
 
 
-def packed(batch: Mapping[str, torch.Tensor], rows: Sequence[int], lengths: Lengths) -> Micro:
+def packed(batch: Mapping[str, torch.Tensor], rows: Sequence[int], lengths: Lengths, multiple: int = 1) -> Micro:
     """The rows' real tokens as one sequence [1, Σ lengths] with per-row positions (no attention
     mask: transformers then builds a block-diagonal causal mask from the position resets);
-    PACKED_POSITIONS are where the logits of each response token are read."""
+    PACKED_POSITIONS are where the logits of each response token are read. `multiple`: padded
+    up to a multiple of it with a filler sequence of its own (positions 0, 1, ..., never read)."""
     width = int(batch["responses"].shape[1])
     start = int(batch["input_ids"].shape[1]) - width
     ids, pos, keep, targets, local, cols = [], [], [], [], [], []
@@ -214,6 +215,9 @@ def packed(batch: Mapping[str, torch.Tensor], rows: Sequence[int], lengths: Leng
         local.append(torch.full((r,), i, dtype=torch.long))
         cols.append(torch.arange(r))
         offset += p + r
+    if extra := -offset % multiple:
+        ids.append(torch.zeros(extra, dtype=ids[0].dtype))
+        pos.append(torch.arange(extra))
     inputs = {
         "input_ids": torch.cat(ids)[None],
         "position_ids": torch.cat(pos)[None],
@@ -227,7 +231,7 @@ def micro_batches(
     batch: Mapping[str, torch.Tensor], groups: list[list[int]], lengths: Lengths, *, pack: bool, multiple: int = 1
 ) -> list[Micro]:
     """Each group's Micro: packed when `pack` (the caller checked `packable`), else trimmed."""
-    return [packed(batch, g, lengths) if pack else trimmed(batch, g, lengths, multiple) for g in groups]
+    return [packed(batch, g, lengths, multiple) if pack else trimmed(batch, g, lengths, multiple) for g in groups]
 
 
 def in_row_order(micros: Sequence[Micro], parts: Sequence[torch.Tensor | None]) -> torch.Tensor | None:

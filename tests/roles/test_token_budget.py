@@ -221,6 +221,21 @@ def test_a_batch_that_cannot_be_packed_is_trimmed() -> None:
     assert batching.PACKED_POSITIONS not in micro[0].inputs and micro[0].inputs["input_ids"].shape[0] == 8
 
 
+def test_widths_rounded_to_the_engines_multiple() -> None:
+    model = load_model(ModelConfig("tiny"))
+    batch = make_batch(model.config.vocab_size)
+    mask = batch["response_mask"].bool()
+    want = build_train_engine(model, EngineConfig(trainable=False, micro_batch_size=8)).forward_logprobs(batch)
+    for settings in SETTINGS:
+        engine = build_train_engine(model, EngineConfig(trainable=False, **settings))
+        engine.seq_multiple = 8  # what an engine sharding the sequence over 8 ranks would ask
+        for micro in engine.micro_batches(batch):
+            width = int(micro.inputs["input_ids"].shape[1])
+            assert width % 8 == 0 or width == P + R, (settings, width)
+        got = engine.forward_logprobs(batch)
+        assert float((got - want)[mask].abs().max()) < 1e-5, settings
+
+
 # ------------------------------------------------------------------------------- two real ranks
 
 
