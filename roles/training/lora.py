@@ -90,7 +90,8 @@ class LoraSpec:
         from peft import LoraConfig
 
         targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
-        return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout, target_modules=targets,
+        alpha = int(self.alpha) if self.alpha.is_integer() else self.alpha  # peft types it int; a float scales alike
+        return LoraConfig(r=self.rank, lora_alpha=alpha, lora_dropout=self.dropout, target_modules=targets,  # type: ignore[arg-type]
                           bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base)
 
 

@@ -51,17 +51,16 @@ async def test_reference_from_actor_equals_a_reference_daemon_and_export_loads(t
     async with local_cluster(specs) as (ctl, _):
         actor, reference, helper = await asyncio.gather(*(ctl.role(n, timeout_s=180) for n in ("actor", "reference", "helper")))
         rollout = await actor.generate(prompt_handle(["1+1=", "the cat sat", "3*3="]), n=2, seed=1)
-        await actor.update(rollout, await helper.advantages(rollout))  # the adapters move off zero
+        advantages = await helper.advantages(rollout)  # (the handle kept alive until the update has read it)
+        await actor.update(rollout, advantages)  # the adapters move off zero
         ours, theirs, policy = await asyncio.gather(
             actor.compute_ref_log_prob(rollout), reference.compute_log_prob(rollout), actor.compute_log_prob(rollout))
-        [sync] = await actor.weight_sync_report()  # the generation copy holds the merged weights
         await actor.export_hf(str(tmp_path / "hf"))
         ours, theirs, policy, batch = await asyncio.gather(
             ctl.fetch(ours), ctl.fetch(theirs), ctl.fetch(policy), ctl.fetch(rollout))
     mask = batch["response_mask"]
     assert masked_max(ours["ref_log_prob"], theirs["ref_log_prob"], mask) <= 1e-6
     assert masked_max(policy["old_log_probs"], theirs["ref_log_prob"], mask) > 1e-4  # the policy did change
-    assert sync["max_abs_diff"] < 1e-6
     # the merged folder (transformers) and the adapter folder on the base (peft): the actor's policy
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     assert masked_max(log_probs(merged, batch), policy["old_log_probs"], mask) < 1e-5

@@ -29,6 +29,7 @@ def lora_engine(spec: LoraSpec = SPEC, **engine: object) -> tuple[torch.nn.Modul
     return model, build_train_engine(model, config, spec)
 
 
+@pytest.mark.slow
 def test_only_adapters_train_and_hold_optimizer_state() -> None:
     model, engine = lora_engine()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -47,6 +48,7 @@ def test_only_adapters_train_and_hold_optimizer_state() -> None:
         "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight"
 
 
+@pytest.mark.slow
 def test_adapters_off_is_the_base_model_and_merged_weights_are_the_adapted_model() -> None:
     model, engine = lora_engine()
     batch = make_batch(model.config.vocab_size)
@@ -66,6 +68,7 @@ def test_adapters_off_is_the_base_model_and_merged_weights_are_the_adapted_model
     assert ((plain.forward_logprobs(batch) - on) * mask).abs().max() < 1e-5
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_adapters_and_optimizer_and_resumes_exactly(tmp_path: Path) -> None:
     model, engine = lora_engine()
     batch = make_batch(model.config.vocab_size)
@@ -82,6 +85,7 @@ def test_checkpoint_holds_adapters_and_optimizer_and_resumes_exactly(tmp_path: P
         assert torch.equal(p, q), n
 
 
+@pytest.mark.slow
 def test_peft_adapter_folder_loads_in_peft(tmp_path: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
