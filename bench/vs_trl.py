@@ -3,8 +3,10 @@ reward and shape, interleaved in one run (one hfrt step, then one TRL step, ...)
 
 Run: `hfrt bench vs-trl [--model tiny|smollm2-135m|DIR] [--steps N] [--warmup K] [--prompts 8]
 [--n 4] [--max-new-tokens 16] [--engine hf|vllm] [--stream-chunks K] [--max-tokens-per-micro-batch T]
-[--pack] [--trl-gradient-checkpointing] [--json] [--out FILE]`. Needs `trl` (the `bench` extra);
-without it the command says how to install it and exits 2.
+[--pack] [--trl-gradient-checkpointing] [--lora [RANK]] [--json] [--out FILE]`. Needs `trl` (the
+`bench` extra); without it the command says how to install it and exits 2. `--lora` trains LoRA
+adapters on both sides with one peft config (every linear layer, alpha --lora-alpha); hfrt then
+runs no reference daemon (the actor's adapters-off model is the reference, as TRL's with PEFT).
 
 TRL runs at its fastest: gradient checkpointing off (GRPOConfig's default in trl 1.16 is on; the
 flag turns it back on); its GRPOConfig has no padding-free or packing option. Besides step times
@@ -63,6 +65,8 @@ class Shape:
     max_tokens_per_micro_batch: int | None = None  # hfrt's token budget (actor and reference); None: rows
     pack: bool = False  # hfrt's padding-free micro-batches
     trl_gradient_checkpointing: bool = False  # TRL 1.16's GRPOConfig turns it on by default; off is its fastest
+    lora_rank: int = 0  # > 0: both sides train LoRA adapters (peft, this rank, lora_alpha, every linear layer)
+    lora_alpha: float = 32.0
 
 
 def completion_tokens(rows: Iterable[Sequence[int]], eos_ids: Collection[int], pad_id: int | None) -> int:
@@ -161,7 +165,7 @@ def _trl_run(shape: Shape, steps: int, conn: Any) -> None:
         )
         trainer = Timed(
             model=model, reward_funcs=reward, args=args,  # type: ignore[arg-type]
-            train_dataset=Dataset.from_dict(rows), processing_class=tokenizer, callbacks=[Gate()],
+            train_dataset=Dataset.from_dict(rows), processing_class=tokenizer, callbacks=[Gate()], **trl_lora(shape),
         )
         conn.send({"ready_s": time.perf_counter() - start})
         trainer.train()
@@ -216,7 +220,27 @@ def hfrt_roles(shape: Shape, engine: str) -> dict[str, dict[str, Any]]:
     if engine == "vllm":  # fp32 like everything else here (vLLM's "auto" is the model's bf16: emulated on most CPUs)
         roles["actor"]["options"]["vllm"] = {"dtype": "float32"}
     roles["reference"]["options"] |= common | {"engine": {"micro_batch_size": micro, **budget}}
+    if shape.lora_rank:  # the actor's adapters-off model is the reference (reference_from_actor): no reference daemon
+        roles["actor"]["options"]["lora"] = lora_table(shape)
+        del roles["reference"]
     return roles
+
+
+def lora_table(shape: Shape) -> dict[str, Any]:
+    """hfrt's options.lora for shape's LoRA (dropout 0, every linear layer but the head)."""
+    return {"rank": shape.lora_rank, "alpha": shape.lora_alpha, "dropout": 0.0, "target_modules": "all-linear"}
+
+
+def trl_lora(shape: Shape) -> dict[str, Any]:
+    """GRPOTrainer's peft_config for shape's LoRA: the same LoraConfig hfrt's actor builds (TRL then
+    takes reference log-probs from the model with adapters disabled, as hfrt does)."""
+    if not shape.lora_rank:
+        return {}
+    from hfrt.roles.training.lora import LoraSpec
+
+    spec = LoraSpec.read(lora_table(shape), "vs-trl --lora")
+    assert spec is not None
+    return {"peft_config": spec.peft_config()}
 
 
 def hfrt_config(shape: Shape, steps: int) -> Any:
@@ -272,7 +296,7 @@ class Recorder:
     the rows' lengths; no tensor is pulled): chunks of a streamed step are joined."""
 
     def __init__(self, reward: Any) -> None:
-        self.reward, self.parts = reward, []
+        self.reward, self.parts = reward, list[Any]()
 
     @property
     def rollout(self) -> Any:
@@ -348,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens-per-micro-batch", type=int, default=None, help="hfrt's token budget per micro-batch (actor, reference)")
     p.add_argument("--pack", action="store_true", help="hfrt's padding-free micro-batches")
     p.add_argument("--trl-gradient-checkpointing", action="store_true", help="leave TRL's default gradient checkpointing on (slower)")
+    p.add_argument("--lora", type=int, default=0, metavar="RANK", nargs="?", const=16,
+                   help="both sides train LoRA adapters of this rank (bare --lora: 16) on every linear layer, same peft config")
+    p.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha with --lora")
     add_output_flags(p)
     args = p.parse_args(argv)
     if importlib.util.find_spec("trl") is None:
@@ -360,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("warning")
     shape = Shape(args.model, args.prompts, args.n, args.max_new_tokens, args.lr, threads=args.threads,
                   stream_chunks=args.stream_chunks, max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
-                  pack=args.pack, trl_gradient_checkpointing=args.trl_gradient_checkpointing)
+                  pack=args.pack, trl_gradient_checkpointing=args.trl_gradient_checkpointing,
+                  lora_rank=args.lora, lora_alpha=args.lora_alpha)
     load_start = [round(x, 2) for x in os.getloadavg()]
     result = measure(shape, args.steps, args.warmup, args.engine)
     result |= {"steps": args.steps, "warmup": args.warmup, "shape": asdict(shape), **machine(), "load_avg_start": load_start,
