@@ -125,6 +125,7 @@ def _resharding_hybrid(
 
     config = engine.model.config
     device = torch.device(getattr(engine, "device", "cpu"))
+    train = L.Layout(train.tp, train.pp, train.dp, getattr(engine, "virtual", 1))  # stages per rank: the engine's
     groups = L.new_groups(train, gen, context.rank)
     mesh = tp_generation.gen_tp_mesh(train, gen, device.type)
     override = _table(context.options.get("parallel"), "parallel").get("tp_plan")

@@ -275,16 +275,20 @@ def check_parallel(context: DaemonContext, opts: ModelOptions, where: str | None
     Reads the model's config only, never its weights."""
     engine = opts.engine
     where = where or f"roles.{context.role}.options.engine"
+    if engine.loss_parallel:
+        from hfrt.roles.training.parallel.tp_plan import check_loss_parallel
+
+        check_loss_parallel(model_config(opts), engine.tp, where)
     if engine.tp * engine.pp == 1:
         return
     from hfrt.roles.training.parallel import pipeline, tp_plan
 
     if engine.tp < 1 or engine.pp < 1 or context.world_size % (engine.tp * engine.pp):
         raise ValueError(f"{where}: tp={engine.tp} × pp={engine.pp} does not divide the role's world_size={context.world_size}")
-    pipeline.check_schedule(engine.pp_schedule, where)
+    virtual = pipeline.stages_per_rank(engine.pp_schedule, engine.pp_stages_per_rank, engine.pp, where)
     config = model_config(opts)
     tp_plan.check_tp(config, engine.tp, where)
-    pipeline.check_pp(tp_plan.text_config(config), engine.pp, where)
+    pipeline.check_pp(tp_plan.text_config(config), engine.pp, where, virtual)
 
 
 def model_config(opts: ModelOptions) -> Any:

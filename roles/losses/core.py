@@ -149,6 +149,12 @@ def value_loss(
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the categorical distribution over the last dimension."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(logits, DTensor):  # a vocabulary-sharded head (tp loss_parallel)
+        from hfrt.roles.training.parallel import vocab
+
+        return vocab.entropy(logits)
     log_p = torch.log_softmax(logits.float(), dim=-1)
     return -(log_p.exp() * log_p).sum(dim=-1)
 

@@ -70,7 +70,7 @@ def pieces(full: dict[str, torch.Tensor], layout: Any, c: Any, dims: dict, num_l
 
     out = {}
     for n, t in full.items():
-        if not holds(n, num_layers, layout.pp, c.pp):
+        if not holds(n, num_layers, layout.pp, c.pp, layout.vpp):
             continue
         d = dims.get(n)
         if d is not None and layout.tp > 1:

@@ -4,7 +4,8 @@ with tp·pp > 1), composed from torch's own parts the way torchtitan composes th
 Mesh: (pp, dp, tp), tp innermost: rank = (pp_rank·dp_size + dp_rank)·tp_size + tp_rank, so a tp
 group is tp consecutive ranks (one node's GPUs), dp groups stride by tp, pp groups by dp·tp.
 TP: the model's transformers TP plan as DTensor (parallel/tp_plan). PP: the rank's stage of the
-model run by a torch.distributed.pipelining schedule (parallel/pipeline; gpipe or 1f1b). DP:
+model run by a torch.distributed.pipelining schedule (parallel/pipeline; gpipe, 1f1b, or
+interleaved-1f1b with v stages per rank: stage s of pp·v on rank s % pp, each its own module). DP:
 FSDP2 `fully_shard` over the dp sub-mesh (every TP piece sharded again). Checkpoints: DCP over the
 whole world, which reshards on load, so a checkpoint written at one layout loads at any other.
 A tied embedding / head held by the first and the last stage gets its gradient summed over both.
@@ -46,8 +47,8 @@ from hfrt.roles.training.engines.base import (
     position_ids_from_mask,
 )
 from hfrt.roles.training.engines.fsdp2 import _mp_policy, engine_state, restore
-from hfrt.roles.training.parallel import pipeline, tp_plan
-from hfrt.roles.training.parallel.stages import stage_layers
+from hfrt.roles.training.parallel import pipeline, tp_plan, vocab
+from hfrt.roles.training.parallel.stages import layer_stage, rank_stages
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,13 @@ class TPEngine(TrainEngine):
         super().__init__(model, config)
         lm = lm_of(model)
         tp_plan.check_tp(lm.config, config.tp, "engine")
-        pipeline.check_pp(tp_plan.text_config(lm.config), config.pp, "engine")
-        pipeline.check_schedule(config.pp_schedule, "engine")
+        if config.loss_parallel:
+            if isinstance(model, ValueModel):
+                raise ValueError("engine: loss_parallel applies to a causal LM's vocabulary head; a value model has none")
+            tp_plan.check_loss_parallel(lm.config, config.tp, "engine")
+        #: pipeline stages this rank holds (interleaved schedules: several, non-adjacent)
+        self.virtual = pipeline.stages_per_rank(config.pp_schedule, config.pp_stages_per_rank, config.pp, "engine")
+        pipeline.check_pp(tp_plan.text_config(lm.config), config.pp, "engine", self.virtual)
         self.mesh = build_mesh(config.tp, config.pp, self.device.type)
         self.tp_size, self.pp_size, self.dp_size = self.mesh.tp, self.mesh.pp, self.mesh.dp
         self.tp_rank, self.pp_rank, self.dp_rank = self.mesh.tp_rank, self.mesh.pp_rank, self.mesh.dp_rank
@@ -118,26 +124,31 @@ class TPEngine(TrainEngine):
         self.head_name = _head_name(model) if self.tied else ""
         self.owner = self._owner_stages()
         model.to(self.device)
+        num_stages = self.pp_size * self.virtual
         if self.pp_size > 1:
-            pipeline.cut_stage(model, self.pp_rank, self.pp_size)
+            pipeline.cut_stage(model, rank_stages(self.pp_size, self.pp_rank, self.virtual), num_stages)
         #: replicated parameters whose gradients are partial over tp (summed once per step)
         self.partial_grads: list[str] = []
         if self.tp_size > 1:
             prefix = "backbone." if isinstance(model, ValueModel) else ""
             override = dict(config.tp_plan or {})
-            tp_plan.apply_tp(model, self.mesh.mesh["tp"], tp_plan.resolve_plan(lm, self.tp_size, override, prefix), lm)
+            plan = tp_plan.resolve_plan(lm, self.tp_size, override, prefix, loss_parallel=config.loss_parallel)
+            tp_plan.apply_tp(model, self.mesh.mesh["tp"], plan, lm)
             self.partial_grads = tp_plan.partial_grad_names(lm, override, prefix)
         self.split_dims = tp_plan.split_dims(model)
         self.embed_group = self._tied_embedding_group()
         self.blocks = transformer_blocks(model)
-        self.stage = pipeline.StageModule(model, self.pp_rank, self.pp_size) if self.pp_size > 1 else None
+        mine = rank_stages(self.pp_size, self.pp_rank, self.virtual) if self.pp_size > 1 else []
+        self.stages = [pipeline.StageModule(model, s, num_stages) for s in mine]
+        self.stage = self.stages[0] if self.stages else None  # None: no pipeline
         self.sharded = self.dp_size > 1  # FSDP2 over the dp sub-mesh; a dp of 1 keeps plain tensors
         if self.sharded:
             policy = _mp_policy(config.mixed_precision)
             dp_mesh = self.mesh.mesh["dp"]
             for block in self.blocks:
                 fully_shard(block, mesh=dp_mesh, mp_policy=policy)
-            fully_shard(self.stage if self.stage is not None else model, mesh=dp_mesh, mp_policy=policy)
+            for root in self.stages if self.stage is not None else [model]:  # each stage its own FSDP root
+                fully_shard(root, mesh=dp_mesh, mp_policy=policy)
         self.optimizer, self.scheduler = optimizer_and_scheduler(model, config)
         self._copies = self._copies_per_param()
         #: activation size and dtype between stages (static pipeline shapes; None: inferred)
@@ -152,7 +163,7 @@ class TPEngine(TrainEngine):
         for index, names in enumerate(self.buckets):
             for name in names:
                 if index < layers:
-                    owner[name] = next(s for s in range(self.pp_size) if index in stage_layers(layers, self.pp_size, s))
+                    owner[name] = layer_stage(index, layers, self.pp_size * self.virtual) % self.pp_size
                 else:
                     owner[name] = 0 if name == self.embedding_name else self.pp_size - 1
         return owner
@@ -202,21 +213,19 @@ class TPEngine(TrainEngine):
         return out
 
     def _micro_batches(self, rows: int, size: int | None) -> int:
-        size = size or self.config.micro_batch_size
-        if size <= 0:
-            raise ValueError(f"micro_batch_size must be positive, got {size}")
-        per = -(-rows // -(-rows // size))
-        # 1F1B needs a micro-batch per stage at least: a rank with fewer rows pads more
-        return max(-(-rows // per), self.pp_size)
+        # one micro-batch per stage at least (a multiple of pp when interleaved): short ones are padded
+        return pipeline.micro_batch_count(rows, size or self.config.micro_batch_size, self.pp_size, self.config.pp_schedule)
 
     @torch.no_grad()
     def forward(
         self, batch: Batch, *, micro_batch_size: int | None = None, temperature: float = 1.0, with_entropy: bool = False
     ) -> ForwardOutput:
         if self.stage is None:
-            return super().forward(batch, micro_batch_size=micro_batch_size, temperature=temperature, with_entropy=with_entropy)
-        self.stage.eval()
-        self.stage.temperature, self.stage.with_entropy = temperature, with_entropy and not self.is_value
+            with vocab.context(self.config.loss_parallel):
+                return super().forward(batch, micro_batch_size=micro_batch_size, temperature=temperature, with_entropy=with_entropy)
+        for stage in self.stages:
+            stage.eval()
+            stage.temperature, stage.with_entropy = temperature, with_entropy and not self.is_value
         out = self._run(self._pipeline_batch(batch), micro_batch_size, None)
         if self.is_value:
             return ForwardOutput(values=out.cpu())
@@ -226,11 +235,11 @@ class TPEngine(TrainEngine):
 
     def _run(self, batch: Mapping[str, torch.Tensor], micro_batch_size: int | None, loss: Any) -> Any:
         assert self.stage is not None
-        return pipeline.run_schedule(
-            self.stage, stage=self.pp_rank, num_stages=self.pp_size, group=self.pp_group, device=self.device,
-            schedule=self.config.pp_schedule, batch=batch,
-            micro_batches=self._micro_batches(batch_rows(batch), micro_batch_size), loss=loss, hidden=self._hidden,
-        )  # fmt: skip
+        with vocab.context(self.config.loss_parallel):  # the schedule runs forwards and backwards
+            return pipeline.run_schedule(
+                self.stages, group=self.pp_group, device=self.device, schedule=self.config.pp_schedule, batch=batch,
+                micro_batches=self._micro_batches(batch_rows(batch), micro_batch_size), loss=loss, hidden=self._hidden,
+            )  # fmt: skip
 
     def step(
         self,
@@ -242,13 +251,15 @@ class TPEngine(TrainEngine):
         with_entropy: bool = False,
     ) -> dict[str, float]:
         if self.stage is None:
-            return super().step(loss_fn, batch, micro_batch_size, temperature=temperature, with_entropy=with_entropy)
+            with vocab.context(self.config.loss_parallel):  # forward and backward
+                return super().step(loss_fn, batch, micro_batch_size, temperature=temperature, with_entropy=with_entropy)
         if not self.config.trainable:
             raise RuntimeError("this engine was built with trainable=False (no optimizer)")
         scale = self.loss_scale(batch)
         full = {k: v.to(self.device) for k, v in self._pipeline_batch(batch).items()}
-        self.stage.train()
-        self.stage.temperature, self.stage.with_entropy = temperature, with_entropy and not self.is_value
+        for stage in self.stages:
+            stage.train()
+            stage.temperature, stage.with_entropy = temperature, with_entropy and not self.is_value
         self._zero_grad()
         n = self._micro_batches(batch_rows(full), micro_batch_size)
         shares = _Shares(loss_fn, full, scale, self.is_value, n)
@@ -308,9 +319,14 @@ class TPEngine(TrainEngine):
         if not self.sharded:
             return contextlib.nullcontext()
         params = dict(self.model.named_parameters(remove_duplicate=False))
-        ids = {id(params[n]) for n in names if n in params}
-        unit = next((b for b in self.blocks if ids and ids <= {id(p) for p in b.parameters()}), None)
-        return _gathered(unit if unit is not None else (self.stage if self.stage is not None else self.model))
+        held = [n for n in names if n in params]
+        if self.tied and self.embedding_name in names and self.embedding_name not in params and self.head_name in params:
+            held.append(self.head_name)  # the last stage's tied head
+        if not held:  # this stage lacks the bucket (so do its dp peers): nothing to gather
+            return contextlib.nullcontext()
+        ids = {id(params[n]) for n in held}
+        units = [*self.blocks, *(self.stages if self.stage is not None else [self.model])]
+        return _gathered(next(u for u in units if ids <= {id(p) for p in u.parameters()}))
 
     def _local_block(self, names: list[str]) -> dict[str, torch.Tensor]:
         """This rank's tp pieces of `names` its stage holds (a tied head on the last stage comes as

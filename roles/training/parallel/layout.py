@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-_TEXT = re.compile(r"^t(\d+)p(\d+)d(\d+)$")
+_TEXT = re.compile(r"^t(\d+)p(\d+)d(\d+)(?:v(\d+))?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,35 +31,37 @@ class Coords:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """tp × pp model parallelism replicated dp times; world size tp·pp·dp."""
+    """tp × pp model parallelism replicated dp times; world size tp·pp·dp. `vpp`: pipeline
+    stages per pp rank (interleaved schedules; which rank holds which layer, see stages.py)."""
 
     tp: int
     pp: int
     dp: int
+    vpp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp"):
+        for name in ("tp", "pp", "dp", "vpp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"layout {self.tp, self.pp, self.dp}: {name} must be >= 1")
 
     @staticmethod
     def parse(text: str) -> Layout:
-        """'t2p1d2' → Layout(tp=2, pp=1, dp=2)."""
+        """'t2p1d2' → Layout(tp=2, pp=1, dp=2); 't1p2d1v2': 2 stages per pipeline rank."""
         match = _TEXT.match(text.strip())
         if not match:
-            raise ValueError(f"layout {text!r}: expected 't<tp>p<pp>d<dp>', e.g. 't2p1d2'")
-        tp, pp, dp = (int(g) for g in match.groups())
-        return Layout(tp, pp, dp)
+            raise ValueError(f"layout {text!r}: expected 't<tp>p<pp>d<dp>' (optionally 'v<stages per rank>'), e.g. 't2p1d2'")
+        tp, pp, dp = (int(g) for g in match.groups()[:3])
+        return Layout(tp, pp, dp, int(match.group(4) or 1))
 
     @staticmethod
-    def for_world(world: int, tp: int = 1, pp: int = 1, where: str = "parallel") -> Layout:
+    def for_world(world: int, tp: int = 1, pp: int = 1, where: str = "parallel", vpp: int = 1) -> Layout:
         """The layout with dp following from the world size; ValueError if tp·pp does not divide it."""
         if tp < 1 or pp < 1 or world % (tp * pp):
             raise ValueError(f"{where}: tp={tp} × pp={pp} does not divide world_size={world}")
-        return Layout(tp, pp, world // (tp * pp))
+        return Layout(tp, pp, world // (tp * pp), vpp)
 
     def __str__(self) -> str:
-        return f"t{self.tp}p{self.pp}d{self.dp}"
+        return f"t{self.tp}p{self.pp}d{self.dp}" + (f"v{self.vpp}" if self.vpp > 1 else "")
 
     @property
     def world(self) -> int:
@@ -80,7 +82,7 @@ class Layout:
             from hfrt.roles.training.parallel.tp_plan import check_tp, text_config
 
             check_tp(config, self.tp, where)
-            check_pp(int(text_config(config).num_hidden_layers), self.pp, where)
+            check_pp(int(text_config(config).num_hidden_layers), self.pp, where, self.vpp)
 
 
 def train_coords(layout: Layout, rank: int) -> Coords:

@@ -92,7 +92,7 @@ class Plan:
 
 def held_rows(layout: L.Layout, c: L.Coords, name: str, params: Params, dims: Dims) -> Interval | None:
     """The rows of `name` a rank at coordinates `c` holds in `layout`; None when its stage lacks it."""
-    if not holds(name, params.num_layers, layout.pp, c.pp):
+    if not holds(name, params.num_layers, layout.pp, c.pp, layout.vpp):
         return None
     return interval(params, dims, name, layout.tp, c.tp)
 

@@ -6,8 +6,10 @@ The plan is transformers' (`model.tp_plan`, from `config.base_model_tp_plan` and
 `_tp_plan`), so every family transformers parallelises works here without a table of module names;
 a user may override entries (`options.parallel.tp_plan`). hfrt changes the plan in one way: when
 tp does not divide the vocabulary, the embedding and head stay replicated (transformers refuses a
-gathered uneven head). Pieces follow DTensor's Shard rule (torch.chunk: ceil-sized chunks, the
-last ones shorter). It knows nothing of engines, pipelines, data parallelism or generation.
+gathered uneven head). With `loss_parallel` the head's logits stay split over the vocabulary (the
+style LOSS_PARALLEL_HEAD, registered with transformers under that name; see parallel/vocab).
+Pieces follow DTensor's Shard rule (torch.chunk: ceil-sized chunks, the last ones shorter). It
+knows nothing of engines, pipelines, data parallelism or generation.
 """
 
 from __future__ import annotations
@@ -24,6 +26,20 @@ PARTIAL_GRAD_STYLES = ("replicated_with_grad_allreduce",)
 
 #: plan entries for the vocabulary (kept replicated when tp does not divide the vocabulary)
 _VOCAB_KEYS = ("embed_tokens", "lm_head", "embed_in", "embed_out", "wte")
+#: output-head module names (the ones whose logits loss_parallel keeps vocabulary-sharded)
+_HEAD_KEYS = ("lm_head", "embed_out")
+#: the head's style under loss_parallel: column-parallel, the logits left a DTensor split over the
+#: vocabulary (transformers' "colwise" hands back the local shard, "colwise_gather_output" gathers)
+LOSS_PARALLEL_HEAD = "hfrt_colwise_vocab_sharded"
+
+
+def _register_head_style() -> None:
+    from torch.distributed.tensor import Replicate, Shard
+    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES, ColwiseParallel, ParallelInterface
+
+    if LOSS_PARALLEL_HEAD not in ALL_PARALLEL_STYLES:
+        style = ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
+        ParallelInterface.register(LOSS_PARALLEL_HEAD, style)  # type: ignore[arg-type]
 
 
 class PlanError(ValueError):
@@ -65,14 +81,33 @@ def check_tp(config: Any, tp: int, where: str = "parallel") -> None:
             raise PlanError(f"{where}: tp={tp} does not divide the model's {size} {what} ({family})")
 
 
-def resolve_plan(model: nn.Module, tp: int, override: Mapping[str, str] | None = None, prefix: str = "") -> dict[str, str]:
+def check_loss_parallel(config: Any, tp: int, where: str = "parallel") -> None:
+    """Refuse loss_parallel where it cannot apply: tp = 1 (nothing is split), a vocabulary tp does
+    not divide (the head then stays whole), a head tied to the input embedding. Config only."""
+    cfg = text_config(config)
+    vocab = int(cfg.vocab_size)
+    if tp < 2:
+        raise PlanError(f"{where}: loss_parallel needs tp > 1 (the head's vocabulary is split over tp ranks); got tp={tp}")
+    if vocab % tp:
+        raise PlanError(f"{where}: loss_parallel needs tp to divide the vocabulary: tp={tp} does not divide {vocab}")
+    if getattr(config, "tie_word_embeddings", False) or getattr(cfg, "tie_word_embeddings", False):
+        raise PlanError(f"{where}: loss_parallel needs an untied head; this model ties lm_head to the input embedding")
+
+
+def resolve_plan(
+    model: nn.Module, tp: int, override: Mapping[str, str] | None = None, prefix: str = "", *, loss_parallel: bool = False
+) -> dict[str, str]:
     """The TP plan for `model` (a transformers PreTrainedModel): its own plan, then `override`
-    entries; the vocabulary entries dropped when tp does not divide the vocabulary. `prefix` names
-    the causal LM inside a wrapper (a value model's "backbone.")."""
+    entries; the vocabulary entries dropped when tp does not divide the vocabulary; with
+    `loss_parallel` the head's entry LOSS_PARALLEL_HEAD. `prefix` names the causal LM inside a
+    wrapper (a value model's "backbone.")."""
     plan = _full_plan(model, override)
     vocab = int(text_config(model.config).vocab_size)
     if vocab % tp:
         plan = {k: v for k, v in plan.items() if not any(k.split(".")[-1] == key for key in _VOCAB_KEYS)}
+    elif loss_parallel:
+        _register_head_style()
+        plan = {k: LOSS_PARALLEL_HEAD if k.split(".")[-1] in _HEAD_KEYS else v for k, v in plan.items()}
     return {f"{prefix}{k}": v for k, v in plan.items() if v not in PARTIAL_GRAD_STYLES}
 
 
