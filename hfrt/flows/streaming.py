@@ -84,8 +84,9 @@ async def streamed_experience(
         names = list(started)
         results = await asyncio.gather(*(finish(name, started[name]) for name in names))
     except BaseException:
-        for future in [*pending, *(f for calls in started.values() for f in calls)]:
-            future.cancel()
+        everything: list[asyncio.Future[Any]] = [*pending, *(f for calls in started.values() for f in calls)]
+        for call in everything:
+            call.cancel()
         raise
     t.timings["timing/stage2_s"] = time.perf_counter() - generated
     t.timings["timing/stage2_streamed_s"] = generated - first_score if chunks > 1 and first_score else 0.0
