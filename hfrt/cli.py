@@ -17,7 +17,7 @@ BENCHES = {
     "step": "hfrt.bench.step", "memory": "hfrt.bench.memory",
     "vs-trl": "hfrt.bench.vs_trl", "reshard": "hfrt.bench.reshard", "openai-serve": "hfrt.bench.openai_serve",
     "recovery": "hfrt.bench.recovery_cost", "pipeline": "hfrt.bench.pipeline",
-    "token-budget": "hfrt.bench.token_budget",
+    "token-budget": "hfrt.bench.token_budget", "lora-sync": "hfrt.bench.lora_sync",
 }
 
 
