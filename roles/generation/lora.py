@@ -127,7 +127,10 @@ def adapter_vllm_engine(config: Any, spec: LoraSpec, *, pad_token_id: int, nativ
 
     class AdapterVLLMGeneration(VLLMGenerationEngine):
         """vLLM with `enable_lora`: the base weights are vLLM's own (loaded once from model_dir);
-        each push becomes a new LoRA adapter, the only one kept, and every rollout samples with it."""
+        each push becomes a new LoRA adapter, the only one kept, and every rollout samples with it.
+        Sleep (CUDA only) offloads the base to host memory: it is never pushed again."""
+
+        sleep_level = 1
 
         def __init__(self) -> None:
             self.spec = spec
@@ -158,13 +161,6 @@ def adapter_vllm_engine(config: Any, spec: LoraSpec, *, pad_token_id: int, nativ
             self.request = request
             self.llm.reset_prefix_cache()
 
-        def sleep(self) -> None:
-            """Level 1 (CUDA only, as the base class): weights offloaded to host memory and back on
-            wake, since adapter sync never pushes the base again; the KV cache is dropped."""
-            if self._sleep_mode and not self._asleep:
-                self.llm.sleep(level=1)
-                self._asleep = self._kv_asleep = True
-
         def close(self) -> None:
             super().close()
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -173,7 +169,10 @@ def adapter_vllm_engine(config: Any, spec: LoraSpec, *, pad_token_id: int, nativ
         """vLLM without LoRA layers: a push merges W0 + alpha/r·B·A here for every adapted module
         (and W0 for the rest of a fused qkv / gate_up group, which vLLM reloads whole) and reloads
         those weights in place; vLLM's layer-wise reload keeps the layers that got nothing. W0
-        comes from the model folder's safetensors, memory-mapped (no resident second copy)."""
+        comes from the model folder's safetensors, memory-mapped (no resident second copy). Sleep
+        (CUDA only) offloads the weights to host memory: a push replaces the adapted layers only."""
+
+        sleep_level = 1
 
         def __init__(self) -> None:
             self.spec = spec
@@ -191,11 +190,6 @@ def adapter_vllm_engine(config: Any, spec: LoraSpec, *, pad_token_id: int, nativ
             finally:
                 self._quiet.on = False
 
-        def sleep(self) -> None:
-            """Level 1 (CUDA only): the base is never pushed again, so weights are offloaded, not dropped."""
-            if self._sleep_mode and not self._asleep:
-                self.llm.sleep(level=1)
-                self._asleep = self._kv_asleep = True
 
     use_native = torch.cuda.is_available() if native is None else native
     engine: Any = AdapterVLLMGeneration() if use_native else MergedVLLMGeneration()

@@ -188,10 +188,14 @@ class VLLMGenerationEngine:
         _unlink(self._cpushm)
 
     # ---- memory
+    #: vLLM sleep level: 2 drops weights and KV cache; 1 (an engine whose base is never pushed again,
+    #: roles/generation/lora.py) offloads the weights to host memory and back on wake
+    sleep_level = 2
+
     def sleep(self) -> None:
         """Level 2: drop weights and KV cache (weights are pushed again after wake)."""
         if self._sleep_mode and not self._asleep:
-            self.llm.sleep(level=2)
+            self.llm.sleep(level=self.sleep_level)
             self._asleep = self._kv_asleep = True
 
     def wake(self) -> None:
