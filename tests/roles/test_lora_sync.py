@@ -40,6 +40,7 @@ def full_bytes(engine: Any) -> int:
     return sum(t.numel() * t.element_size() for bucket in engine.state_dict_for_generation() for t in bucket.values())
 
 
+@pytest.mark.slow
 def test_the_hybrid_pushes_adapters_only_and_samples_as_training_computes() -> None:
     tok = load_tokenizer("tiny")
     model = load_model(ModelConfig("tiny"))
