@@ -53,9 +53,10 @@ def eval_flow(rows: Sequence[dict[str, Any]], args: argparse.Namespace, into: di
         limits = ServerLimits(max_tokens=args.max_new_tokens, max_prompt_tokens=args.max_total_tokens - args.max_new_tokens,
                               long_request_tokens=10**9)
         key = secrets.token_urlsafe(16)
-        async with OpenAIServer(rollout, model="policy", batch_size=args.threads, flush_after_s=0.1, limits=limits, api_key=key) as server:
+        async with OpenAIServer(rollout, model="policy", batch_size=args.threads, flush_after_s=0.1, limits=limits, api_key=key,
+                                timeout_s=3600.0) as server:  # one round of many conversations may be slow on a busy CPU
             call = DriverCall(base_url=server.url, api_key=key, model="policy", session="", sample={}, max_tokens=args.max_new_tokens,
-                              temperature=args.temperature, max_steps=args.max_steps, timeout_s=600.0,
+                              temperature=args.temperature, max_steps=args.max_steps, timeout_s=3600.0,
                               stop=(args.stop,) if args.stop else ())
             start = time.perf_counter()
             episodes = await run_external(server, driver, reward, samples, call, tag="eval-", threads=args.threads)

@@ -24,6 +24,7 @@ from hfrt.flows.agent.loop import agent_metrics, assemble
 from hfrt.flows.agent.openai.server import OpenAIServer, ServerLimits
 from hfrt.flows.agent.openai.tools import parser_for
 from hfrt.flows.async_steps import run_and_close
+from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.grpo_family import train_on
 from hfrt.flows.pipeline import WeightSync
 from hfrt.flows.timing import StageTimer
@@ -130,5 +131,6 @@ async def flow(ctl: Any, config: AgentOpenAIConfig | dict[str, Any]) -> dict[str
                           request_timeout_s=cfg.sample_timeout_s, long_request_tokens=10**9)
     batch = cfg.agent_threads or cfg.n * cfg.prompts_per_step
     async with OpenAIServer(generator, model="policy", batch_size=batch, flush_after_s=0.1, limits=limits,
-                            api_key=secrets.token_urlsafe(16), tool_parser=cfg.tool_parser) as server:
+                            api_key=secrets.token_urlsafe(16), tool_parser=cfg.tool_parser,
+                            timeout_s=max(CALL_TIMEOUT_S, cfg.sample_timeout_s)) as server:  # a round may be slow on a busy CPU
         return await run_and_close(trainer, OpenAISteps(cfg, roles, server))

@@ -19,15 +19,13 @@ from hfrt.flows.agent.external import DriverCall
 from hfrt.flows.recipes.agent_calc import calculator as evaluate
 from hfrt.flows.tasks import leading_number
 
-#: the system prompt: what the tools are and one worked example in the form the agent's memory
-#: renders (a tool call, then "Observation:" as a user turn); the endpoint parses the calls
+#: the system prompt: the two calls of a worked example, in the form the endpoint parses (the
+#: tools' schemas reach the model only if its chat template renders `tools`; SmolLM2's does not)
 SYSTEM_PROMPT = (
-    "Solve the task by calling tools, one call per reply, as JSON in <tool_call> tags.\n"
-    "First call the calculator, e.g. for 23+45:\n"
+    "Call one tool per reply. First the calculator, e.g. for 23+45:\n"
     '<tool_call>\n{"name": "calculator", "arguments": {"expression": "23+45"}}\n</tool_call>\n'
-    "After \"Observation: 68\", reply with the final answer:\n"
-    '<tool_call>\n{"name": "final_answer", "arguments": {"answer": "68"}}\n</tool_call>\n'
-    "Tools:{%- for tool in tools.values() %} {{ tool.name }}: {{ tool.description }}{%- endfor %}"
+    "After \"Observation: 68\", the final answer:\n"
+    '<tool_call>\n{"name": "final_answer", "arguments": {"answer": "68"}}\n</tool_call>'
 )
 FINAL_PRE = "Answer the task from this memory:"
 FINAL_POST = "Task: {{task}}\nThe answer is:"
