@@ -4,8 +4,9 @@ data-parallel rank), each micro-batch trimmed to its own longest row or packed i
 padding-free sequence, and outputs put back at full width in the original row order.
 
 Budget rule (`max_tokens_per_micro_batch`): a trimmed micro-batch costs rows × (its longest
-prompt + its longest response) tokens, a packed one the sum of its rows' real tokens; rows are
-added longest first while the cost stays within the budget. A row longer than the budget on its
+prompt + its longest response) tokens, a packed one the sum of its rows' real tokens. Rows are
+taken longest first; trimmed, they are cut into consecutive runs, the fewest within the budget
+and of those the least padded; packed, each goes into the first micro-batch with room. A row longer than the budget on its
 own (because of its response) is a micro-batch of its own; a prompt longer than the budget is
 refused, naming the row. Packing needs rows laid out as engines/base.py's batch (real tokens
 contiguous, positions 0, 1, ...) and a prompt token before the response; a batch that is not so
@@ -91,7 +92,7 @@ def plan(
     lengths: Lengths, *, budget: int | None, rows_per_micro: int, packed: bool, unit: int = 1
 ) -> list[list[int]]:
     """Row indices of each micro-batch. No budget: consecutive blocks of rows_per_micro rows.
-    With a budget: rows longest first, greedily while the cost fits (see the module docstring).
+    With a budget: rows longest first, as the module docstring says.
     `unit`: rows that must stay together and in order (e.g. 2 for chosen / rejected pairs)."""
     rows = len(lengths.prompt)
     if budget is None:
@@ -107,16 +108,45 @@ def plan(
             )
     units = [list(range(start, min(start + unit, rows))) for start in range(0, rows, unit)]
     units.sort(key=lambda u: -max(lengths.total(r) for r in u))  # stable: equal lengths keep row order
+    if not packed:
+        return _fewest_then_least(units, lengths, budget)
     groups: list[list[int]] = []
-    for members in units:
-        if packed:  # first fit: any earlier micro-batch with room
-            home = next((g for g in groups if cost(lengths, g + members, True) <= budget), None)
-        else:  # longest first, so only the newest micro-batch can still have room
-            home = groups[-1] if groups and cost(lengths, groups[-1] + members, False) <= budget else None
+    for members in units:  # first fit: the first micro-batch with room
+        home = next((g for g in groups if cost(lengths, g + members, True) <= budget), None)
         if home is None:
             groups.append(list(members))
         else:
             home.extend(members)
+    return groups
+
+
+def _fewest_then_least(units: list[list[int]], lengths: Lengths, budget: int) -> list[list[int]]:
+    """Consecutive runs of the (longest-first) units: the fewest micro-batches within the budget
+    (a unit over it alone), and of those the fewest padded token slots (dynamic programming over
+    where each run ends; a run's cost only grows as it reaches back, so each search stops early)."""
+    best: list[tuple[int, int]] = [(0, 0)]
+    start: list[int] = [0]
+    for end in range(1, len(units) + 1):
+        choice: tuple[int, int] | None = None
+        rows = p = r = 0
+        for first in range(end - 1, -1, -1):
+            rows += len(units[first])
+            p = max(p, *(lengths.prompt[i] for i in units[first]))
+            r = max(r, *(lengths.response[i] for i in units[first]))
+            slots = rows * (p + r)
+            if slots > budget and first < end - 1:
+                break
+            candidate = (best[first][0] + 1, best[first][1] + slots)
+            if choice is None or candidate < choice:
+                choice, cut = candidate, first
+        assert choice is not None
+        best.append(choice)
+        start.append(cut)
+    groups: list[list[int]] = []
+    end = len(units)
+    while end > 0:
+        groups.insert(0, [i for u in units[start[end] : end] for i in u])
+        end = start[end]
     return groups
 
 

@@ -102,6 +102,9 @@ def test_plan_groups_by_length_under_the_budget() -> None:
     with pytest.raises(ValueError, match=r"max_tokens_per_micro_batch=10 is smaller than row 1's prompt \(20 tokens\)"):
         batching.plan(lengths, budget=10, rows_per_micro=0, packed=False)
     assert batching.plan(lengths, budget=None, rows_per_micro=3, packed=False) == [[0, 1, 2], [3]]
+    # of the plans with the fewest micro-batches, the least padding: not [50, 10] + 7 × [10] (170 slots)
+    flat = batching.Lengths([0] * 9, [50] + [10] * 8)
+    assert batching.plan(flat, budget=100, rows_per_micro=0, packed=False) == [[0], list(range(1, 9))]
 
 
 def test_split_to_the_group_count_and_pairs_stay_together() -> None:
