@@ -272,7 +272,9 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start
     hfrt_ready = time.perf_counter() - start
     ready = await asyncio.to_thread(trl.receive)
     rows = prompt_rows(shape, steps)
-    tokenizer = load_tokenizer(shape.model, shape.seed)
+    # off the event loop: SmolLM2's tokenizer takes ~20 s to build on a loaded 2-core machine, and a
+    # controller that sends no heartbeat for 30 s has its daemons exit as orphans
+    tokenizer = await asyncio.to_thread(load_tokenizer, shape.model, shape.seed)
     engine = hfrt_roles(shape, "hf")["actor"]["options"]["engine"]
     rss = DaemonRSS(exclude=[trl.proc.pid] if trl.proc.pid else [])
     rss.start()
