@@ -1,10 +1,12 @@
-"""Pipeline and parallel-engine benchmark: the peak activation memory of a training step under the
-1F1B and GPipe schedules (pp=2, the same micro-batches), and the median step time of the
+"""Pipeline and parallel-engine benchmark: the peak activation memory and step time of a training
+step under the GPipe, 1F1B and interleaved 1F1B schedules (pp=2, the same micro-batches; interleaved
+with 2 stages per rank), and the median step time of the
 tp × pp × dp engine at several layouts, optionally beside another checkout of hfrt measured in the
 same run (`--baseline-tree`, e.g. the commit before the engine moved onto torch's parallelism).
 
-Run: `hfrt bench pipeline [--micro-batches 8] [--layouts t2p1d1 t1p2d1 t1p1d2] [--steps 5]
-[--baseline-tree DIR] [--json] [--out FILE]`. Every measurement starts its own ranks (one process
+Run: `hfrt bench pipeline [--micro-batches 8] [--schedules gpipe 1f1b interleaved-1f1b]
+[--layouts t2p1d1 t1p2d1 t1p1d2 t1p2d1v2] [--steps 5] [--baseline-tree DIR] [--json] [--out FILE]`
+(a layout's `v2`: interleaved 1F1B with 2 stages per pipeline rank). Every measurement starts its own ranks (one process
 each, gloo on CPU, NCCL with CUDA) running a random Llama-shaped model built in code; rank
 processes import hfrt from the tree given (PYTHONPATH), so a baseline tree needs `hfrt/roles`,
 `hfrt/protocols`, ... reachable as packages (see --help). Peak memory is reported two ways, the
@@ -48,6 +50,8 @@ cfg = LlamaConfig(vocab_size=512, hidden_size=args["hidden"], intermediate_size=
 torch.manual_seed(0)
 model = AutoModelForCausalLM.from_config(cfg)
 extra = {"pp_schedule": args["schedule"]} if "pp_schedule" in EngineConfig.__dataclass_fields__ else {}
+if args.get("virtual", 1) > 1:
+    extra["pp_stages_per_rank"] = args["virtual"]
 engine = build_train_engine(model, EngineConfig(backend="tp", tp=args["tp"], pp=args["pp"],
                             micro_batch_size=args["micro_batch_size"], optim=OptimConfig(lr=1e-5), **extra))
 rows, length, width = args["rows"] // engine.dp_size, args["seq"], args["seq"] // 2
@@ -124,14 +128,25 @@ def measure(settings: dict[str, Any], tree: str | None) -> dict[str, Any]:
     return {"step_s": round(step_s, 4), "peak_rss_rise_mb": round(peak, 1), "peak_saved_for_backward_mb": round(saved, 1)}
 
 
-def parse_layout(text: str) -> tuple[int, int, int]:
+#: the schedules the memory comparison runs (interleaved: 2 stages per pipeline rank)
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+def parse_layout(text: str) -> tuple[int, int, int, int]:
+    """'t1p2d1' → (1, 2, 1, 1); 't1p2d1v2' → (1, 2, 1, 2): interleaved 1F1B, 2 stages per rank."""
     import re
 
-    match = re.fullmatch(r"t(\d+)p(\d+)d(\d+)", text)
+    match = re.fullmatch(r"t(\d+)p(\d+)d(\d+)(?:v(\d+))?", text)
     if not match:
-        raise argparse.ArgumentTypeError(f"layout {text!r}: expected t<tp>p<pp>d<dp>, e.g. t2p1d1")
-    tp, pp, dp = (int(g) for g in match.groups())
-    return tp, pp, dp
+        raise argparse.ArgumentTypeError(f"layout {text!r}: expected t<tp>p<pp>d<dp>[v<stages per rank>], e.g. t2p1d1")
+    tp, pp, dp = (int(g) for g in match.groups()[:3])
+    return tp, pp, dp, int(match.group(4) or 1)
+
+
+def schedule_settings(schedule: str, micro_batches: int) -> dict[str, Any]:
+    """pp=2 with `micro_batches` micro-batches of 2 rows under `schedule`."""
+    virtual = 2 if schedule == "interleaved-1f1b" else 1
+    return {"tp": 1, "pp": 2, "dp": 1, "schedule": schedule, "virtual": virtual, "rows": 2 * micro_batches, "micro_batch_size": 2}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=256, help="tokens per row (half of them response)")
     parser.add_argument("--hidden", type=int, default=256, help="hidden size of the random Llama model")
     parser.add_argument("--layers", type=int, default=4, help="decoder layers")
-    parser.add_argument("--layouts", nargs="+", type=parse_layout, default=[(2, 1, 1), (1, 2, 1), (1, 1, 2)],
-                        help="layouts of the step-time comparison")  # fmt: skip
+    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
+                        help="schedules of the memory comparison (pp=2)")  # fmt: skip
+    parser.add_argument("--layouts", nargs="+", type=parse_layout, default=[(2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1)],
+                        help="layouts of the step-time comparison (t1p2d1v2: interleaved, 2 stages per rank)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=5, help="timed steps per measurement (after one warm-up)")
     parser.add_argument("--baseline-tree", help="another hfrt checkout whose engine is timed beside this one "
                         "(a folder holding an `hfrt` package with roles/, protocols/ ... inside it)")  # fmt: skip
@@ -149,21 +166,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     common = {"seq": args.seq, "hidden": args.hidden, "layers": args.layers, "steps": args.steps}
     result: dict[str, Any] = {"machine": machine(), "settings": common | {"micro_batches": args.micro_batches}}
-    memory = {}
-    for schedule in ("gpipe", "1f1b"):
-        settings = common | {"tp": 1, "pp": 2, "dp": 1, "schedule": schedule, "rows": 2 * args.micro_batches,
-                             "micro_batch_size": 2}  # fmt: skip
-        memory[schedule] = measure(settings, None)
+    memory: dict[str, Any] = {}
+    for schedule in args.schedules:
+        memory[schedule] = measure(common | schedule_settings(schedule, args.micro_batches), None)
         m = memory[schedule]
-        print(f"pp=2 {schedule:6s} {args.micro_batches} micro-batches: activations held for backward at most "
+        print(f"pp=2 {schedule:16s} {args.micro_batches} micro-batches: activations held for backward at most "
               f"{m['peak_saved_for_backward_mb']} MB, RSS +{m['peak_rss_rise_mb']} MB, step {m['step_s']} s", flush=True)
-    ratio = memory["1f1b"]["peak_saved_for_backward_mb"] / max(memory["gpipe"]["peak_saved_for_backward_mb"], 1e-9)
-    memory["saved_ratio_1f1b_vs_gpipe"] = round(ratio, 3)
+    for a, b in (("1f1b", "gpipe"), ("interleaved-1f1b", "1f1b")):
+        if a in memory and b in memory:
+            ratio = memory[a]["peak_saved_for_backward_mb"] / max(memory[b]["peak_saved_for_backward_mb"], 1e-9)
+            memory[f"saved_ratio_{a}_vs_{b}"] = round(ratio, 3)
+            memory[f"step_ratio_{a}_vs_{b}"] = round(memory[a]["step_s"] / memory[b]["step_s"], 3)
     result["memory"] = memory
     timing = {}
-    for tp, pp, dp in args.layouts:
-        name = f"t{tp}p{pp}d{dp}"
-        settings = common | {"tp": tp, "pp": pp, "dp": dp, "schedule": "1f1b", "rows": 8, "micro_batch_size": 2}
+    for tp, pp, dp, virtual in args.layouts:
+        name = f"t{tp}p{pp}d{dp}" + (f"v{virtual}" if virtual > 1 else "")
+        schedule = "interleaved-1f1b" if virtual > 1 else "1f1b"
+        settings = common | {"tp": tp, "pp": pp, "dp": dp, "schedule": schedule, "virtual": virtual, "rows": 8,
+                             "micro_batch_size": 2}  # fmt: skip
         row = {"new": measure(settings, None)}
         if args.baseline_tree:
             row["baseline"] = measure(settings, str(Path(args.baseline_tree).resolve()))
