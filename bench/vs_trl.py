@@ -311,7 +311,7 @@ class Recorder:
         return self.reward.score(rollout, **kwargs)
 
 
-def measure(shape: Shape, steps: int, warmup: int, engine: str) -> dict[str, Any]:
+def measure(shape: Shape, steps: int, warmup: int, engine: str, keep: str | None = None) -> dict[str, Any]:
     """Start hfrt's daemons and the TRL process, run warmup + steps interleaved steps, summarize."""
     from hfrt.flows import Flow
     from hfrt.session import run_flow
@@ -325,8 +325,11 @@ def measure(shape: Shape, steps: int, warmup: int, engine: str) -> dict[str, Any
         async def flow(ctl: Any, _config: dict[str, Any]) -> dict[str, Any]:
             return await interleaved(ctl, shape, total, trl, start)
 
-        with tempfile.TemporaryDirectory(prefix="hfrt-vs-trl-run-") as run_dir:
-            out = run(run_flow(Flow("bench-vs-trl", flow, hfrt_roles(shape, engine)), run_dir=Path(run_dir), config={}))
+        if keep:  # the daemons' logs stay in this folder
+            out = run(run_flow(Flow("bench-vs-trl", flow, hfrt_roles(shape, engine)), run_dir=Path(keep), config={}))
+        else:
+            with tempfile.TemporaryDirectory(prefix="hfrt-vs-trl-run-") as run_dir:
+                out = run(run_flow(Flow("bench-vs-trl", flow, hfrt_roles(shape, engine)), run_dir=Path(run_dir), config={}))
     finally:
         trl.close()
     return summarize(out, warmup) | {"model": shape.model, "engine": engine}
@@ -377,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lora", type=int, default=0, metavar="RANK", nargs="?", const=16,
                    help="both sides train LoRA adapters of this rank (bare --lora: 16) on every linear layer, same peft config")
     p.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha with --lora")
+    p.add_argument("--run-dir", help="keep hfrt's run folder (daemon logs) here instead of a temporary one")
     add_output_flags(p)
     args = p.parse_args(argv)
     if importlib.util.find_spec("trl") is None:
@@ -392,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                   pack=args.pack, trl_gradient_checkpointing=args.trl_gradient_checkpointing,
                   lora_rank=args.lora, lora_alpha=args.lora_alpha)
     load_start = [round(x, 2) for x in os.getloadavg()]
-    result = measure(shape, args.steps, args.warmup, args.engine)
+    result = measure(shape, args.steps, args.warmup, args.engine, args.run_dir)
     result |= {"steps": args.steps, "warmup": args.warmup, "shape": asdict(shape), **machine(), "load_avg_start": load_start,
                "trl_padding_free": "GRPOConfig (trl 1.16) has no padding-free or packing option; completions are right-padded to the longest"}
     print(f"{'':<24}{'hfrt':>10}{'TRL':>10}")
