@@ -159,6 +159,7 @@ def test_budget_checked_before_launch_and_refused_with_pipeline_stages() -> None
 # ------------------------------------------------------------------------------------ exactness
 
 
+@pytest.mark.slow
 def test_forward_outputs_match_one_padded_micro_batch_in_row_order() -> None:
     model = load_model(ModelConfig("tiny"))
     batch = make_batch(model.config.vocab_size)
