@@ -50,5 +50,27 @@ def lora_step(rank: int, world: int, *, out_dir: Path, backend: str, zero_stage:
     return {
         "metrics": metrics, "adapters": adapters, "optimizer_numel": numel,
         "ref_vs_base": float(((ref - base.forward_logprobs(batch)) * batch["response_mask"]).abs().max()),
-        "after_save": again, "after_load": replay,
+        "after_save": again, "after_load": replay, "critic": critic_steps(config, batch, out_dir),
     }
+
+
+def critic_steps(config: Any, batch: dict[str, torch.Tensor], out_dir: Path) -> dict[str, Any]:
+    """A LoRA value model (adapters in the backbone, the head in full): two value-loss steps, then
+    save → step → load → step."""
+    from hfrt.roles.losses import value_loss
+    from hfrt.roles.models import ModelConfig, load_model
+    from hfrt.roles.training import lora
+    from hfrt.roles.training.engines import build_train_engine
+
+    engine = build_train_engine(load_model(ModelConfig("tiny", value_head=True)), config, lora.LoraSpec(rank=4, alpha=8.0))
+    batch = dict(batch, returns=torch.ones_like(batch["advantages"]))
+    batch["old_values"] = engine.forward_values(batch)
+
+    def loss(out: Any, mb: Any, scale: Any) -> Any:
+        return value_loss(out.values, mb["returns"], mb["old_values"], mb["response_mask"], 10.0, scale=scale)
+
+    losses = [engine.step(loss, batch)["loss"] for _ in range(2)]
+    path = engine.save(out_dir / "critic")
+    again = engine.step(loss, batch)["loss"]
+    engine.load(path)
+    return {"losses": losses, "after_save": again, "after_load": engine.step(loss, batch)["loss"]}

@@ -2,7 +2,7 @@
 and hold optimizer state, adapters off give the base model's log-probs, merged weights compute
 what the adapted model does, checkpoints hold adapters + optimizer and resume exactly, the PEFT
 adapter folder loads in peft, and bad settings are refused naming what is wrong; FSDP2 and
-DeepSpeed with 2 real ranks against the one-process LoRA step."""
+DeepSpeed with 2 real ranks (a LoRA actor and a LoRA critic) against the one-process LoRA steps."""
 
 from __future__ import annotations
 
@@ -158,6 +158,9 @@ def test_two_ranks_train_lora_like_one_process(tmp_path: Path, one_process: dict
             assert torch.allclose(res["adapters"][name], value, atol=2e-6), name
         assert res["ref_vs_base"] <= 1e-6
         assert res["after_load"]["loss"] == res["after_save"]["loss"]
+        critic = res["critic"]  # LoRA critic: adapters + a value head that trains, sharded the same way
+        assert critic["losses"] == pytest.approx(one_process["critic"]["losses"], abs=1e-6)
+        assert critic["losses"][1] < critic["losses"][0] and critic["after_load"] == critic["after_save"]
     # AdamW state over the adapters only, split over the ranks (ZeRO may pad its flat partitions)
     total = sum(res["optimizer_numel"] for res in results)
     assert one_process["optimizer_numel"] <= total <= one_process["optimizer_numel"] + 1024
