@@ -137,6 +137,19 @@ def test_counts_of_smollm2_at_rank_16() -> None:
     assert 0.02 < found["adapter"] / found["parameters"] < 0.05, found
 
 
+def test_the_fit_check_counts_a_frozen_base() -> None:
+    """SmolLM2-135M on one rank: full fine-tuning needs weights + grads + AdamW (~2 GiB), LoRA the
+    weights and what trains (~0.6 GiB); 1000 MiB passes the second only."""
+    from hfrt.daemon.base import DaemonContext
+    from hfrt.roles.common import ModelDoesNotFit, ModelOptions, check_fits
+
+    options = {"model": "smollm2-135m", "memory_limit_mb": 1000}
+    context = DaemonContext("actor", 0, 1, options=options)
+    check_fits(context, ModelOptions.read(options | {"lora": {"rank": 16}}, trainable=True))
+    with pytest.raises(ModelDoesNotFit, match=r"needs at least 205\d\.\d MiB"):
+        check_fits(context, ModelOptions.read(options, trainable=True))
+
+
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed")
 
 
