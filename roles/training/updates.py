@@ -6,7 +6,9 @@ The role supplies `make_loss(scale, shares)`: a LossFn for one mini-batch that r
 (global token / sequence counts of that mini-batch over all ranks, padding excluded) instead of
 the engine's own, and may add loss terms to `shares` (e.g. "actor/pg_loss"); shares are summed
 over micro-batches and averaged over ranks, which gives each term's value over the global
-mini-batch. It knows nothing of which loss is computed, of models, or of the wire.
+mini-batch. Because `scale` is global, how the engine cuts a mini-batch into micro-batches (rows,
+a token budget, trimmed or packed: training/batching.py) leaves the loss and its gradient
+unchanged. It knows nothing of which loss is computed, of models, or of the wire.
 """
 
 from __future__ import annotations
