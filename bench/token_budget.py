@@ -1,6 +1,6 @@
 """Token-budget benchmark: on one varied-length batch (prompts and responses of very different
-lengths, seeded), the padding fraction and the median time of a training step and of a log-prob
-forward for four ways of cutting it into micro-batches — `padded` (micro_batch_size rows, each at
+lengths, seeded), the padding fraction, the median time of a training step and of a log-prob
+forward, and the most activation bytes autograd holds for backward at once, for four ways of cutting it into micro-batches — `padded` (micro_batch_size rows, each at
 the batch's full width: hfrt before issue 23), `trimmed` (the same rows, each micro-batch cut to
 its own longest prompt and response: the default now), `budget` (max_tokens_per_micro_batch,
 trimmed) and `packed` (the budget, pack = true) — interleaved in one run, ratios against `padded`.
@@ -64,6 +64,27 @@ def padded_micro_batches(batch: dict[str, Any], size: int) -> list[Any]:
     return out
 
 
+def saved_for_backward(run: Any) -> int:
+    """The most bytes of tensors autograd held for backward at once while `run()` ran (counted
+    through saved-tensor hooks; the weights a layer saves count too, the same for every way)."""
+    import torch
+
+    held = [0, 0]
+
+    class Saved:
+        def __init__(self, t: Any) -> None:
+            self.t, self.n = t, t.numel() * t.element_size()
+            held[0] += self.n
+            held[1] = max(held[1], held[0])
+
+        def __del__(self) -> None:
+            held[0] -= self.n
+
+    with torch.autograd.graph.saved_tensors_hooks(Saved, lambda s: s.t):
+        run()
+    return held[1]
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -108,6 +129,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             start = time.perf_counter()
             engine.forward_logprobs(batch)
             result[way]["forward_s"].append(time.perf_counter() - start)
+    for way, engine in engines.items():  # one more step, untimed, counting what autograd holds
+        result[way]["activations_held_mb"] = round(saved_for_backward(lambda: engine.step(loss_fn, batch)) / 2**20, 2)
     for way in WAYS:
         for key in ("step_s", "forward_s"):
             result[way][key.replace("_s", "_median_s")] = round(statistics.median(result[way].pop(key)), 4)
@@ -138,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     for way in WAYS:
         r = result["ways"][way]
         print(f"{way:8s} micro-batches {r['micro_batches']:3d}  padding {r['padding_fraction']:.1%}  "
-              f"step {r['step_median_s']:.3f} s ({r['step_vs_padded']:.2f}x)  forward {r['forward_median_s']:.3f} s ({r['forward_vs_padded']:.2f}x)")  # fmt: skip
+              f"step {r['step_median_s']:.3f} s ({r['step_vs_padded']:.2f}x)  forward {r['forward_median_s']:.3f} s ({r['forward_vs_padded']:.2f}x)  "
+              f"held for backward {r['activations_held_mb']:.1f} MiB")  # fmt: skip
     emit(result, args)
     return 0
 
