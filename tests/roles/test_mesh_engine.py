@@ -30,7 +30,8 @@ WORLD4 = [(2, 2), (2, 1)]  # t2p2d1, t2p1d2 (mixed: tp and dp)
 IL = "interleaved-1f1b"  # 4 stages of one decoder layer each: stages 0, 2 on pp rank 0, 1, 3 on rank 1
 CASES = {2: [(f, tp, pp, False, "1f1b") for f in model_zoo.FAMILIES for tp, pp in WORLD2]
             + [(f, 1, 2, False, IL) for f in model_zoo.FAMILIES]
-            + [("llama", 2, 1, False, "1f1b", "lp"), ("qwen3", 2, 1, False, "1f1b", "lp")],
+            + [("llama", 2, 1, False, "1f1b", "lp"), ("qwen3", 2, 1, False, "1f1b", "lp")]
+            + [("qwen3", 1, 2, False, "1f1b", "bf16"), ("qwen3", 1, 2, False, IL, "bf16")],
          4: [(f, tp, pp, False, "1f1b") for f in model_zoo.FAMILIES for tp, pp in WORLD4]
             + [("llama", 2, 2, True, "1f1b"), ("critic-qwen3", 2, 2, False, "1f1b"), ("critic-qwen3", 1, 2, False, "1f1b")]
             + [("qwen3", 2, 2, False, IL), ("qwen3_moe", 2, 2, False, IL), ("llama", 2, 2, True, IL),
@@ -80,6 +81,11 @@ def test_one_update_equals_one_process(
 ) -> None:
     family, tp, pp, tied = case[:4]
     loss_parallel = case[5:] == ("lp",)
+    if case[5:] == ("bf16",):  # torch infers the stages' shapes, probing the loss once: not counted
+        for res in (r[case_name(*case)] for r in ranks[2]):
+            for name in ("loss", "grad_norm"):
+                assert res["metrics"][name] == pytest.approx(references[(family, tied)]["metrics"][name], rel=2e-2), name
+        return
     world = next(w for w, cases in CASES.items() if case in cases)
     key = case_name(*case)
     ref = references[(family, tied)]

@@ -262,7 +262,9 @@ class TPEngine(TrainEngine):
             stage.temperature, stage.with_entropy = temperature, with_entropy and not self.is_value
         self._zero_grad()
         n = self._micro_batches(batch_rows(full), micro_batch_size)
-        shares = _Shares(loss_fn, full, scale, self.is_value, n)
+        # without static shapes (bf16) torch infers the backward's shapes by calling the loss once
+        # on the inference forward's output first (garbage): that call must not count
+        shares = _Shares(loss_fn, full, scale, self.is_value, n, probes=1 if self._hidden is None else 0)
         self._run(full, micro_batch_size, shares)
         metrics = self.from_last_stage(shares.metrics())
         grad_norm = self._optimizer_step()
@@ -413,12 +415,18 @@ class _Shares:
     """The pipeline's loss function: the caller's loss on the rows of one micro-batch (padding rows,
     index -1, dropped), with the loss and metrics summed for the step's report."""
 
-    def __init__(self, loss_fn: LossFn, batch: Mapping[str, torch.Tensor], scale: LossScale, is_value: bool, n: int) -> None:
+    def __init__(
+        self, loss_fn: LossFn, batch: Mapping[str, torch.Tensor], scale: LossScale, is_value: bool, n: int, probes: int = 0
+    ) -> None:
         self.loss_fn, self.batch, self.scale, self.is_value, self.n = loss_fn, batch, scale, is_value, n
+        self.probes = probes  # leading calls that only probe shapes (torch's dynamic-shape inference)
         self.total = 0.0
         self.extra: dict[str, float] = {}
 
     def __call__(self, output: Any, index: torch.Tensor) -> torch.Tensor:
+        if self.probes:
+            self.probes -= 1
+            return (output[0] if isinstance(output, tuple) else output).sum() * 0.0
         keep = index >= 0
         if not bool(keep.any()):  # a micro-batch of padding only (fewer rows than stages)
             return (output[0] if isinstance(output, tuple) else output).sum() * 0.0
