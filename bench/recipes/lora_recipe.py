@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 RECIPES = Path(__file__).resolve().parent
+#: the full-fine-tuning run takes the LoRA recipe's memory settings, so step time and memory compare
+SAME_AS_LORA = ("roles.actor.options.engine.micro_batch_size=16", "roles.reference.options.engine.micro_batch_size=16",
+                "roles.actor.options.vllm.max_model_len=128", "roles.actor.options.vllm.max_num_seqs=64")
 
 
 class DaemonMemory:
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"lora": summarize(run(RECIPES / "smollm2-math-lora.toml", work / "lora", args.lora_steps, data + args.set))}
     print(json.dumps(result["lora"]), flush=True)
     if not args.skip_full:
-        full = summarize(run(RECIPES / "smollm2-math.toml", work / "full", args.full_steps, data + ["val_every=0"]))
+        full = summarize(run(RECIPES / "smollm2-math.toml", work / "full", args.full_steps, data + ["val_every=0", *SAME_AS_LORA]))
         result["full"] = full
         result["lora_vs_full"] = {
             "step_time_ratio": round(result["lora"]["median_step_s"] / full["median_step_s"], 3),
