@@ -276,6 +276,7 @@ class Session:
         self.address = self._advertise(self.controller.address)
         if self.launcher is None:
             return self
+        self.controller.launched_roles = frozenset(s.role for s in self.specs)
         try:
             on_exit = self.recovery.on_exit if self.recovery is not None else self.controller.mark_gone
             await self.launcher.start(self.specs, controller=self.address, key=self.key, on_exit=on_exit)

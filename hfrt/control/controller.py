@@ -106,6 +106,9 @@ class Controller(TensorPlaneControl):
         self.gone_listeners: list[GoneListener] = []
         #: the call layer role groups route calls through (None: recovery off)
         self.recovery = recovery
+        #: the roles this run started daemons for (set by the session that launched them; None when
+        #: unknown, e.g. attached daemons): lets a flow tell "not said hello yet" from "not launched"
+        self.launched_roles: frozenset[str] | None = None
         if recovery is not None:
             recovery.attach(self)
         names = ("calls_sent", "replies", "errors", "dropped_frames", "dropped_replies", "controller_bulk_bytes", "keys_freed")

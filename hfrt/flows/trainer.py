@@ -43,11 +43,14 @@ StepFn = Callable[[int, BatchHandle], Awaitable[dict[str, Any]]]
 
 
 async def get_roles(ctl: Any, *names: str) -> dict[str, Any]:
-    """The role groups a flow needs, waited for together. "reference" beside "actor" when no
-    reference daemon said hello (a run whose LoRA actor stands in for it launches none,
-    hfrt.flows.reference): the actor's stand-in, checked once the actor is up."""
+    """The role groups a flow needs, waited for together. "reference" beside "actor" when the run
+    launched no reference daemon (a LoRA actor stands in for it, hfrt.flows.reference): the actor's
+    stand-in, checked once the actor is up. A run that launched a reference waits for its hello;
+    with attached daemons (launched roles unknown) a reference that said hello is used."""
     daemons = getattr(ctl, "daemons", None)
-    stand_in = "reference" in names and "actor" in names and daemons is not None and not daemons("reference")
+    launched = getattr(ctl, "launched_roles", None)
+    absent = "reference" not in launched if launched is not None else daemons is not None and not daemons("reference")
+    stand_in = "reference" in names and "actor" in names and absent
     wait = [name for name in names if not (stand_in and name == "reference")]
     groups = dict(zip(wait, await asyncio.gather(*(ctl.role(name, timeout_s=CALL_TIMEOUT_S) for name in wait)), strict=True))
     if stand_in:

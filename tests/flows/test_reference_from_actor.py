@@ -70,3 +70,21 @@ async def test_get_roles_gives_the_actor_as_the_reference_when_none_was_launched
     assert isinstance(reference, ActorReference) and reference.compute_log_prob.name == "actor.compute_ref_log_prob"
     launched = await get_roles(Controller("actor", "reference", "reward"), "actor", "reference", "reward")
     assert isinstance(launched["reference"], Group)
+
+
+class LateController(Controller):
+    """A session that launched a reference daemon which has not said hello yet (the actor was first)."""
+
+    def __init__(self, *launched: str) -> None:
+        super().__init__(*launched)
+        self.launched_roles = frozenset(launched)
+
+    def daemons(self, role: str | None = None) -> list[str]:
+        return [] if role == "reference" else super().daemons(role)
+
+
+async def test_get_roles_waits_for_a_launched_reference_that_has_not_said_hello_yet() -> None:
+    roles = await get_roles(LateController("actor", "reference", "reward"), "actor", "reference", "reward")
+    assert isinstance(roles["reference"], Group) and roles["reference"].name == "reference"  # not the actor's stand-in
+    alone = await get_roles(LateController("actor", "reward"), "actor", "reference", "reward")
+    assert isinstance(alone["reference"], ActorReference)

@@ -269,7 +269,7 @@ async def test_two_rank_actors_on_fsdp2_colocated_with_a_reference_and_on_deepsp
         fsdp, zero, helper = await asyncio.gather(
             ctl.role("fsdp", timeout_s=240), ctl.role("zero", timeout_s=240), ctl.role("helper", timeout_s=240)
         )
-        assert "compute_ref_log_prob" in fsdp.endpoints and "compute_ref_log_prob" not in zero.endpoints
+        assert "compute_ref_log_prob" in fsdp.endpoints  # the colocated reference's; a plain actor's serves only LoRA
         fsdp_metrics = await _exercise_two_ranks(ctl, fsdp, helper, colocated=True)
         assert math.isfinite(fsdp_metrics["actor/kl_loss"])
         await _exercise_two_ranks(ctl, zero, helper, colocated=False)
