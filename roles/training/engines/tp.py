@@ -32,7 +32,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from hfrt.roles.losses import LossScale
 from hfrt.roles.models import ValueModel, transformer_blocks
 from hfrt.roles.training.engines.base import (
     Batch,
@@ -47,6 +46,7 @@ from hfrt.roles.training.engines.base import (
     position_ids_from_mask,
 )
 from hfrt.roles.training.engines.fsdp2 import _mp_policy, engine_state, restore
+from hfrt.roles.training.engines.pipeline_loss import Shares
 from hfrt.roles.training.parallel import pipeline, tp_plan, vocab
 from hfrt.roles.training.parallel.stages import layer_stage, rank_stages
 
@@ -264,7 +264,7 @@ class TPEngine(TrainEngine):
         n = self._micro_batches(batch_rows(full), micro_batch_size)
         # without static shapes (bf16) torch infers the backward's shapes by calling the loss once
         # on the inference forward's output first (garbage): that call must not count
-        shares = _Shares(loss_fn, full, scale, self.is_value, n, probes=1 if self._hidden is None else 0)
+        shares = Shares(loss_fn, full, scale, self.is_value, n, probes=1 if self._hidden is None else 0)
         self._run(full, micro_batch_size, shares)
         metrics = self.from_last_stage(shares.metrics())
         grad_norm = self._optimizer_step()
@@ -409,43 +409,6 @@ class TPEngine(TrainEngine):
 
     def _barrier(self) -> None:
         dist.barrier()
-
-
-class _Shares:
-    """The pipeline's loss function: the caller's loss on the rows of one micro-batch (padding rows,
-    index -1, dropped), with the loss and metrics summed for the step's report."""
-
-    def __init__(
-        self, loss_fn: LossFn, batch: Mapping[str, torch.Tensor], scale: LossScale, is_value: bool, n: int, probes: int = 0
-    ) -> None:
-        self.loss_fn, self.batch, self.scale, self.is_value, self.n = loss_fn, batch, scale, is_value, n
-        self.probes = probes  # leading calls that only probe shapes (torch's dynamic-shape inference)
-        self.total = 0.0
-        self.extra: dict[str, float] = {}
-
-    def __call__(self, output: Any, index: torch.Tensor) -> torch.Tensor:
-        if self.probes:
-            self.probes -= 1
-            return (output[0] if isinstance(output, tuple) else output).sum() * 0.0
-        keep = index >= 0
-        if not bool(keep.any()):  # a micro-batch of padding only (fewer rows than stages)
-            return (output[0] if isinstance(output, tuple) else output).sum() * 0.0
-        rows = index[keep]
-        mb = {k: v[rows] for k, v in self.batch.items()}
-        if self.is_value:
-            out = ForwardOutput(values=output[keep])
-        elif isinstance(output, tuple):
-            out = ForwardOutput(log_probs=output[0][keep], entropy=output[1][keep])
-        else:
-            out = ForwardOutput(log_probs=output[keep])
-        loss, metrics = self.loss_fn(out, mb, self.scale)
-        self.total += float(loss.detach())
-        for key, value in metrics.items():
-            self.extra[key] = self.extra.get(key, 0.0) + float(value) / self.n
-        return loss
-
-    def metrics(self) -> dict[str, float]:
-        return {"loss": self.total, **self.extra}
 
 
 def _full(tensor: DTensor) -> torch.Tensor:
