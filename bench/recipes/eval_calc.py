@@ -73,6 +73,22 @@ async def evaluate(model: str, rows: Sequence[dict[str, Any]], agent_cfg: AgentC
     return figures
 
 
+def eval_rows(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The held-out rows of --data (the first --limit), after checking every --model folder;
+    p.error naming the flag otherwise. Shared by the eval scripts of the calculator recipes."""
+    try:
+        rows = read_rows(args.data)
+    except DatasetError as exc:
+        p.error(f"--data: {exc}")
+    rows = rows[: args.limit] if args.limit else rows
+    if not rows:
+        p.error(f"--data {args.data}: no rows")
+    missing = [m for m in args.model if "/" in m and not (Path(m) / "config.json").is_file()]
+    if missing:
+        p.error(f"--model {missing[0]}: no config.json there (export a run with export_hf=true: RUN_DIR/hf)")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hfrt.bench.recipes.eval_calc", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,17 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", default="runs/eval-calc", help="where daemon logs go (one subfolder per model)")
     p.add_argument("--out", default="", help="also write the figures to this JSON file")
     args = p.parse_args(argv)
-    try:
-        rows = read_rows(args.data)
-    except DatasetError as exc:
-        p.error(f"--data: {exc}")
-    if args.limit:
-        rows = rows[: args.limit]
-    if not rows:
-        p.error(f"--data {args.data}: no rows")
-    missing = [m for m in args.model if "/" in m and not (Path(m) / "config.json").is_file()]
-    if missing:
-        p.error(f"--model {missing[0]}: no config.json there (export a run with export_hf=true: RUN_DIR/hf)")
+    rows = eval_rows(p, args)
     if args.samples < 1 or args.temperature < 0:
         p.error(f"--samples {args.samples} --temperature {args.temperature}: need at least 1 sample and a temperature >= 0")
     agent_cfg = AgentConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, max_total_tokens=args.max_total_tokens,

@@ -26,7 +26,6 @@ from typing import Any
 from hfrt.flows import Flow
 from hfrt.flows.agent.external import DRIVERS, DriverCall, Episode, load_callable, run_external
 from hfrt.flows.agent.openai.server import OpenAIServer, ServerLimits
-from hfrt.flows.data import DatasetError, read_rows
 from hfrt.flows.trainer import get_roles
 
 
@@ -66,7 +65,7 @@ def eval_flow(rows: Sequence[dict[str, Any]], args: argparse.Namespace, into: di
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hfrt.bench.recipes.eval_calc import rollout_roles
+    from hfrt.bench.recipes.eval_calc import eval_rows, rollout_roles
     from hfrt.session import run_flow
 
     p = argparse.ArgumentParser(prog="python -m hfrt.bench.recipes.eval_calc_openai", description=__doc__,
@@ -87,16 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", default="runs/eval-calc-openai", help="where daemon logs go (one subfolder per model)")
     p.add_argument("--out", default="", help="also write the figures to this JSON file")
     args = p.parse_args(argv)
-    try:
-        rows = read_rows(args.data)
-    except DatasetError as exc:
-        p.error(f"--data: {exc}")
-    rows = rows[: args.limit] if args.limit else rows
-    if not rows:
-        p.error(f"--data {args.data}: no rows")
-    missing = [m for m in args.model if "/" in m and not (Path(m) / "config.json").is_file()]
-    if missing:
-        p.error(f"--model {missing[0]}: no config.json there (export a run with export_hf=true: RUN_DIR/hf)")
+    rows = eval_rows(p, args)
     results = []
     for index, model in enumerate(args.model):
         figures: dict[str, Any] = {"model": model}
