@@ -1,7 +1,8 @@
 """LoRA end to end on real daemons (tiny preset, CPU): the LoRA actor's reference log-probs equal
 a separate reference daemon's, its export loads in transformers (merged) and peft (adapter folder)
 with the actor's log-probs; GRPO and PPO (LoRA critic + trained value head) run with no reference
-daemon; bad LoRA settings are refused before any daemon starts."""
+daemon; grpo_async and agent_calc sync only the adapters to their rollout daemon; bad LoRA settings
+are refused before any daemon starts."""
 
 from __future__ import annotations
 
@@ -101,6 +102,26 @@ def test_flows_train_lora_without_a_reference_daemon(flow: str, tmp_path: Path) 
     saved = torch.load(ckpts[-1], weights_only=True)
     assert saved["model"] and all(".lora_" in name for name in saved["model"])
     assert (tmp_path / "run" / "hf" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("flow", ["grpo_async", "agent_calc"])
+def test_rollout_flows_sync_only_the_adapters(flow: str, tmp_path: Path) -> None:
+    """The flows with a rollout role (given the same lora table as the actor): every weight sync
+    carries exactly the adapter bytes the checkpoint holds, and no reference daemon runs."""
+    out = controller(tmp_path / "run", flow, "steps=2", "checkpoint_every=2",
+                     "roles.actor.options.lora.rank=4", "roles.rollout.options.lora.rank=4")
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert json.loads(out.stdout)["steps"] == 2
+    logs = sorted(p.name for p in (tmp_path / "run" / "logs").iterdir())
+    assert "rollout-0.log" in logs and not any("reference" in name for name in logs), logs
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    saved = torch.load(sorted((tmp_path / "run").glob("checkpoints/*/actor/local.pt"))[-1], weights_only=True)
+    adapter_bytes = sum(t.numel() * t.element_size() for t in saved["model"].values())
+    assert saved["model"] and all(".lora_" in name for name in saved["model"])
+    assert all(r["sync/bytes"] == adapter_bytes for r in records), [r["sync/bytes"] for r in records]
+    assert "kl/mean" in records[-1]  # the reference log-probs came from the actor (adapters off)
 
 
 @pytest.mark.slow
