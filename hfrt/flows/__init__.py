@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from hfrt.flows.lora_table import receivers_follow_actor
 from hfrt.flows.reference import without_reference
 
 BUILTIN: dict[str, str] = {
@@ -68,7 +69,8 @@ class Flow:
         module's roles_for narrows them, or all of them when it defines none."""
         table = self.roles if roles is None else roles
         table = table if self.pick_roles is None else self.pick_roles(config, table)
-        return without_reference(config, table)  # a LoRA actor stands in for the reference
+        # a LoRA actor stands in for the reference, and its rollout holds the same adapters
+        return without_reference(config, receivers_follow_actor(table))
 
     def check(self, config: Mapping[str, Any]) -> None:
         """Raise ValueError naming the key when the flow's Config rejects `config`."""

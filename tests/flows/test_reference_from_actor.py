@@ -88,3 +88,14 @@ async def test_get_roles_waits_for_a_launched_reference_that_has_not_said_hello_
     assert isinstance(roles["reference"], Group) and roles["reference"].name == "reference"  # not the actor's stand-in
     alone = await get_roles(LateController("actor", "reward"), "actor", "reference", "reward")
     assert isinstance(alone["reference"], ActorReference)
+
+
+def test_a_rollout_without_its_own_lora_gets_the_actors() -> None:
+    flow = load_flow("grpo_async")
+    table = flow.roles_for({}, lora_roles("grpo_async"))
+    assert table["rollout"]["options"]["lora"] == {"rank": 8} and "reference" not in table
+    assert "lora" not in flow.roles["rollout"].get("options", {})  # the flow's own table is untouched
+    own = lora_roles("grpo_async")
+    own["rollout"]["options"]["lora"] = {"rank": 2}
+    assert flow.roles_for({}, own)["rollout"]["options"]["lora"] == {"rank": 2}  # a rollout's own table wins
+    assert "lora" not in load_flow("grpo_async").roles_for({})["rollout"]["options"]  # no LoRA actor: nothing added
