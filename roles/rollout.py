@@ -149,6 +149,8 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
         params = sampling_params(self.sampling, **sampling)
         if params.seed is not None:
             params = dataclasses.replace(params, seed=params.seed + self.context.dp_rank)
+        if params.row_offset is None:  # row-seeded as the actor's generate (chunked or not): same seed, same tokens
+            params = dataclasses.replace(params, row_offset=0)
         ids = [encode_prompt(self.tokenizer, p) for p in prompts["prompt"]]
         [width] = all_reduce([max(len(i) for i in ids)], "max")
         start = time.perf_counter()
