@@ -266,6 +266,7 @@ class Session:
             raise ValueError("config recovery=on: only daemons this controller starts can be relaunched, not --attach ones")
         session = cls(run_dir=run_dir, key=load_key(attach.key_file), bind=attach.bind_address,
                       heartbeat_s=attach.heartbeat_s, specs=[], policy=policy, keep_daemons=True)
+        session.controller.launched_roles = frozenset(attach.roles)  # what the attach file says is running
         _made(run_dir)
         return session
 

@@ -153,6 +153,8 @@ class PartialRollouts:
         params = sampling_params(self.sampling, **sampling)
         if params.seed is not None:
             params = dataclasses.replace(params, seed=params.seed + self.context.dp_rank)
+        if params.row_offset is None:  # row-seeded as the rollout's generate, so one segment is generate
+            params = dataclasses.replace(params, row_offset=0)
         ids = [encode_prompt(self.tokenizer, p) for p in prompts["prompt"]]
         [width] = all_reduce([max(len(i) for i in ids)], "max")
         per_row = [list(i) for i in ids for _ in range(params.n)]

@@ -89,7 +89,8 @@ async def test_a_rollout_daemon_loads_adapters_only_and_samples_as_the_actor_com
         actor, rollout, plain, helper = [await ctl.role(n) for n in ("actor", "rollout", "plain", "helper")]
         prompts = prompts_handle({"prompt": ["a b c", "d e"]})
         sampled = await actor.generate(prompts, n=2, max_new_tokens=4, temperature=1.0, seed=0, timeout_s=CALL_TIMEOUT_S)
-        [metrics] = await actor.update(sampled, await helper.advantages(sampled), timeout_s=CALL_TIMEOUT_S)
+        advantages = await helper.advantages(sampled)  # held by name: a dropped handle may be freed before the actor reads it
+        [metrics] = await actor.update(sampled, advantages, timeout_s=CALL_TIMEOUT_S)
         assert metrics["actor/optimizer_steps"] == 1  # the adapters moved off B = 0
         [published] = await actor.publish_weights(1, timeout_s=CALL_TIMEOUT_S)
         assert published["adapter"] == {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": "all-linear"}
