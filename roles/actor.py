@@ -192,6 +192,7 @@ class ActorDaemon(AgentTurns, Daemon):
         if chunk is not None:
             check_rows(hi - lo, "actor.generate (a chunk)")
             ids, prompts = ids[lo:hi], prompts[lo:hi]
+        if params.row_offset is None:  # row-seeded, chunked or not (and as a rollout daemon samples)
             params = dataclasses.replace(params, row_offset=lo * params.n)
         out, metrics = self.hybrid.generate(ids, params)
         self._count(metrics)
