@@ -125,13 +125,13 @@ class Peers:
             path = shmfile.path_for(peer.pid, h.key)
             try:
                 dtype, shape, nbytes = shmfile.read_header(path)
-            except FileNotFoundError:
+                if (dtype, shape, nbytes) != (h.dtype, h.shape, h.nbytes):
+                    raise HandleError(f"handle {h.key!r} says {h.dtype}{list(h.shape)} but {owner} stores {dtype}{list(shape)}")
+                out.append(shmfile.map_rows(path, shmfile.to_dtype(dtype), shape, h.row_range))
+            except FileNotFoundError:  # gone before the header was read, or between header and map
                 if not shm.owner_alive(peer.pid):  # killed mid-run: its files went with it
                     raise HandleError(f"{owner} (pid {peer.pid}) is gone: its tensor {h.key!r} went with it") from None
                 raise HandleError(f"{owner} holds no tensor {h.key!r} (freed, or never stored there)") from None
-            if (dtype, shape, nbytes) != (h.dtype, h.shape, h.nbytes):
-                raise HandleError(f"handle {h.key!r} says {h.dtype}{list(h.shape)} but {owner} stores {dtype}{list(shape)}")
-            out.append(shmfile.map_rows(path, shmfile.to_dtype(dtype), shape, h.row_range))
         return out
 
     def _pull_cuda_ipc(self, owner: str, handles: list[TensorHandle]) -> list[torch.Tensor]:
