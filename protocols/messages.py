@@ -243,7 +243,22 @@ class Bye(Message):
     exit_code: int = 0
 
 
+@_record(10, "partial", _INT, _ANY)
+@dataclass(slots=True)
+class Partial(Message):
+    """Daemon → controller: one value a streaming endpoint yielded before its Reply.
+
+    Sent only for a Call of an endpoint declared `stream` (its Hello entry has "stream": true),
+    so a controller that never calls one never receives it. Partials of one call arrive in the
+    order they were yielded and all before the call's Reply or Error (one socket, in order).
+    call_id: the Call's id. value: the yielded value (a msgpack value; no tensors).
+    """
+
+    call_id: int
+    value: Any
+
+
 KINDS: dict[int, type[Message]] = {
     cls.KIND: cls
-    for cls in (Hello, Welcome, Call, Reply, Error, Cancel, Heartbeat, Shutdown, Bye)
+    for cls in (Hello, Welcome, Call, Reply, Error, Cancel, Heartbeat, Shutdown, Bye, Partial)
 }

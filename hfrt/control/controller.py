@@ -23,6 +23,7 @@ from hfrt.control import liveness
 from hfrt.control.daemons import DaemonInfo, GoneListener
 from hfrt.control.group import CallLayer, RoleGroup
 from hfrt.control.lifetimes import HandleTracker
+from hfrt.control.streams import StreamCalls
 from hfrt.control.strays import StrayReplies
 from hfrt.control.tensor_plane import TensorPlaneControl
 from hfrt.control.trace import MAX_SPANS, CallTrace
@@ -37,6 +38,7 @@ from hfrt.protocols import (
     Hello,
     Limits,
     Message,
+    Partial,
     Reply,
     Shutdown,
     Welcome,
@@ -60,7 +62,7 @@ class _Pending:
         self.sent = sent  # time.perf_counter() when the call went out (for the call trace)
 
 
-class Controller(TensorPlaneControl):
+class Controller(StreamCalls, TensorPlaneControl):
     """Binds `address`, welcomes daemons, and turns endpoint calls into futures.
 
     Use as `async with Controller(address, key) as ctl: actor = await ctl.role("actor")`.
@@ -358,6 +360,8 @@ class Controller(TensorPlaneControl):
             self._on_error(ident, msg)  # type: ignore[arg-type]
         elif kind is Heartbeat:
             self._on_heartbeat(ident, msg)  # type: ignore[arg-type]
+        elif kind is Partial:  # a streaming endpoint's yielded value (hfrt.control.streams)
+            self._on_partial(ident, msg)  # type: ignore[arg-type]
         elif kind is Hello:
             self._on_hello(ident, msg)  # type: ignore[arg-type]
         elif kind is Bye:

@@ -1,4 +1,5 @@
-"""Role-group handles: what flow code awaits on. `actor.generate(x)`, `.call`, `.call_one`, `.broadcast`.
+"""Role-group handles: what flow code awaits on. `actor.generate(x)`, `.call`, `.call_one`, `.broadcast`,
+and `.stream` for a streaming endpoint.
 
 A RoleGroup is a view of one role's ranks; an EndpointRef turns a call into per-rank messages by
 the endpoint's declared dispatch mode and combines the per-rank futures. Calling sends at once and
@@ -137,6 +138,16 @@ class EndpointRef:
         if all(d.rank != rank for d in self.group.daemons):
             raise IndexError(f"role {self.group.name!r} has no rank {rank} (world_size {self.group.world_size})")
         return self._invoke(Delivery("call_one", rank, timeout_s), args, kwargs)
+
+    def stream(self, rank: int, /, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        """Call a streaming endpoint (`@endpoint(stream=True)`) on one rank: a CallStream of the
+        values it yields, then its return value (hfrt.control.streams). Never retried by a call layer."""
+        if not self.group.endpoints.get(self.name, {}).get("stream"):
+            raise TypeError(f"{self.group.name}.{self.name} is not a streaming endpoint (use it as a call)")
+        daemon = next((d for d in self.group.daemons if d.rank == rank), None)
+        if daemon is None:
+            raise IndexError(f"role {self.group.name!r} has no rank {rank} (world_size {self.group.world_size})")
+        return self.group._controller.submit_stream(daemon, self.name, list(args), kwargs, timeout_s=timeout_s)  # type: ignore[attr-defined]
 
     def resend(self, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
         """Deliver a call again exactly as `how` says (hfrt.control.recovery remakes lost handles with it)."""

@@ -2,7 +2,8 @@
 
 Ordering guarantee (enforced here): calls to one daemon run one at a time, in the order they
 arrived, unless their endpoint was declared `concurrent=True`; a concurrent endpoint starts as soon
-as it arrives, so for it arrival order is only a start-order guarantee. Synchronous endpoints run
+as it arrives, so for it arrival order is only a start-order guarantee; a streaming endpoint
+(`stream=True`) starts as it arrives and steps between other calls (hfrt.daemon.streaming). Synchronous endpoints run
 on the loop thread (no thread hop: that is what keeps a no-op call cheap); heartbeats run on their
 own thread, so a long endpoint never looks like death. It knows the protocol and the Daemon base
 class; it knows nothing of any particular role or of the algorithm.
@@ -28,6 +29,7 @@ import zmq
 
 from hfrt.daemon.base import Daemon, DaemonContext
 from hfrt.daemon.heartbeat import HeartbeatThread
+from hfrt.daemon.streaming import StreamServing
 from hfrt.daemon.tensor_serving import INTERNAL, TensorPlaneServing
 from hfrt.daemon.tensors.plane import DataPlaneServer, advertised_host, host_id
 from hfrt.log import get_logger
@@ -85,7 +87,7 @@ class _Queued:
         self.call, self.spec, self.fn = call, spec, fn
 
 
-class DaemonServer(TensorPlaneServing):
+class DaemonServer(StreamServing, TensorPlaneServing):
     """Runs `daemon_cls` for one role rank until shutdown, SIGTERM or orphaning; returns an exit code."""
 
     def __init__(self, daemon_cls: type[Daemon], context: DaemonContext, config: ServeConfig, key: bytes) -> None:
@@ -321,7 +323,9 @@ class DaemonServer(TensorPlaneServing):
         except TypeError as exc:
             self._reply_error(call, "BadArguments", f"{call.endpoint}{_public_signature(spec)}: {exc}")
             return
-        if spec.concurrent:
+        if spec.stream:  # hfrt.daemon.streaming: starts now, one step per loop turn
+            self._start_stream(call, fn)
+        elif spec.concurrent:
             self._start_concurrent(call, spec, fn)
         elif (
             not spec.is_async

@@ -51,6 +51,9 @@ class EndpointSpec:
     #: positional-or-keyword one; then a call with only positional arguments in range is valid
     #: without the slower Signature.bind. None when the signature is anything fancier.
     positional_range: tuple[int, int] | None = None
+    #: a streaming endpoint: a generator whose yielded values go back as Partial messages before
+    #: the Reply carrying its return value (hfrt.daemon.streaming runs it)
+    stream: bool = False
 
     def accepts(self, args: list[Any], kwargs: dict[str, Any]) -> None:
         """Raise TypeError (as a call would) unless args/kwargs fit the endpoint's signature."""
@@ -61,7 +64,8 @@ class EndpointSpec:
 
     def describe(self) -> dict[str, Any]:
         """The endpoint-table entry sent in Hello."""
-        return {"dispatch": self.dispatch.value, "concurrent": self.concurrent}
+        described: dict[str, Any] = {"dispatch": self.dispatch.value, "concurrent": self.concurrent}
+        return described | {"stream": True} if self.stream else described
 
 
 def endpoint(
@@ -71,6 +75,7 @@ def endpoint(
     concurrent: bool = False,
     name: str | None = None,
     raw_handles: bool = False,
+    stream: bool = False,
 ) -> Any:
     """Mark a Daemon method as an endpoint.
 
@@ -80,10 +85,16 @@ def endpoint(
         in a thread pool). Arrival order then only fixes the order calls *start* in.
     name: the wire name, defaulting to the method name.
     raw_handles: pass handle arguments through unresolved (the endpoint pulls them itself).
+    stream: the method is a (synchronous) generator: each value it yields goes to the caller as a
+        Partial message at once, its return value as the Reply. It starts when it arrives and
+        advances one step per event-loop turn, so other calls (and a Cancel, which closes it) run
+        between its steps; each step runs on the loop thread, never beside another call.
     """
 
     def wrap(f: F) -> F:
         signature = inspect.signature(f)
+        if stream and (concurrent or not inspect.isgeneratorfunction(f)):
+            raise TypeError(f"endpoint {f.__qualname__}: stream=True needs a plain generator function (not async, not concurrent)")
         setattr(
             f,
             _ATTR,
@@ -95,6 +106,7 @@ def endpoint(
                 raw_handles=raw_handles,
                 signature=signature,
                 positional_range=_positional_range(signature),
+                stream=stream,
             ),
         )
         return f

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Generator
 from typing import Any
 
 from hfrt.daemon.base import Daemon, DaemonContext
@@ -87,6 +88,24 @@ class EchoDaemon(Daemon):
     @endpoint
     def unsendable(self) -> Any:
         return object()
+
+    @endpoint(stream=True)
+    def count(self, n: int, step_s: float = 0.0, fail_at: int = -1) -> Generator[int, None, int]:
+        """Streaming: yields 0 .. n-1 (busy for step_s before each, like a sampling step), returns n;
+        raises ValueError instead of yielding `fail_at`. The journal records each value and how
+        the stream ended ("closed" when the caller cancelled it)."""
+        done = False
+        try:
+            for i in range(n):
+                time.sleep(step_s)
+                if i == fail_at:
+                    raise ValueError(f"count failed at {i}")
+                self.journal.append(["count", i])
+                yield i
+            done = True
+            return n
+        finally:
+            self.journal.append(["count_end" if done else "count_closed", n])
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def tag_rows(self, rows: list[Any]) -> list[Any]:
