@@ -71,6 +71,8 @@ class EngineConfig:
     pp_stages_per_rank: pipeline stages each rank holds; 0 (default): 2 with interleaved-1f1b, else 1.
     loss_parallel: log-probs / entropy from the tp-sharded head's logits without gathering them
         (torch's loss_parallel; needs tp > 1 dividing the vocabulary and an untied head).
+    sequence_parallel: between attention / MLP blocks each tp rank holds 1/tp of the sequence
+        (Megatron's sequence parallelism; needs tp > 1 and pp = 1; see parallel/sequence).
     tp_plan: entries added to / replacing the model's transformers TP plan (module pattern →
         style name, e.g. {"model.layers.*.mlp.down_proj": "rowwise"}).
     zero_stage: DeepSpeed ZeRO stage (1, 2 or 3); ignored by other backends.
@@ -94,12 +96,17 @@ class EngineConfig:
     pp_schedule: str = "1f1b"
     pp_stages_per_rank: int = 0
     loss_parallel: bool = False
+    sequence_parallel: bool = False
     tp_plan: Mapping[str, str] | None = None
     max_tokens_per_micro_batch: int | None = None
     pack: bool = False
 
     def __post_init__(self) -> None:
         batching.check_settings(self.max_tokens_per_micro_batch, self.pack, self.pp)
+        if self.sequence_parallel and (self.tp < 2 or self.pp > 1):
+            from hfrt.roles.training.parallel.sequence import check
+
+            check(None, self.tp, self.pp, "engine")
 
 
 # ------------------------------------------------------------------------------------ batches

@@ -47,7 +47,7 @@ from hfrt.roles.training.engines.base import (
 )
 from hfrt.roles.training.engines.fsdp2 import _mp_policy, engine_state, restore
 from hfrt.roles.training.engines.pipeline_loss import Shares
-from hfrt.roles.training.parallel import pipeline, tp_plan, vocab
+from hfrt.roles.training.parallel import pipeline, sequence, tp_plan, vocab
 from hfrt.roles.training.parallel.stages import layer_stage, rank_stages
 
 
@@ -108,6 +108,8 @@ class TPEngine(TrainEngine):
             if isinstance(model, ValueModel):
                 raise ValueError("engine: loss_parallel applies to a causal LM's vocabulary head; a value model has none")
             tp_plan.check_loss_parallel(lm.config, config.tp, "engine")
+        if config.sequence_parallel:
+            sequence.check(lm.config, config.tp, config.pp, "engine")
         #: pipeline stages this rank holds (interleaved schedules: several, non-adjacent)
         self.virtual = pipeline.stages_per_rank(config.pp_schedule, config.pp_stages_per_rank, config.pp, "engine")
         pipeline.check_pp(tp_plan.text_config(lm.config), config.pp, "engine", self.virtual)
@@ -133,8 +135,14 @@ class TPEngine(TrainEngine):
             prefix = "backbone." if isinstance(model, ValueModel) else ""
             override = dict(config.tp_plan or {})
             plan = tp_plan.resolve_plan(lm, self.tp_size, override, prefix, loss_parallel=config.loss_parallel)
+            plan = sequence.sequence_plan(plan) if config.sequence_parallel else plan
             tp_plan.apply_tp(model, self.mesh.mesh["tp"], plan, lm)
             self.partial_grads = tp_plan.partial_grad_names(lm, override, prefix)
+            if config.sequence_parallel:  # micro-batches padded to a multiple of tp columns
+                params = dict(model.named_parameters())
+                partial = {id(params[n]) for n in self.partial_grads if n in params}
+                sequence.apply(lm, transformer_blocks(model), self.mesh.mesh["tp"], partial)
+                self.seq_multiple = self.tp_size
         self.split_dims = tp_plan.split_dims(model)
         self.embed_group = self._tied_embedding_group()
         self.blocks = transformer_blocks(model)
