@@ -69,11 +69,8 @@ def check_vllm_layout(train: Any, gen: Any, where: str) -> None:
     pipeline stages, refused here). vLLM's external_launcher orders its ranks TP
     innermost over the whole world (TP rank = rank % tp, DP rank = rank // tp), so the generation
     TP groups must be sets of consecutive ranks; strided groups (e.g. t4p1d1 → t2p1d2, whose
-    groups are [0, 2] and [1, 3]) are refused. vLLM gets full checkpoint tensors one block at a
-    time and keeps its TP slice itself: its loaders narrow full tensors
-    (model_executor/layers/linear.py weight_loader) into fused per-rank qkv_proj / gate_up_proj and
-    a vocabulary padded to a multiple of 64 (VocabParallelEmbedding), which hfrt's micro-DP pieces
-    do not match, so the transition moves each block whole (not micro-DP resharding)."""
+    groups are [0, 2] and [1, 3]) are refused. vLLM then gets this rank's micro-DP pieces,
+    presented full-shaped to its checkpoint-format loaders (roles/generation/vllm_pieces.py)."""
     from hfrt.roles.training.parallel.layout import gen_coords
 
     if gen.pp > 1:
@@ -92,7 +89,7 @@ def build_hybrid(
     context: DaemonContext, engine: TrainEngine, tokenizer: Any, opts: ModelOptions, layouts: tuple[Any, Any] | None
 ) -> HybridEngine:
     """The actor's hybrid engine over `engine`. With layouts: generator 'vllm' makes each rank one
-    vLLM rank at the generation tp (external_launcher), fed full blocks; otherwise a TP/PP model at
+    vLLM rank at the generation tp (external_launcher), fed its micro-DP pieces; otherwise a TP/PP model at
     the generation layout filled by micro-DP resharding. Without: a full generation copy (HF or
     vLLM) the training weights are pushed into; with options.lora that copy keeps its base weights
     and only the adapters are pushed (AdapterHybrid, roles/generation/lora.py)."""
@@ -110,6 +107,10 @@ def build_hybrid(
         from hfrt.roles.generation.lora import AdapterHybrid
 
         return AdapterHybrid(engine, generator)
+    if layouts is not None and layouts[1].tp > 1:
+        from hfrt.roles.generation.vllm_pieces import piece_hybrid
+
+        return piece_hybrid(context.rank, engine, generator, *layouts)
     return HybridEngine(engine, generator)
 
 

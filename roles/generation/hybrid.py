@@ -122,10 +122,9 @@ class HybridEngine:
             self.phase = "generate"
             return {"timing/reshard_to_generate_s": time.perf_counter() - start, "memory/rss_before_mb": before,
                     "reshard/pushed_mb": 0.0, "reshard/push_skipped": 1.0}
-        pushed = [0]
         with PeakRSS() as peak:
             self.gen.wake()
-            _load(self.gen, _stream(self.weights(), pushed), stable=_owns_tensors(self.train))
+            pushed = self._push()
             _synchronize()
         self.phase = "generate"
         self.pushed_version = getattr(self.train, "steps", None)
@@ -133,9 +132,17 @@ class HybridEngine:
             "timing/reshard_to_generate_s": time.perf_counter() - start,
             "memory/reshard_to_generate_peak_rss_mb": peak.peak_mb,
             "memory/rss_before_mb": before,
-            "reshard/pushed_mb": pushed[0] / 2**20,
             "reshard/push_skipped": 0.0,
+            **pushed,
         }
+
+    def _push(self) -> dict[str, float]:
+        """Load the current weights into the awake generation engine; its metrics (at least
+        reshard/pushed_mb). Here: the full weights, streamed per block (VLLMPieceHybrid in
+        roles/generation/vllm_pieces.py: this rank's micro-DP pieces)."""
+        pushed = [0]
+        _load(self.gen, _stream(self.weights(), pushed), stable=_owns_tensors(self.train))
+        return {"reshard/pushed_mb": pushed[0] / 2**20}
 
     def to_train(self) -> dict[str, float]:
         """Release generation memory (sleep) so training has it back."""
