@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from hfrt.roles.generation.batches import (
 )
 from hfrt.roles.generation.build import generation_engine
 from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
+from hfrt.roles.generation.hf_stream import stream_tokens
 from hfrt.roles.generation.lora import AdapterHFGeneration, adapter_spec, check_record
 from hfrt.roles.mixins.agent_turns import AgentTurns
 from hfrt.roles.mixins.partial_rollout import NO_VERSION, PartialRollouts
@@ -131,6 +133,14 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
 
     def _turn_version(self) -> int:
         return self.version
+
+    def _turn_stream(self, context: list[int], params: SamplingParams, top_k: int) -> Iterator[tuple[int, float, list[tuple[int, float]]]]:
+        """Token by token on the HF engine's KV cache (roles/generation/hf_stream.py); vLLM's
+        offline engine has no per-token stream here, so it refuses (callers sample in chunks)."""
+        if not isinstance(self.engine, HFGenerationEngine):
+            raise NotImplementedError(f"rollout daemon {self.context.identity}: token streaming needs the HF engine "
+                                      f"(this one runs {type(self.engine).__name__}); sample in chunks of generate_turn calls")
+        return stream_tokens(self.engine, context, params, top_k)
 
     # -- generation -----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ samples, of weight versions' meaning, of tools, rewards or the agent loop.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -195,6 +195,13 @@ class AgentTurns:
     def _turn_version(self) -> int:
         raise NotImplementedError(f"{type(self).__name__} mixes in AgentTurns but does not implement _turn_version")
 
+    def _turn_stream(self, context: list[int], params: SamplingParams, top_k: int) -> Iterator[tuple[int, float, list[tuple[int, float]]]]:
+        """Optional hook: sample one turn token by token, yielding (id, log-prob, top-k alternatives)
+        as each is sampled (roles/generation/hf_stream.py). Without it generate_turn_stream refuses
+        with NotImplementedError, and callers sample in chunks of generate_turn calls instead."""
+        raise NotImplementedError(f"{type(self).__name__}: token streaming is not available on this role's engine "
+                                  "(sample in chunks of generate_turn calls)")
+
     @endpoint(dispatch=Dispatch.SPLIT_GENERATION)
     def generate_turn(self, batch: Batch, *extra: Batch, stop: dict[str, list[str]] | None = None, **sampling: Any) -> Batch:
         """One sampled turn per row. Reads `context` (token ids so far; [] for a new conversation)
@@ -202,13 +209,7 @@ class AgentTurns:
         non-tensor `appended` (ids of each appended text), `turn_ids`, `turn_log_probs`, `turn_text`,
         `weight_version`. `stop`: {"strings": [...]}, one-token strings that end a turn (as stop
         token ids; a table, as SPLIT dispatch would split a list argument)."""
-        if stop is not None and not isinstance(stop, dict):
-            raise TypeError(f"generate_turn: stop must be a table {{'strings': [...]}}, not {stop!r:.80}")
-        pieces_wanted, max_prompt = bool(sampling.pop("pieces", False)), sampling.pop("max_prompt_tokens", None)
-        top_k, text_prefix = int(sampling.pop("top_logprobs", 0) or 0), int(sampling.pop("text_prefix", 0) or 0)
-        fit = bool(sampling.pop("fit_context", False))
-        stops = tuple(sampling.pop("stop_token_ids", None) or ()) + stop_ids(self.tokenizer, (stop or {}).get("strings", []))
-        params = dataclasses.replace(sampling_params(self.sampling, **sampling), n=1, stop_token_ids=stops)
+        params, pieces_wanted, max_prompt, top_k, text_prefix, fit = self._turn_options("generate_turn", stop, sampling)
         # every rank, rows or none (a generation group gets none when fewer conversations are
         # live than there are groups), before any row is read: it may be collective
         params, meta = self._turn_prepare(params)
@@ -226,10 +227,7 @@ class AgentTurns:
                 raise ValueError(f"generate_turn row {i}: {exc}") from exc
             contexts.append(ids)
             appended.append(pieces)
-        limit = context_limit(self)
-        if fit and limit is not None:  # max_new_tokens not given: as many as the longest row's context leaves
-            params = dataclasses.replace(params, max_new_tokens=max(1, min(params.max_new_tokens, limit - max(len(c) for c in contexts))))
-        self._check_lengths(contexts, params.max_new_tokens, max_prompt)
+        params = self._fit(params, contexts, fit, max_prompt)
         out, timings = self._turn_generate(contexts, params)
         version = self._turn_version()
         mask = out["response_mask"].bool()
@@ -238,15 +236,91 @@ class AgentTurns:
         # text_prefix k: turn_text decodes the context's last k ids too (a turn sampled in chunks)
         texts = list(self.tokenizer.batch_decode([c[len(c) - text_prefix:] + t if text_prefix else t for c, t in zip(contexts, turn_ids, strict=True)],
                                                  skip_special_tokens=True))
-        ends = set(params.stop_token_ids) | ({int(self.tokenizer.eos_token_id)} if self.tokenizer.eos_token_id is not None and not params.ignore_eos else set())
         columns = {"appended": appended, "turn_ids": turn_ids, "turn_log_probs": turn_lp, "turn_text": texts,
-                   "weight_version": [version] * len(rows),
-                   "turn_finished": [len(t) < params.max_new_tokens or (bool(t) and t[-1] in ends) for t in turn_ids]}
+                   "weight_version": [version] * len(rows), "turn_finished": [self._finished(t, params) for t in turn_ids]}
         if pieces_wanted:
             columns["turn_pieces"] = [token_pieces(self.tokenizer, ids) for ids in turn_ids]
         if top_k:
             columns["turn_top"] = top_alternatives(self, contexts, turn_ids, top_k, params.temperature)
         return Batch({}, columns, {**meta, **timings, "weight_version": version})
+
+    @endpoint(stream=True)
+    def generate_turn_stream(self, context: list[int], append: list[Any], stop: dict[str, list[str]] | None = None,
+                             **sampling: Any) -> Generator[dict[str, Any], None, dict[str, Any]]:
+        """One conversation's turn, token by token (a streaming endpoint: hfrt.daemon.streaming).
+        Takes one row's `context` and `append` and generate_turn's options; yields
+        {"appended": ids of each appended item, "weight_version"} once the prompt is built and checked, then
+        {"id", "logprob", "text" (the token's share of the decoded text), "top" (with top_logprobs)}
+        as each token is sampled, on a KV cache kept for the whole turn (one prefill); returns the
+        row generate_turn gives for this conversation (the same tokens and log-probs for the same
+        seed). Cancelling the call stops sampling before the next token."""
+        params, _, max_prompt, top_k, _, fit = self._turn_options("generate_turn_stream", stop, sampling)
+        params, _ = self._turn_prepare(params)
+        try:
+            ids, appended = extend_context(self.tokenizer, context, append)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"generate_turn row 0: {exc}") from exc  # as generate_turn words it
+        params = self._fit(params, [ids], fit, max_prompt)
+        version = self._turn_version()  # the turn's version: a load during the turn applies from its next step on
+        tokens = self._turn_stream(ids, params, top_k)
+        yield {"appended": appended, "weight_version": version}
+        stats = self.__dict__.setdefault("turn_stream_stats", {"streams": 0, "open": 0, "tokens": 0, "closed_early": 0})
+        stats["streams"] += 1
+        stats["open"] += 1
+        turn_ids, log_probs, pieces, tops, shown, done = [], [], [], [], "", False
+        try:
+            for token, logp, top in tokens:
+                turn_ids.append(token)
+                log_probs.append(logp)
+                stats["tokens"] += 1
+                text = self.tokenizer.decode(turn_ids, skip_special_tokens=True)
+                piece = "" if text.endswith("\ufffd") or not text.startswith(shown) else text[len(shown):]
+                shown = shown + piece
+                pieces.append(piece)
+                tops.append(top)
+                yield {"id": token, "logprob": logp, "text": piece, **({"top": top} if top_k else {})}
+            done = True
+        finally:
+            stats["open"] -= 1
+            stats["closed_early"] += 0 if done else 1
+            if isinstance(tokens, Generator):
+                tokens.close()  # drops the KV cache now
+        return {"appended": appended, "turn_ids": turn_ids, "turn_log_probs": log_probs,
+                "turn_text": self.tokenizer.decode(turn_ids, skip_special_tokens=True), "turn_pieces": pieces,
+                "turn_finished": self._finished(turn_ids, params), "weight_version": version, **({"turn_top": tops} if top_k else {})}
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def turn_streams(self) -> dict[str, int]:
+        """Counters of generate_turn_stream: streams started, open now, tokens sampled, and streams
+        closed before their turn ended (their caller went away)."""
+        return dict(self.__dict__.get("turn_stream_stats") or {"streams": 0, "open": 0, "tokens": 0, "closed_early": 0})
+
+    def _turn_options(self, where: str, stop: Any, sampling: dict[str, Any]) -> tuple[SamplingParams, bool, int | None, int, int, bool]:
+        """A turn call's options read out of its keywords: (params, pieces wanted, max_prompt_tokens,
+        top_logprobs, text_prefix, fit_context)."""
+        if stop is not None and not isinstance(stop, dict):
+            raise TypeError(f"{where}: stop must be a table {{'strings': [...]}}, not {stop!r:.80}")
+        pieces_wanted, max_prompt = bool(sampling.pop("pieces", False)), sampling.pop("max_prompt_tokens", None)
+        top_k, text_prefix = int(sampling.pop("top_logprobs", 0) or 0), int(sampling.pop("text_prefix", 0) or 0)
+        fit = bool(sampling.pop("fit_context", False))
+        stops = tuple(sampling.pop("stop_token_ids", None) or ()) + stop_ids(self.tokenizer, (stop or {}).get("strings", []))
+        params = dataclasses.replace(sampling_params(self.sampling, **sampling), n=1, stop_token_ids=stops)
+        return params, pieces_wanted, max_prompt, top_k, text_prefix, fit
+
+    def _fit(self, params: SamplingParams, contexts: list[list[int]], fit: bool, max_prompt: int | None) -> SamplingParams:
+        """params with max_new_tokens cut to what the longest row's context leaves (with `fit`:
+        max_tokens was not given), after checking the rows' lengths (see _check_lengths)."""
+        limit = context_limit(self)
+        if fit and limit is not None:
+            params = dataclasses.replace(params, max_new_tokens=max(1, min(params.max_new_tokens, limit - max(len(c) for c in contexts))))
+        self._check_lengths(contexts, params.max_new_tokens, max_prompt)
+        return params
+
+    def _finished(self, turn_ids: list[int], params: SamplingParams) -> bool:
+        """Whether a turn ended on eos or a stop token, or before max_new_tokens (False: cut by it)."""
+        eos = self.tokenizer.eos_token_id
+        ends = set(params.stop_token_ids) | ({int(eos)} if eos is not None and not params.ignore_eos else set())
+        return len(turn_ids) < params.max_new_tokens or (bool(turn_ids) and turn_ids[-1] in ends)
 
     def _check_lengths(self, contexts: list[list[int]], max_new_tokens: int, max_prompt: int | None) -> None:
         """ValueError naming the row when a prompt is longer than `max_prompt` tokens or prompt +

@@ -43,7 +43,10 @@ class ServerLimits:
     long_request_tokens: a request whose prompt (estimated from its size) plus max_tokens is longer
     goes to separate batches and is sampled `long_chunk_tokens` at a time (each chunk continues
     the exact ids so far), so a short request waits at most one chunk of a long one. A streamed
-    turn is sampled stream_chunk_tokens per call and each call's tokens are sent as they come."""
+    turn is sampled token by token on the rollout daemon (generate_turn_stream: one prefill, a KV
+    cache kept for the turn, each token sent as it is sampled) when `token_stream` is on and the
+    role's engine can (the HF engine); otherwise stream_chunk_tokens per generate_turn call, each
+    call's tokens sent as they come."""
 
     max_body_bytes: int = 16 << 20
     max_tokens: int = 4096
@@ -54,6 +57,7 @@ class ServerLimits:
     long_request_tokens: int = 256
     long_chunk_tokens: int = 16
     stream_chunk_tokens: int = 4
+    token_stream: bool = True
 
 
 class RowBatcher(TurnBatcher):
@@ -92,6 +96,9 @@ class OpenAIServer:
         self.created = int(time.time())
         self.host, self.port = host, port
         self._http: Any = None
+        self.timeout_s = timeout_s
+        self._token_streams = self.limits.token_stream and _streams(rollout, "generate_turn_stream")
+        self.token_streams = 0  # streamed turns sampled token by token (the rest, in chunks)
 
     @property
     def url(self) -> str:
@@ -244,10 +251,11 @@ class OpenAIServer:
         return row
 
     async def stream(self, turn: TurnRequest, session: str | None = None) -> AsyncIterator[bytes]:
-        """`turn` as server-sent events sent as it is sampled: stream_chunk_tokens per generate_turn
-        call, each call's tokens sent as they come, then the finish chunk (and usage); the session is
-        recorded at the end. With n > 1 or tools the turn is sampled whole first (tool calls are
-        parsed from the whole text), then sent a chunk per token."""
+        """`turn` as server-sent events sent as it is sampled: a chunk per token as the rollout daemon
+        samples it (see _token_steps; else stream_chunk_tokens per generate_turn call, each call's
+        tokens sent as they come), then the finish chunk (and usage); the session is recorded at the
+        end. With n > 1 or tools the turn is sampled whole first (tool calls are parsed from the whole
+        text), then sent a chunk per token."""
         name = session or turn.user
         if turn.n > 1 or turn.tools:
             results, body = await self.complete(turn, session)
@@ -259,17 +267,66 @@ class OpenAIServer:
         context, append = self._continuation(turn, self.sessions.get(name) if name else None)
         options, batcher = self._options(turn, context, append)
         head, row = stream_head(turn, self.model), dict[str, Any]()
-        async for step in self._chunks(batcher, context, append, options, turn, self.limits.stream_chunk_tokens):
+        steps = self._token_steps(context, append, options, turn) if self._token_streams else None
+        if steps is not None and not await anext(steps):  # the role cannot stream token by token: chunks from now on
+            await steps.aclose()
+            self._token_streams, steps = False, None
+        if steps is None:
+            steps = self._chunks(batcher, context, append, options, turn, self.limits.stream_chunk_tokens)
+        sent = ""
+        async for step in steps:
+            if "final" in step:  # the daemon's whole row: the same tokens, with turn_text and turn_finished
+                row = step["final"]
+                continue
             part = TurnResult.from_row(context if not row else [], step)
             for event in token_events(turn, head, part, first=not row):
                 yield event
+            sent += "".join(part.pieces) if len(part.pieces) == len(part.token_ids) else part.text
             row = merge_rows(row, step)
         result = TurnResult.from_row(context, row)
+        if result.text != sent and result.text.startswith(sent):  # text the last token's piece held back (a cut character)
+            for event in token_events(turn, head, TurnResult([], [], [], result.text[len(sent):], result.weight_version, ["one piece"]), first=False):
+                yield event
         body = chat_body(turn, [result], self.model, self.tool_parser) if turn.kind == "chat" else completion_body(turn, [result], self.model)
         if name:
             self._record(name, turn, result, body["choices"][0]["message"] if turn.kind == "chat" else None)
         for event in end_events(turn, head, body):
             yield event
+
+    async def _token_steps(self, context: list[int], append: list[Any], options: dict[str, Any],
+                           turn: TurnRequest) -> AsyncIterator[Any]:
+        """One choice token by token from the rollout daemon's generate_turn_stream (one call: one
+        prefill, then each token as it is sampled, on a rank picked round-robin). Yields True once
+        the call started (False when the role's engine cannot stream: nothing was sampled), then a
+        one-token row per token, then {"final": the daemon's whole row}. Closing this generator
+        (the client went away) cancels the call, which stops the daemon's sampling."""
+        daemons = self.rollout.daemons
+        rank = daemons[self.token_streams % len(daemons)].rank
+        opts = {k: {"strings": list(v)} if k == "stop" else v for k, v in options.items() if k != "pieces"}
+        call = self.rollout.generate_turn_stream.stream(rank, context, append, timeout_s=self.timeout_s, **opts)
+        try:
+            try:
+                head = await anext(call)
+            except RemoteError as exc:
+                if exc.type_name == "NotImplementedError":
+                    yield False
+                    return
+                raise _failed(exc, turn.kind) from exc
+            except (DaemonGone, CallTimeout) as exc:
+                raise _failed(exc, turn.kind) from exc
+            self.token_streams += 1
+            yield True
+            appended, version = head["appended"], head["weight_version"]
+            try:
+                async for token in call:
+                    yield {"appended": appended, "turn_ids": [token["id"]], "turn_log_probs": [token["logprob"]], "turn_text": token["text"],
+                           "turn_pieces": [token["text"]], "weight_version": version, **({"turn_top": [token["top"]]} if "top" in token else {})}
+                    appended = []
+                yield {"final": await call.result()}
+            except (RemoteError, DaemonGone, CallTimeout) as exc:
+                raise _failed(exc, turn.kind) from exc
+        finally:
+            await call.aclose()  # a client gone mid-turn: the daemon stops sampling before its next token
 
     def _options(self, turn: TurnRequest, context: list[int], append: list[Any]) -> tuple[dict[str, Any], TurnBatcher]:
         """generate_turn's options for `turn`, and the batcher its size sends it to."""
@@ -316,6 +373,19 @@ def http_error(exc: AgentGenerationError, kind: str = "completion") -> ApiError:
         return ApiError(503, f"the rollout role is unavailable (incident {incident}; the server log has the details)")
     where = f"{cause.where} raised {cause.type_name}" if isinstance(cause, RemoteError) else type(cause).__name__
     return ApiError(500, f"generate_turn failed: {where} (incident {incident}; the server log has the details)")
+
+
+def _failed(exc: Exception, kind: str) -> ApiError:
+    """A failed stream call as the HTTP error a failed generate_turn call gets (http_error)."""
+    error = AgentGenerationError(f"generate_turn_stream on the rollout role failed: {exc}")
+    error.rows, error.__cause__ = 1, exc
+    return http_error(error, kind)
+
+
+def _streams(rollout: Any, name: str) -> bool:
+    """Whether role group `rollout` declares `name` a streaming endpoint (any other object: no)."""
+    endpoints = getattr(rollout, "endpoints", None)
+    return isinstance(endpoints, dict) and bool((endpoints.get(name) or {}).get("stream")) and bool(getattr(rollout, "daemons", None))
 
 
 def merge_rows(row: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
