@@ -1,8 +1,9 @@
 """Sequence parallelism in the TP engine (parallel/sequence) against one process: tiny random
-models of each verified family at t2p1d1 (and Llama at t2p1d2 under FSDP, with loss_parallel at
-t2p1d1), log-probs, entropy, loss, gradients and weights after one PPO update equal to 1e-5; the
-sequence really is split (a norm's input is a Shard(1) DTensor of half the tokens per rank); and
-the refusals before launch (tp=1, pp>1, an unverified model type).
+models of every verified family at t2p1d1, plus Qwen3 with loss_parallel, a Qwen3 critic and Llama
+with packed micro-batches: log-probs, entropy, loss, every gradient and the weights after one PPO
+update equal to 1e-5 (fp32), and the sequence really is split (the first norm's input is a Shard(1)
+DTensor holding half of the padded-to-even columns on each rank); then the refusals before launch
+(tp=1, pp>1, an unverified model type). t2p1d2 (FSDP) cases sit in test_mesh_engine's 4-rank spawn.
 
 One spawn of 2 real ranks (gloo) runs every rank-side case; the tests read its results.
 """
@@ -22,9 +23,12 @@ from hfrt.roles.training.parallel import sequence
 from . import model_zoo
 from .dist_workers import make_batch, ppo_loss, rows_for, run_ranks
 
-#: (family, extra) at tp=2, pp=1 on 2 ranks; extra "lp": with loss_parallel, "critic": a value model
-CASES = [("llama", ""), ("qwen3", ""), ("qwen3", "lp"), ("critic-qwen3", "")]
+#: (family, extra) at tp=2, pp=1 on 2 ranks; extra "lp": with loss_parallel, "pack": packed
+#: micro-batches (padded with a filler sequence to even length); family "critic-<f>": a value model
+CASES = [(f, "") for f in model_zoo.FAMILIES] + [("qwen3", "lp"), ("critic-qwen3", ""), ("llama", "pack")]
 TOL = 1e-5
+
+pytestmark = [pytest.mark.timeout(600)]
 
 
 def _config(tp: int = 1, **kwargs: Any) -> EngineConfig:
@@ -51,7 +55,8 @@ def sp_ranks(rank: int, world: int, *, out_dir: Path, cases: list[tuple[str, str
     out: dict[str, Any] = {}
     for family, extra in cases:
         value = family.startswith("critic-")
-        engine = build_train_engine(_model(family), _config(2, sequence_parallel=True, loss_parallel=extra == "lp"))
+        config = _config(2, sequence_parallel=True, loss_parallel=extra == "lp", pack=extra == "pack")
+        engine = build_train_engine(_model(family), config)
         seen = _norm_inputs(engine)
         batch = rows_for(make_batch(128), engine.dp_rank, engine.dp_size)
         res = _one_update(engine, batch, value)
@@ -87,12 +92,13 @@ def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max() / (b[k].abs().max() + 1e-3)) for k in a)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(x for x in c if x))
 def test_sequence_parallel_update_equals_one_process(ranks: list[dict[str, Any]], case: tuple[str, str]) -> None:
     family, extra = case
     value = family.startswith("critic-")
     model = _model(family)
-    ref = _one_update(build_train_engine(model, _config()), make_batch(128), value)
+    ref = _one_update(build_train_engine(model, _config(pack=extra == "pack")), make_batch(128), value)
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     ref_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     mask = make_batch(128)["response_mask"]
