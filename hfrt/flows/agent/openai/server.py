@@ -16,7 +16,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from hfrt.flows.agent.loop import AgentGenerationError, Trajectory, TurnBatcher
@@ -267,10 +267,14 @@ class OpenAIServer:
         context, append = self._continuation(turn, self.sessions.get(name) if name else None)
         options, batcher = self._options(turn, context, append)
         head, row = stream_head(turn, self.model), dict[str, Any]()
-        steps = self._token_steps(context, append, options, turn) if self._token_streams else None
-        if steps is not None and not await anext(steps):  # the role cannot stream token by token: chunks from now on
-            await steps.aclose()
-            self._token_streams, steps = False, None
+        steps: AsyncIterator[Any] | None = None
+        if self._token_streams:
+            tokens = self._token_steps(context, append, options, turn)
+            if await anext(tokens):
+                steps = tokens
+            else:  # the role cannot stream token by token: chunks from now on
+                await tokens.aclose()
+                self._token_streams = False
         if steps is None:
             steps = self._chunks(batcher, context, append, options, turn, self.limits.stream_chunk_tokens)
         sent = ""
@@ -294,7 +298,7 @@ class OpenAIServer:
             yield event
 
     async def _token_steps(self, context: list[int], append: list[Any], options: dict[str, Any],
-                           turn: TurnRequest) -> AsyncIterator[Any]:
+                           turn: TurnRequest) -> AsyncGenerator[Any, None]:
         """One choice token by token from the rollout daemon's generate_turn_stream (one call: one
         prefill, then each token as it is sampled, on a rank picked round-robin). Yields True once
         the call started (False when the role's engine cannot stream: nothing was sampled), then a
