@@ -279,6 +279,10 @@ def check_parallel(context: DaemonContext, opts: ModelOptions, where: str | None
         from hfrt.roles.training.parallel.tp_plan import check_loss_parallel
 
         check_loss_parallel(model_config(opts), engine.tp, where)
+    if engine.sequence_parallel:
+        from hfrt.roles.training.parallel import sequence
+
+        sequence.check(model_config(opts), engine.tp, engine.pp, where)
     if engine.tp * engine.pp == 1:
         return
     from hfrt.roles.training.parallel import pipeline, tp_plan

@@ -18,13 +18,14 @@ from .dist_workers import make_batch, ppo_loss, rows_for
 
 def _engine(
     family: str, tp: int, pp: int, *, seed: int = 0, tied: bool = False, schedule: str = "1f1b", value: bool = False,
-    loss_parallel: bool = False, precision: str = "fp32",
+    loss_parallel: bool = False, precision: str = "fp32", sequence_parallel: bool = False,
 ) -> Any:  # fmt: skip
     from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
 
     model = model_zoo.value_model(family, seed=seed) if value else model_zoo.model(family, seed=seed, tied=tied)
     config = EngineConfig(backend="tp", tp=tp, pp=pp, micro_batch_size=2, pp_schedule=schedule, loss_parallel=loss_parallel,
-                          mixed_precision=precision, optim=OptimConfig(lr=1e-2, eps=1e-3))  # fmt: skip
+                          mixed_precision=precision, sequence_parallel=sequence_parallel,
+                          optim=OptimConfig(lr=1e-2, eps=1e-3))  # fmt: skip
     return build_train_engine(model, config)
 
 
@@ -51,10 +52,12 @@ def one_update(
     """Log-probs (a critic's values) and entropy before, then one PPO (value) step on this dp
     rank's rows: loss, grad norm, full gradients and full weights after (rank 0 keeps the tensors).
     family "critic-<f>" is f's decoder stack with a value head; extra "lp": loss_parallel (the
-    forward's DTensor all-gathers are counted), "bf16": bf16 compute (pipeline shapes inferred)."""
+    forward's DTensor all-gathers are counted), "bf16": bf16 compute (pipeline shapes inferred),
+    "sp": sequence parallelism."""
     value = family.startswith("critic-")
     engine = _engine(family.removeprefix("critic-"), tp, pp, tied=tied, schedule=schedule, value=value,
-                     loss_parallel=extra == "lp", precision="bf16" if extra == "bf16" else "fp32")  # fmt: skip
+                     loss_parallel=extra == "lp", precision="bf16" if extra == "bf16" else "fp32",
+                     sequence_parallel=extra == "sp")  # fmt: skip
     batch = rows_for(make_batch(128), engine.dp_rank, engine.dp_size)
     entropy, gathers = None, 0
     if value:

@@ -127,3 +127,17 @@ def test_sequence_parallel_is_refused_where_it_cannot_apply() -> None:
     with pytest.raises(sequence.SequenceParallelError, match="not 'gpt2'"):
         sequence.check(config, 2, 1)
     sequence.check(llama, 2, 1)
+
+
+def test_sequence_parallel_is_checked_before_launch() -> None:
+    from hfrt.roles.check import problems
+
+    found = problems({
+        "actor": {"impl": "actor", "world_size": 2, "options": {"parallel": {"tp": 1}, "engine": {"sequence_parallel": True}}},
+        "critic": {"impl": "critic", "world_size": 4,
+                   "options": {"engine": {"backend": "tp", "tp": 2, "pp": 2, "sequence_parallel": True}}},
+        "fine": {"impl": "actor", "world_size": 2, "options": {"parallel": {"tp": 2}, "engine": {"sequence_parallel": True}}},
+    })  # fmt: skip
+    assert len(found) == 2, found
+    assert found[0].startswith("roles.actor:") and "sequence_parallel needs tp > 1" in found[0]
+    assert found[1].startswith("roles.critic:") and "pipeline parallelism (pp=2)" in found[1]
