@@ -282,7 +282,7 @@ def check_parallel(context: DaemonContext, opts: ModelOptions, where: str | None
     if engine.sequence_parallel:
         from hfrt.roles.training.parallel import sequence
 
-        sequence.check(model_config(opts), engine.tp, engine.pp, where)
+        sequence.check(model_config(opts), engine.tp, where)
     if engine.tp * engine.pp == 1:
         return
     from hfrt.roles.training.parallel import pipeline, tp_plan

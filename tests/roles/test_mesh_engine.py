@@ -37,7 +37,7 @@ CASES = {2: [(f, tp, pp, False, "1f1b") for f in model_zoo.FAMILIES for tp, pp i
             + [("qwen3", 2, 2, False, IL), ("qwen3_moe", 2, 2, False, IL), ("llama", 2, 2, True, IL),
                ("llama", 1, 2, False, IL), ("critic-qwen3", 1, 2, False, IL)]
             + [("qwen3", 2, 2, False, "1f1b", "lp"), ("llama", 2, 1, False, "1f1b", "lp")]
-            + [("llama", 2, 1, False, "1f1b", "sp"), ("qwen3", 2, 1, False, "1f1b", "sp")]}  # fmt: skip
+            + [("llama", 2, 1, False, "1f1b", "sp"), ("qwen3", 2, 2, False, IL, "sp"), ("llama", 2, 2, True, "1f1b", "sp")]}  # fmt: skip
 #: interleaved training → generation (one stage): the two stages' ranks of one tp rank form a micro-DP group
 RESHARD = [("t2p2d1v2", "t2p1d2")]
 #: fp32 sums of a few hundred terms in another order: 1e-5 relative to the tensor's scale. AdamW

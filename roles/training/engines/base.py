@@ -72,7 +72,7 @@ class EngineConfig:
     loss_parallel: log-probs / entropy from the tp-sharded head's logits without gathering them
         (torch's loss_parallel; needs tp > 1 dividing the vocabulary and an untied head).
     sequence_parallel: between attention / MLP blocks each tp rank holds 1/tp of the sequence
-        (Megatron's sequence parallelism; needs tp > 1 and pp = 1; see parallel/sequence).
+        (Megatron's sequence parallelism; needs tp > 1; see parallel/sequence).
     tp_plan: entries added to / replacing the model's transformers TP plan (module pattern →
         style name, e.g. {"model.layers.*.mlp.down_proj": "rowwise"}).
     zero_stage: DeepSpeed ZeRO stage (1, 2 or 3); ignored by other backends.
@@ -103,10 +103,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         batching.check_settings(self.max_tokens_per_micro_batch, self.pack, self.pp)
-        if self.sequence_parallel and (self.tp < 2 or self.pp > 1):
+        if self.sequence_parallel and self.tp < 2:
             from hfrt.roles.training.parallel.sequence import check
 
-            check(None, self.tp, self.pp, "engine")
+            check(None, self.tp, "engine")
 
 
 # ------------------------------------------------------------------------------------ batches

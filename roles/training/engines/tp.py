@@ -109,7 +109,7 @@ class TPEngine(TrainEngine):
                 raise ValueError("engine: loss_parallel applies to a causal LM's vocabulary head; a value model has none")
             tp_plan.check_loss_parallel(lm.config, config.tp, "engine")
         if config.sequence_parallel:
-            sequence.check(lm.config, config.tp, config.pp, "engine")
+            sequence.check(lm.config, config.tp, "engine")
         #: pipeline stages this rank holds (interleaved schedules: several, non-adjacent)
         self.virtual = pipeline.stages_per_rank(config.pp_schedule, config.pp_stages_per_rank, config.pp, "engine")
         pipeline.check_pp(tp_plan.text_config(lm.config), config.pp, "engine", self.virtual)
@@ -148,6 +148,8 @@ class TPEngine(TrainEngine):
         self.blocks = transformer_blocks(model)
         mine = rank_stages(self.pp_size, self.pp_rank, self.virtual) if self.pp_size > 1 else []
         self.stages = [pipeline.StageModule(model, s, num_stages) for s in mine]
+        for stage in self.stages if config.sequence_parallel else []:
+            stage.sequence_mesh = self.mesh.mesh["tp"]
         self.stage = self.stages[0] if self.stages else None  # None: no pipeline
         self.sharded = self.dp_size > 1  # FSDP2 over the dp sub-mesh; a dp of 1 keeps plain tensors
         if self.sharded:
@@ -218,6 +220,9 @@ class TPEngine(TrainEngine):
         out = dict(batch)
         if "position_ids" not in out:
             out["position_ids"] = position_ids_from_mask(out["attention_mask"])
+        if extra := -int(out["input_ids"].shape[1]) % self.seq_multiple:  # padding columns on the left
+            for key in ("input_ids", "attention_mask", "position_ids"):
+                out[key] = torch.nn.functional.pad(out[key], (extra, 0))
         return out
 
     def _micro_batches(self, rows: int, size: int | None) -> int:
@@ -247,6 +252,7 @@ class TPEngine(TrainEngine):
             return pipeline.run_schedule(
                 self.stages, group=self.pp_group, device=self.device, schedule=self.config.pp_schedule, batch=batch,
                 micro_batches=self._micro_batches(batch_rows(batch), micro_batch_size), loss=loss, hidden=self._hidden,
+                seq_shards=self.seq_multiple,
             )  # fmt: skip
 
     def step(

@@ -138,6 +138,9 @@ class StageModule(nn.Module):
     — so each can be its own FSDP root and torch's schedule unshards exactly its chunk."""
 
     lm: Any  # the rank's (cut) model, not a child: stages of one rank share it
+    #: the tp mesh when the model runs sequence-parallel (parallel/sequence): stages then send and
+    #: receive this rank's sequence shard [rows, T / tp, hidden], a DTensor Shard(1) inside
+    sequence_mesh: Any = None
 
     def __init__(self, model: nn.Module, stage: int, num_stages: int) -> None:
         super().__init__()
@@ -168,6 +171,10 @@ class StageModule(nn.Module):
         from hfrt.roles.training.engines.base import token_log_probs
 
         base = base_of(self.lm)
+        if not self.first and self.sequence_mesh is not None:
+            from torch.distributed.tensor import DTensor, Shard
+
+            x = DTensor.from_local(x, self.sequence_mesh, [Shard(1)], run_check=False)
         inputs = {"input_ids": x} if self.first else {"inputs_embeds": x}
         # this stage's layers only, and the final norm only on the last stage (a rank may hold others)
         held = (base.layers, base.norm)
@@ -178,7 +185,7 @@ class StageModule(nn.Module):
             base.layers, base.norm = held
         hidden = hidden.last_hidden_state
         if not self.last:
-            return hidden
+            return hidden.to_local() if self.sequence_mesh is not None else hidden
         width = int(responses.shape[1])
         at = hidden[:, -width - 1 : -1]
         if self.is_value:
@@ -206,6 +213,7 @@ def run_schedule(
     micro_batches: int,
     loss: RowsLoss | None,
     hidden: tuple[int, torch.dtype] | None = None,
+    seq_shards: int = 1,
 ) -> Any:
     """One batch through the pipeline in `micro_batches` equal micro-batches (rows are padded by
     repeating the first row; padded rows have index -1 and must not reach the loss). This rank runs
@@ -214,7 +222,8 @@ def run_schedule(
     last stage's output for the real rows, broadcast to every pipeline rank; collective over
     `group`. `hidden` (hidden size, activation dtype) gives the stages their shapes up front;
     without it each stage infers them by running the first micro-batch once more (torch's dynamic
-    mode)."""
+    mode). `seq_shards`: the activations between stages hold 1/seq_shards of the columns (sequence
+    parallelism; the columns must divide)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     modules = stage_modules if isinstance(stage_modules, list) else [stage_modules]
@@ -229,7 +238,7 @@ def run_schedule(
     cols = {k: batch[k][take].to(device) for k in ("input_ids", "attention_mask", "position_ids", "responses")}
     pipe_stages: list[Any] = []
     for module in modules:
-        shapes = _stage_shapes(module, per, cols, hidden) if hidden is not None else {}
+        shapes = _stage_shapes(module, per, cols, hidden, seq_shards) if hidden is not None else {}
         pipe_stages.append(PipelineStage(module, module.stage, module.num_stages, device, group=group, **shapes))
     if schedule in MULTI_STAGE:
         runner: Any = ScheduleInterleaved1F1B(pipe_stages, n_microbatches=micro_batches, loss_fn=loss, scale_grads=False)
@@ -250,13 +259,14 @@ def run_schedule(
 
 
 def _stage_shapes(
-    module: StageModule, rows: int, cols: Mapping[str, torch.Tensor], hidden: tuple[int, torch.dtype]
+    module: StageModule, rows: int, cols: Mapping[str, torch.Tensor], hidden: tuple[int, torch.dtype], seq_shards: int = 1
 ) -> dict[str, Any]:
     """Meta tensors of one micro-batch's stage input and output (torch's static mode)."""
     size, dtype = hidden
     length, width = int(cols["input_ids"].shape[1]), int(cols["responses"].shape[1])
-    states = torch.empty(rows, length, size, dtype=dtype, device="meta")
-    received = torch.empty(rows, length, size, dtype=dtype, device="meta", requires_grad=module.training)
+    shard = length // seq_shards  # a stage's share of the columns (sequence parallelism)
+    states = torch.empty(rows, shard, size, dtype=dtype, device="meta")
+    received = torch.empty(rows, shard, size, dtype=dtype, device="meta", requires_grad=module.training)
     inputs = torch.empty(rows, length, dtype=torch.long, device="meta") if module.first else received
     grads_in = {"input_grads": None if module.first else states}
     if not module.last:

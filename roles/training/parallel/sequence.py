@@ -11,9 +11,10 @@ row-parallel entries directly under a block get a `Shard(1)` output (`sequence_p
 the residual stream is a DTensor, transformers' model code sees the global sequence length (the
 causal mask, rotary positions) while each rank stores its shard.
 
-What is refused before launch (`check`): tp < 2, pipeline parallelism (a stage would send DTensor
-shards; not built) and model types whose decoder layers the tests have not run this way
-(VERIFIED). It knows nothing of engines, data parallelism, losses or generation.
+With pipeline stages, each stage sends and receives its sequence shard (parallel/pipeline's
+`StageModule.sequence_mesh`). Refused before launch (`check`): tp < 2 and model types whose
+decoder layers the tests have not run this way (VERIFIED). It knows nothing of engines, pipelines,
+data parallelism, losses or generation.
 """
 
 from __future__ import annotations
@@ -34,17 +35,12 @@ class SequenceParallelError(ValueError):
     """sequence_parallel cannot apply to this layout or model; the message says why."""
 
 
-def check(config: Any, tp: int, pp: int, where: str = "engine") -> None:
+def check(config: Any, tp: int, where: str = "engine") -> None:
     """Refuse sequence_parallel where it cannot apply. Config only: runs before launch."""
     cfg = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
     family = getattr(cfg, "model_type", type(cfg).__name__)
     if tp < 2:
         raise SequenceParallelError(f"{where}: sequence_parallel needs tp > 1 (it splits the sequence over the tp ranks); got tp={tp}")
-    if pp > 1:
-        raise SequenceParallelError(
-            f"{where}: sequence_parallel is not built for pipeline parallelism (pp={pp}): stages would have to send "
-            f"sequence shards with static shapes divided by tp; use pp=1 or sequence_parallel=false"
-        )
     if family not in VERIFIED:
         raise SequenceParallelError(
             f"{where}: sequence_parallel is verified for model types {', '.join(VERIFIED)}, not {family!r} "
