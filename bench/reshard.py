@@ -24,6 +24,9 @@ state (median of the busiest rank), the storage the generation model holds beyon
 parameters, and time. JSON: `actor_cases` with `train`, `gen`, `peak_rss_delta_mb`,
 `clone_peak_rss_delta_mb`, `added_mb`, `clone_added_mb`, `gen_shard_mb`, `time_s`, `clone_time_s`,
 `weights_equal`.
+
+`--vllm` measures the push into vLLM at a generation tp instead: micro-DP pieces presented
+full-shaped to vLLM's loaders against today's full blocks (bench/reshard_vllm.py; JSON `vllm_cases`).
 """
 
 from __future__ import annotations
@@ -374,12 +377,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", nargs="+", default=["llama-small", "qwen3-small"], choices=PRESETS,
                    help="models, run one after the other (random ones built from a config; smollm2-135m from its package)")
     p.add_argument("--repeats", type=int, default=7, help="transitions per method and case (median reported)")
-    p.add_argument("--pairs", nargs="+", default=PAIRS, help="train:gen layout pairs, e.g. t2p1d2:t1p1d4 (4 ranks)")
+    p.add_argument("--pairs", nargs="+", help="train:gen layout pairs, e.g. t2p1d2:t1p1d4 (4 ranks; default: all above)")
     p.add_argument("--actor", action="store_true", help="measure the actor's transition (stream + adopt vs clone + copy)")
+    p.add_argument("--vllm", action="store_true", help="measure the push into vLLM at a generation tp: micro-DP pieces vs full blocks (bench/reshard_vllm.py)")
     add_output_flags(p)
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
+    if args.vllm:
+        return _vllm(p, args)
+    args.pairs = args.pairs or PAIRS
     from hfrt.roles.training.parallel.layout import Layout, check_pair
 
     for pair in args.pairs:
@@ -423,6 +430,18 @@ def main(argv: list[str] | None = None) -> int:
                 f"{c['preset']:>12} {c['train']:>7} {c['gen']:>7} {c['micro_dp']:>2} {c['bytes_per_rank']:>11} {c['naive_bytes_per_rank']:>11} "
                 f"{c['time_s']:>9.5f} {c['naive_time_s']:>9.5f} {c['peak_rss_delta_mb']:>7.1f} {c['naive_peak_rss_delta_mb']:>7.1f} {c['weights_equal']}"
             )
+    emit(result, args)
+    return 0
+
+
+def _vllm(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`--vllm`: pieces vs full blocks into vLLM (bench/reshard_vllm.py), one spawn per case."""
+    from hfrt.bench import reshard_vllm
+
+    try:
+        result = reshard_vllm.run(args.preset, args.pairs or reshard_vllm.PAIRS, args.repeats, header=not args.json)
+    except ValueError as e:
+        p.error(str(e))
     emit(result, args)
     return 0
 

@@ -48,8 +48,9 @@ class VLLMConfig:
     tensor_parallel_size / data_parallel_size: > 1 runs vLLM's "external_launcher" executor: this
         process is one vLLM rank of the torch.distributed world already set up (every rank builds
         its LLM together; vLLM creates its TP / DP groups over that world, TP innermost: TP rank =
-        rank % tp, DP rank = rank // tp). Weights still come as full checkpoint tensors, one block
-        at a time; vLLM's loaders keep this rank's TP slice (see load_weights).
+        rank % tp, DP rank = rank // tp). Weights come as checkpoint-format tensors, one block at
+        a time, and vLLM's loaders keep this rank's TP slice (see load_weights); the actor sends
+        only that slice, full-shaped (roles/generation/vllm_pieces.py).
     """
 
     model_dir: str
