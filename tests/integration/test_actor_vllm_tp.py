@@ -1,6 +1,6 @@
 """A GRPO run whose actor trains at tp=2 on 2 ranks and samples with vLLM at tp=2 (each actor rank
 one vLLM rank through external_launcher): it finishes, vLLM ran with the external launcher on
-both ranks, and every step pushed weights."""
+both ranks, and every step pushed weights, by micro-DP pieces."""
 
 from __future__ import annotations
 
@@ -34,3 +34,6 @@ def test_grpo_with_a_tp2_actor_sampling_through_vllm_tp2(tmp_path: Path) -> None
     stepped = [r for r in records if "actor/loss" in r]
     assert len(stepped) == 2
     assert all(r["rollout/reshard/pushed_mb"] > 0 for r in stepped)
+    # the push went by micro-DP pieces (roles/generation/vllm_pieces.py): equal layouts receive
+    # nothing over the collectives; the vocabulary (259, padded per vLLM partition) goes whole
+    assert all(r["rollout/reshard/bytes_received"] == 0 and r["rollout/reshard/whole_params"] == 2 for r in stepped)
