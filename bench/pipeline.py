@@ -5,7 +5,9 @@ tp × pp × dp engine at several layouts, optionally beside another checkout of 
 same run (`--baseline-tree`, e.g. the commit before the engine moved onto torch's parallelism).
 
 Run: `hfrt bench pipeline [--micro-batches 8] [--schedules gpipe 1f1b interleaved-1f1b]
-[--layouts t2p1d1 t1p2d1 t1p1d2 t1p2d1v2] [--steps 5] [--baseline-tree DIR] [--json] [--out FILE]`
+[--layouts t2p1d1 t1p2d1 t1p1d2 t1p2d1v2] [--steps 5] [--baseline-tree DIR] [--sequence-parallel]
+[--json] [--out FILE]` (`--sequence-parallel`: also t2p1d1 with and without engine.sequence_parallel,
+its activations and step time side by side; `--schedules` / `--layouts` may then be left empty)
 (a layout's `v2`: interleaved 1F1B with 2 stages per pipeline rank). Every measurement starts its own ranks (one process
 each, gloo on CPU, NCCL with CUDA) running a random Llama-shaped model built in code; rank
 processes import hfrt from the tree given (PYTHONPATH), so a baseline tree needs `hfrt/roles`,
@@ -52,6 +54,8 @@ model = AutoModelForCausalLM.from_config(cfg)
 extra = {"pp_schedule": args["schedule"]} if "pp_schedule" in EngineConfig.__dataclass_fields__ else {}
 if args.get("virtual", 1) > 1:
     extra["pp_stages_per_rank"] = args["virtual"]
+if args.get("sequence_parallel"):
+    extra["sequence_parallel"] = True
 engine = build_train_engine(model, EngineConfig(backend="tp", tp=args["tp"], pp=args["pp"],
                             micro_batch_size=args["micro_batch_size"], optim=OptimConfig(lr=1e-5), **extra))
 rows, length, width = args["rows"] // engine.dp_size, args["seq"], args["seq"] // 2
@@ -71,7 +75,8 @@ def used():
 held = [0, 0]  # bytes saved for backward now, and their peak over the step
 class Saved:
     def __init__(self, t):
-        self.t, self.n = t, t.numel() * t.element_size()
+        local = getattr(t, "_local_tensor", t)  # a DTensor: this rank's piece
+        self.t, self.n = t, local.numel() * local.element_size()
         held[0] += self.n; held[1] = max(held[1], held[0])
     def __del__(self):
         held[0] -= self.n
@@ -149,16 +154,30 @@ def schedule_settings(schedule: str, micro_batches: int) -> dict[str, Any]:
     return {"tp": 1, "pp": 2, "dp": 1, "schedule": schedule, "virtual": virtual, "rows": 2 * micro_batches, "micro_batch_size": 2}
 
 
+def sequence_parallel(common: dict[str, Any], micro_batches: int) -> dict[str, Any]:
+    """t2p1d1 with `micro_batches` micro-batches of 2 rows, sequence parallelism off and on."""
+    base = common | {"tp": 2, "pp": 1, "dp": 1, "schedule": "1f1b", "rows": 2 * micro_batches, "micro_batch_size": 2}
+    out: dict[str, Any] = {"layout": "t2p1d1"}
+    for name, on in (("off", False), ("on", True)):
+        out[name] = measure(base | {"sequence_parallel": on}, None)
+        print(f"t2p1d1 sequence_parallel {name}: {json.dumps(out[name])}", flush=True)
+    out["saved_ratio_on_vs_off"] = round(out["on"]["peak_saved_for_backward_mb"] / max(out["off"]["peak_saved_for_backward_mb"], 1e-9), 3)
+    out["step_ratio_on_vs_off"] = round(out["on"]["step_s"] / out["off"]["step_s"], 3)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hfrt bench pipeline", description=__doc__.split("\n\n")[0])
     parser.add_argument("--micro-batches", type=int, default=8, help="micro-batches per step in the memory comparison")
     parser.add_argument("--seq", type=int, default=256, help="tokens per row (half of them response)")
     parser.add_argument("--hidden", type=int, default=256, help="hidden size of the random Llama model")
     parser.add_argument("--layers", type=int, default=4, help="decoder layers")
-    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
+    parser.add_argument("--schedules", nargs="*", choices=SCHEDULES, default=list(SCHEDULES),
                         help="schedules of the memory comparison (pp=2)")  # fmt: skip
-    parser.add_argument("--layouts", nargs="+", type=parse_layout, default=[(2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1)],
+    parser.add_argument("--layouts", nargs="*", type=parse_layout, default=[(2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 2, 1)],
                         help="layouts of the step-time comparison (t1p2d1v2: interleaved, 2 stages per rank)")  # fmt: skip
+    parser.add_argument("--sequence-parallel", action="store_true",
+                        help="also compare t2p1d1 with and without engine.sequence_parallel (memory and step time)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per measurement (after one warm-up)")
     parser.add_argument("--baseline-tree", help="another hfrt checkout whose engine is timed beside this one "
                         "(a folder holding an `hfrt` package with roles/, protocols/ ... inside it)")  # fmt: skip
@@ -191,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         timing[name] = row
         print(name, json.dumps(row), flush=True)
     result["step_time"] = timing
+    if args.sequence_parallel:
+        result["sequence_parallel"] = sequence_parallel(common, args.micro_batches)
     emit(result, args)
     return 0
 

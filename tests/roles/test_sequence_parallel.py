@@ -2,7 +2,8 @@
 models of every verified family at t2p1d1, plus Qwen3 with loss_parallel, a Qwen3 critic and Llama
 with packed micro-batches: log-probs, entropy, loss, every gradient and the weights after one PPO
 update equal to 1e-5 (fp32), and the sequence really is split (the first norm's input is a Shard(1)
-DTensor holding half of the padded-to-even columns on each rank); then the refusals before launch
+DTensor holding half of the padded-to-even columns on each rank); checkpoints moved between an
+engine with it and one without (DCP, both ways); then the refusals before launch
 (tp=1, an unverified model type). Cases with FSDP (t2p1d2) and pipelines (t2p2d1, 1F1B and
 interleaved, a tied head) sit in test_mesh_engine's 4-rank spawn.
 
@@ -67,6 +68,28 @@ def sp_ranks(rank: int, world: int, *, out_dir: Path, cases: list[tuple[str, str
         out[f"{family}-{extra}"] = res
         dist.barrier()
         del engine
+    out["checkpoints"] = _checkpoints_across(out_dir)
+    return out
+
+
+def _checkpoints_across(folder: Path) -> dict[str, float]:
+    """Qwen3 at t2p1d1: a step with sequence parallelism, saved, loaded without it (then back):
+    the weights equal after each load, the next step's loss equals the saving engine's."""
+
+    def engine(sp: bool, seed: int) -> Any:
+        return build_train_engine(model_zoo.model("qwen3", seed=seed), _config(2, sequence_parallel=sp))
+
+    batch = make_batch(128)
+    out = {}
+    on = engine(True, 0)
+    on.step(ppo_loss, batch)
+    for name, other in (("off", engine(False, 1)), ("on_again", engine(True, 2))):
+        on.save(folder / name)
+        other.load(folder / name)
+        a, b = on.full_parameters(), other.full_parameters()
+        out[f"{name}_weights"] = max(float((a[k] - b[k]).abs().max()) for k in a)
+        out[f"{name}_loss"] = abs(on.step(ppo_loss, batch)["loss"] - other.step(ppo_loss, batch)["loss"])
+        on = other
     return out
 
 
@@ -115,6 +138,13 @@ def test_sequence_parallel_update_equals_one_process(ranks: list[dict[str, Any]]
         # the sequence was split: the norm saw a Shard(1) DTensor, half the (even) columns here
         placements, full, local = res["norm_inputs"][0]
         assert "Shard(dim=1)" in placements and full[1] % 2 == 0 and local[1] * 2 == full[1], res["norm_inputs"][0]
+
+
+@pytest.mark.slow
+def test_checkpoints_load_with_and_without_sequence_parallel(ranks: list[dict[str, Any]]) -> None:
+    for res in (r["checkpoints"] for r in ranks):
+        assert res["off_weights"] == 0 and res["on_again_weights"] == 0, res
+        assert res["off_loss"] < 1e-6 and res["on_again_loss"] < 1e-6, res
 
 
 def test_sequence_parallel_is_refused_where_it_cannot_apply() -> None:
