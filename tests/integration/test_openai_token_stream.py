@@ -129,8 +129,8 @@ async def test_a_short_request_is_answered_within_a_second_while_a_long_stream_r
         assert status == 200
         print(f"long stream: first token after {first_token_s:.2f} s; the short request waited {waited:.2f} s "
               f"(load {os.getloadavg()[0]:.1f})")
-        if os.getloadavg()[0] < 3:  # a short call runs between two of the stream's decode steps
-            assert waited < 1.0, waited
+        # a short call runs between two of the stream's decode steps: 1 s on a quiet machine, looser on a loaded one
+        assert waited < (1.0 if os.getloadavg()[0] < 3 else 5.0), waited
         body = await reader.read(1 << 16)
         assert b"data: " in body  # still streaming after the short one was answered
     finally:
