@@ -36,6 +36,7 @@ class CallStream:
         self._parts: deque[Any] = deque()
         self._wake = asyncio.Event()
         self.received = 0
+        self.timeout_s: float | None = None  # the wait each partial restarts (set by submit_stream)
         self.future.add_done_callback(lambda _: self._wake.set())
 
     def put(self, value: Any) -> None:
@@ -52,7 +53,8 @@ class CallStream:
             if self._parts:
                 return self._parts.popleft()
             if self.future.done():
-                self.future.result()  # the call's error, if it failed
+                if not self.future.cancelled():
+                    self.future.result()  # the call's error, if it failed
                 raise StopAsyncIteration
             self._wake.clear()
             await self._wake.wait()
@@ -79,17 +81,20 @@ class StreamCalls:
 
     _calls: dict[int, Any]
     _next_id: int
+    default_timeout_s: float | None
     _stats: dict[str, int]
     _strays: Any
 
     if TYPE_CHECKING:
         def submit(self, info: DaemonInfo, endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
                    timeout_s: float | None = None, reply: bool = True) -> asyncio.Future[Any]: ...
+        def _expire(self, call_id: int, timeout: float) -> None: ...
 
     def submit_stream(self, info: DaemonInfo, endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
                       timeout_s: float | None = None) -> CallStream:
         """Send one Call of a streaming endpoint to one daemon now; its partials feed the stream.
-        `timeout_s` bounds the whole call, partials included."""
+        `timeout_s` (else the controller's default) bounds each wait: for the first partial, between
+        two partials, and for the reply after the last, so a long stream that keeps producing lives on."""
         streams = self.__dict__.setdefault("_streams", {})
         ended: dict[int, None] = self.__dict__.setdefault("_streams_ended", {})
         call_id = self._next_id  # the id submit() gives this call
@@ -97,6 +102,7 @@ class StreamCalls:
         stream = CallStream(future)
         if not future.done():
             streams[call_id] = stream
+            stream.timeout_s = self.default_timeout_s if timeout_s is None else timeout_s
 
             def forget(_: asyncio.Future[Any]) -> None:
                 streams.pop(call_id, None)
@@ -119,5 +125,9 @@ class StreamCalls:
         if ident != pending.daemon.route:
             self._stats["dropped_replies"] += 1
             return
-        pending.daemon.last_seen = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        pending.daemon.last_seen = loop.time()
+        if pending.timer is not None and stream.timeout_s is not None:  # the deadline counts from this partial
+            pending.timer.cancel()
+            pending.timer = loop.call_later(stream.timeout_s, self._expire, msg.call_id, stream.timeout_s)
         stream.put(msg.value)

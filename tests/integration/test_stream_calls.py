@@ -1,7 +1,8 @@
 """Streaming endpoints on a real daemon process (the echo role's `count`): each yielded value
 arrives as a Partial before the Reply, in order and while the generator still runs; an ordered call
 runs between two steps; closing the stream early stops the daemon's generator (its `finally` runs,
-no more values come); an error after some values reaches both the iteration and `result()`."""
+no more values come); an error after some values reaches both the iteration and `result()`; a
+stream's timeout bounds each wait between its messages, not its whole length."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from hfrt import RemoteError
+from hfrt import CallTimeout, RemoteError
 from tests.support import echo_specs, local_cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -60,3 +61,10 @@ async def test_stream_calls_yield_partials_then_a_result_and_stop_when_closed() 
 
         with pytest.raises(TypeError, match="not a streaming endpoint"):
             echo.ping.stream(0)
+
+        # timeout_s bounds each wait, not the whole stream: 1 s of steps 0.25 s apart within 0.6 s each
+        stream = echo.count.stream(0, 4, 0.25, timeout_s=0.6)
+        assert [v async for v in stream] == [0, 1, 2, 3]
+        stream = echo.count.stream(0, 3, 0.8, timeout_s=0.4)
+        with pytest.raises(CallTimeout):
+            await stream.result()
