@@ -3,7 +3,7 @@ tp with one pipeline stage through micro-DP resharding: the tiny Llama preset at
 a tiny random Qwen3 (built here, saved to a local folder, 4 kv heads) at t4p1d1 → t2p1d2 (sampling
 in strided generation TP groups) and at t2p2d1 → t2p1d2 (a training pipeline merged into one
 generation stage), and a 4-layer one at t2p2d1 under the interleaved 1F1B schedule (two stages
-per pipeline rank) with loss_parallel → t2p1d2. They finish, and every step reports the reshard's
+per pipeline rank) with loss_parallel and sequence parallelism → t2p1d2. They finish, and every step reports the reshard's
 bytes."""
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def test_grpo_with_a_parallel_actor_generating_at_its_own_tp(
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_grpo_with_an_interleaved_pipeline_and_loss_parallel(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """t2p2d1 with 2 stages per pipeline rank (layers 0, 2 on one, 1, 3 on the other) and
-    vocabulary-parallel log-probs, generating at t2p1d2: the engine settings reach the actor's
+    """t2p2d1 with 2 stages per pipeline rank (layers 0, 2 on one, 1, 3 on the other),
+    vocabulary-parallel log-probs and sequence parallelism, generating at t2p1d2: the engine settings reach the actor's
     engine and its reshard (a wrong stage rule stops the transition: a rank lacks a piece)."""
     path = str(_qwen3(tmp_path_factory, layers=4, spare_rows=1))  # 260 rows: tp=2 divides them
     summary = run_flow(
@@ -88,7 +88,7 @@ def test_grpo_with_an_interleaved_pipeline_and_loss_parallel(tmp_path: Path, tmp
         f"roles.actor.options.model={path}", f"roles.reference.options.model={path}",
         "roles.actor.options.parallel.tp=2", "roles.actor.options.parallel.pp=2",
         "roles.actor.options.engine.pp_schedule=interleaved-1f1b", "roles.actor.options.engine.loss_parallel=true",
-        "roles.actor.options.generation.parallel.tp=2",
+        "roles.actor.options.engine.sequence_parallel=true", "roles.actor.options.generation.parallel.tp=2",
     )  # fmt: skip
     assert summary["steps"] == 2
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
