@@ -76,14 +76,20 @@ async def test_the_openai_client_gets_a_chunk_per_token_and_the_session_is_exact
     gaps = [t1 - t0 for t0, t1 in zip(arrived, arrived[1:len(tokens)], strict=False)]
     print(f"24 tokens streamed; median gap between token chunks {sorted(gaps)[len(gaps) // 2] * 1e3:.1f} ms")
 
-    def chat() -> tuple[str, str]:
+    def chat() -> tuple[list[Any], Any]:
         msgs = [{"role": "user", "content": "hi"}]
-        parts = client(server).chat.completions.create(model="tiny", messages=msgs, max_tokens=12, seed=3, stream=True)
-        text = "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
-        return text, client(server).chat.completions.create(model="tiny", messages=msgs, max_tokens=12, seed=3).choices[0].message.content
+        ask = {"model": "tiny", "messages": msgs, "max_tokens": 12, "seed": 3, "logprobs": True, "top_logprobs": 2}
+        return list(client(server).chat.completions.create(**ask, stream=True)), client(server).chat.completions.create(**ask)
 
-    streamed_text, whole_text = await in_thread(chat)
-    assert streamed_text == whole_text and server.token_streams == streams + 2
+    parts, whole_chat = await in_thread(chat)
+    assert "".join(c.choices[0].delta.content or "" for c in parts if c.choices) == whole_chat.choices[0].message.content
+    streamed_lp = [t for c in parts if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.logprob for t in streamed_lp] == [t.logprob for t in whole_chat.choices[0].logprobs.content] and len(streamed_lp) == 12
+    # the top 2 at each step, from the step's own logits (the whole turn's come from one forward pass: equal to float noise)
+    for s, w in zip(streamed_lp, whole_chat.choices[0].logprobs.content, strict=True):
+        assert len(s.top_logprobs) == 2 and max(a.logprob for a in s.top_logprobs) >= s.logprob - 1e-4
+        assert [a.token for a in s.top_logprobs] == [a.token for a in w.top_logprobs]
+    assert server.token_streams == streams + 2
 
 
 async def _open_stream(srv: OpenAIServer, body: dict[str, Any]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
