@@ -3,7 +3,8 @@ with tp·pp > 1), composed from torch's own parts the way torchtitan composes th
 
 Mesh: (pp, dp, tp), tp innermost: rank = (pp_rank·dp_size + dp_rank)·tp_size + tp_rank, so a tp
 group is tp consecutive ranks (one node's GPUs), dp groups stride by tp, pp groups by dp·tp.
-TP: the model's transformers TP plan as DTensor (parallel/tp_plan). PP: the rank's stage of the
+TP: the model's transformers TP plan as DTensor (parallel/tp_plan), optionally sequence-parallel
+(parallel/sequence: micro-batch widths padded to a multiple of tp). PP: the rank's stage of the
 model run by a torch.distributed.pipelining schedule (parallel/pipeline; gpipe, 1f1b, or
 interleaved-1f1b with v stages per rank: stage s of pp·v on rank s % pp, each its own module). DP:
 FSDP2 `fully_shard` over the dp sub-mesh (every TP piece sharded again). Checkpoints: DCP over the

@@ -66,7 +66,7 @@ def _register(style: str) -> bool:
     from torch.distributed.tensor import Replicate, Shard
     from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES, ParallelInterface, RowwiseParallel
 
-    base = ALL_PARALLEL_STYLES.get(style) if style in ALL_PARALLEL_STYLES else None
+    base = ALL_PARALLEL_STYLES[style] if style in ALL_PARALLEL_STYLES else None
     if type(base) is not RowwiseParallel or not isinstance(base.output_layouts, Replicate):
         return False
     if style + _SUFFIX not in ALL_PARALLEL_STYLES:
