@@ -254,6 +254,8 @@ class AgentTurns:
         as each token is sampled, on a KV cache kept for the whole turn (one prefill); returns the
         row generate_turn gives for this conversation (the same tokens and log-probs for the same
         seed). Cancelling the call stops sampling before the next token."""
+        if type(self)._turn_stream is AgentTurns._turn_stream:  # refused before _turn_prepare, which may be collective
+            self._turn_stream([], self.sampling, 0)
         params, _, max_prompt, top_k, _, fit = self._turn_options("generate_turn_stream", stop, sampling)
         params, _ = self._turn_prepare(params)
         try:

@@ -92,6 +92,24 @@ async def test_the_openai_client_gets_a_chunk_per_token_and_the_session_is_exact
     assert server.token_streams == streams + 2
 
 
+async def test_a_refused_streamed_request_gets_a_json_400_naming_the_field(server: OpenAIServer) -> None:
+    for body, param in (({"prompt": [1000000], "max_tokens": 4}, "prompt"), ({"prompt": "hi", "max_tokens": 4, "stop": ["two tokens"]}, "stop")):
+        status, reply = await in_thread(_post_json, server.url + "/completions", {**body, "stream": True})
+        assert status == 400 and reply["error"]["param"] == param, reply
+
+
+def _post_json(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as reply:
+            return int(reply.status), {}
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 async def _open_stream(srv: OpenAIServer, body: dict[str, Any]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     data = json.dumps({**body, "stream": True}).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
