@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -68,3 +69,22 @@ async def test_stream_calls_yield_partials_then_a_result_and_stop_when_closed() 
         stream = echo.count.stream(0, 3, 0.8, timeout_s=0.4)
         with pytest.raises(CallTimeout):
             await stream.result()
+
+
+def test_a_streaming_endpoint_must_be_a_plain_generator_and_says_so_in_its_table_entry() -> None:
+    from hfrt.wire.endpoints import endpoint, endpoint_table
+
+    class Streams:
+        @endpoint(stream=True)
+        def tokens(self, n: int) -> Iterator[int]:
+            yield from range(n)
+
+    assert endpoint_table(Streams)["tokens"][0].describe() == {"dispatch": "replicate", "concurrent": False, "stream": True}
+    async def agen(self: object) -> AsyncIterator[int]:
+        yield 1
+
+    for bad in (lambda self: [1], agen):  # a function returning a list; an async generator
+        with pytest.raises(TypeError, match="stream=True needs a plain generator function"):
+            endpoint(stream=True)(bad)
+    with pytest.raises(TypeError, match="not concurrent"):
+        endpoint(stream=True, concurrent=True)(Streams.tokens)
