@@ -288,8 +288,9 @@ class OpenAIServer:
             sent += "".join(part.pieces) if len(part.pieces) == len(part.token_ids) else part.text
             row = merge_rows(row, step)
         result = TurnResult.from_row(context, row)
-        if result.text != sent and result.text.startswith(sent):  # text the last token's piece held back (a cut character)
-            for event in token_events(turn, head, TurnResult([], [], [], result.text[len(sent):], result.weight_version, ["one piece"]), first=False):
+        rest = result.text[len(sent):] if result.text.startswith(sent) else ""
+        if rest:  # text the last pieces held back (a character cut at the turn's end): one chunk without a token
+            for event in token_events(turn, head, TurnResult([], [], [], rest, result.weight_version, [rest]), first=False):
                 yield event
         body = chat_body(turn, [result], self.model, self.tool_parser) if turn.kind == "chat" else completion_body(turn, [result], self.model)
         if name:
