@@ -106,7 +106,9 @@ class ActorDaemon(AgentTurns, Daemon):
     #: endpoints that stay in the generation phase (the agent loop's); `generate` makes its own
     #: round trip; the RANK0 endpoints (advantages) touch no engine and never change phase
     GENERATION_SIDE = frozenset({"generate_turn", "assemble_trajectories"})
-    PHASE_FREE = frozenset({"generate", "describe", "weight_version", "hybrid_phase"})
+    #: generate_turn_stream refuses on the actor before touching its engine (no token stream here:
+    #: OpenAI streams of agent_on=actor go in generate_turn chunks); turn_streams reads counters
+    PHASE_FREE = frozenset({"generate", "describe", "weight_version", "hybrid_phase", "generate_turn_stream", "turn_streams"})
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
