@@ -149,11 +149,14 @@ class VLLMPieceHybrid(HybridEngine):
 
     def _push(self) -> dict[str, float]:
         engine: Any = self.train
-        copy = bool(getattr(engine, "sharded", True))  # FSDP's pieces are views of reused buffers
+        # FSDP's pieces are views of buffers reused by the next block, and vLLM may hold a tensor
+        # until finalize (a layer with padding): _present copies each one once (full_shaped does
+        # anyway), so the exchange need not clone first
+        owned = not bool(getattr(engine, "sharded", True))
         pushed = [0]
         dtype = getattr(self.gen.llm.model_config, "dtype", None)
-        pieces = self.resharder.stream(engine.local_pieces(), engine.buckets, copy=copy)
-        self.gen.load_weights(self._present(pieces, dtype, pushed), stable=True)
+        pieces = self.resharder.stream(engine.local_pieces(), engine.buckets, copy=False)
+        self.gen.load_weights(self._present(pieces, dtype, pushed, owned=owned), stable=True)
         stats = self.resharder.last
         return {
             "reshard/pushed_mb": pushed[0] / 2**20,
@@ -164,15 +167,20 @@ class VLLMPieceHybrid(HybridEngine):
         }
 
     def _present(
-        self, pieces: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype | None, pushed: list[int]
+        self, pieces: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype | None, pushed: list[int], *, owned: bool
     ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each piece as vLLM's loader takes it, cast to vLLM's dtype; a piece that may be a view
+        of a reused buffer (owned=False) is copied once on the way."""
         shapes = self.resharder.params.shapes
         for name, piece in pieces:
-            if dtype is not None and piece.is_floating_point() and piece.dtype != dtype:
-                piece = piece.to(dtype)
-            pushed[0] += piece.numel() * piece.element_size()
             dim = self.gen_dims.get(name)
-            if dim is None or tuple(piece.shape) == tuple(shapes[name]):
+            as_is = dim is None or tuple(piece.shape) == tuple(shapes[name])
+            if dtype is not None and piece.is_floating_point() and piece.dtype != dtype:
+                piece = piece.to(dtype)  # a new tensor
+            elif as_is and not owned:
+                piece = piece.clone()
+            pushed[0] += piece.numel() * piece.element_size()
+            if as_is or dim is None:
                 yield name, piece
             else:
                 start, _ = chunk_bounds(shapes[name][dim], self.tp, self.tp_rank)
