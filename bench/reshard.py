@@ -439,7 +439,7 @@ def _vllm(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from hfrt.bench import reshard_vllm
 
     try:
-        result = reshard_vllm.run(args.preset, args.pairs or reshard_vllm.PAIRS, args.repeats, header=not args.json)
+        result = reshard_vllm.run(args.preset, args.pairs or reshard_vllm.PAIRS, args.repeats, build_model, header=not args.json)
     except ValueError as e:
         p.error(str(e))
     emit(result, args)

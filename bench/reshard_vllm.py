@@ -30,13 +30,11 @@ WORLD = 4
 PROMPTS = [[5, 17, 40, 9], [100, 3, 77]]
 
 
-def write_checkpoint(preset: str, folder: Path) -> None:
-    """The preset's model (bench/reshard.build_model) as a Hugging Face folder vLLM loads, with the
-    tiny preset's tokenizer files."""
-    from hfrt.bench.reshard import build_model
+def write_checkpoint(model: Any, folder: Path) -> None:
+    """`model` as a Hugging Face folder vLLM loads, with the tiny preset's tokenizer files."""
     from hfrt.roles.models import resolve_model_dir
 
-    build_model(preset).save_pretrained(folder)
+    model.save_pretrained(folder)
     for f in Path(resolve_model_dir("tiny", 0)).iterdir():
         if "token" in f.name:
             shutil.copy(f, folder)
@@ -189,7 +187,8 @@ def summarize(preset: str, pair: str, ranks: list[dict[str, Any]]) -> dict[str, 
     return case
 
 
-def run(presets: list[str], pairs: list[str], repeats: int, *, header: bool = True) -> dict[str, Any]:
+def run(presets: list[str], pairs: list[str], repeats: int, build: Any, *, header: bool = True) -> dict[str, Any]:
+    """Every (preset, pair) case; `build(preset)` makes the model (bench/reshard.build_model)."""
     from hfrt.bench.common import machine
     from hfrt.roles.actor_layout import check_vllm_layout
     from hfrt.roles.training.parallel.layout import Layout, check_pair
@@ -206,7 +205,7 @@ def run(presets: list[str], pairs: list[str], repeats: int, *, header: bool = Tr
         print(HEADER, flush=True)
     for preset in presets:
         with tempfile.TemporaryDirectory(prefix="hfrt-bench-vllm-model-") as tmp:
-            write_checkpoint(preset, Path(tmp))
+            write_checkpoint(build(preset), Path(tmp))
             for pair in pairs:
                 cases.append(summarize(preset, pair, spawn(tmp, pair, repeats)))
                 if header:

@@ -69,3 +69,17 @@ def test_vllm_tp2_fed_pieces_builds_the_weights_a_full_push_builds(tmp_path: Pat
         # split matrix's bytes instead of the whole model
         assert m["reshard/bytes_received"] == 0 and m["reshard/whole_params"] == 2
         assert m["reshard/pushed_mb"] < 0.75 * naive["reshard/pushed_mb"]
+
+
+def test_bench_reshard_vllm_refuses_strided_pairs_and_judges_its_targets(capsys: pytest.CaptureFixture[str]) -> None:
+    from hfrt.bench import reshard, reshard_vllm
+
+    with pytest.raises(SystemExit):
+        reshard.main(["--vllm", "--pairs", "t4p1d1:t2p1d2"])
+    assert "consecutive ranks" in capsys.readouterr().err
+    rank = {"time": [0.1], "naive_time": [0.2], "peak": [1.0], "naive_peak": [2.0], "micro_dp": 2, "bytes": [30.0],
+            "naive_bytes": [90.0], "stats_bytes": 30.0, "pushed_mb": 1.0, "naive_pushed_mb": 2.0, "whole": [],
+            "tokens_equal": True, "logprob_diff": 0.0}  # fmt: skip
+    case = reshard_vllm.summarize("llama-small", "t2p2d1:t2p1d2", [rank, dict(rank, bytes=[40.0])])
+    assert case["bytes_per_rank"] == 40.0 and case["targets"]["bytes_le_naive_over_tg"]  # 40 <= 90 / 2
+    assert not case["targets"]["bytes_counted_match_exchange_stats"]  # the busiest rank's count is not the exchange's
