@@ -144,7 +144,7 @@ class VLLMPieceHybrid(HybridEngine):
         self.resharder = resharder
         self.gen_dims = dict(resharder.params.gen_dims)
         self.tp, self.tp_rank = resharder.gen.tp, tp_rank
-        #: parameters vLLM narrows but that are pushed whole (its split is not the even one)
+        #: parameters split by vLLM or by training but pushed whole (vLLM's split is not the even one)
         self.whole = whole
 
     def _push(self) -> dict[str, float]:
@@ -213,5 +213,7 @@ def piece_hybrid(rank: int, engine: Any, gen: Any, train: Any, layout: Any) -> V
     gen_dims = agree(piece_dims(shapes, train_dims, info["rows"], layout.tp, g.tp))
     params = Params(shapes, train_dims, gen_dims, int(text_config(engine.model.config).num_hidden_layers))
     groups = L.new_groups(train, layout, rank)
-    whole = sorted(n for n in info["rows"] if n in shapes and gen_dims[n] is None)
+    # split by vLLM (its rows) or by training, yet pushed whole: vLLM's split is not the even one,
+    # or a layer it is not known to split evenly (e.g. MoE experts)
+    whole = sorted(n for n in shapes if gen_dims[n] is None and (n in info["rows"] or train_dims[n] is not None))
     return VLLMPieceHybrid(engine, gen, Resharder(train, layout, rank, params, groups), g.tp, whole)
