@@ -10,6 +10,8 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -36,3 +38,31 @@ def emit(result: dict[str, Any], args: argparse.Namespace) -> None:
             f.write("\n")
     if args.json:
         print(json.dumps(result))
+
+
+def spawn_ranks(rank_main: Callable[..., None], args: tuple[Any, ...], world: int, prefix: str) -> list[dict[str, Any]]:
+    """Run `rank_main(rank, port, out_dir, *args)` on `world` spawned processes and return what each
+    saved as `out_dir/rank<r>.pt` (a dict with "ok", and "error" when not ok); a rank that failed
+    raises RuntimeError with its saved traceback."""
+    import socket
+    import tempfile
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        ctx = mp.start_processes(rank_main, args=(port, tmp, *args), nprocs=world, join=False, start_method="spawn")
+        try:
+            while not ctx.join(timeout=60):
+                pass
+        except mp.ProcessExitedException:
+            pass  # the failing rank's saved traceback is raised below
+        files = [Path(tmp) / f"rank{r}.pt" for r in range(world)]
+        results = [torch.load(f, weights_only=False) if f.exists() else {"ok": False, "error": "no result"} for f in files]
+    for rank, res in enumerate(results):
+        if not res["ok"]:
+            raise RuntimeError(f"rank {rank} failed:\n{res['error']}")
+    return results

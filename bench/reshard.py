@@ -40,7 +40,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from hfrt.bench.common import add_output_flags, emit, machine
+from hfrt.bench.common import add_output_flags, emit, machine, spawn_ranks
 
 PAIRS = ["t2p1d2:t1p1d4", "t2p1d2:t2p1d2", "t4p1d1:t2p1d2", "t1p1d4:t2p1d2", "t1p2d2:t1p1d4", "t2p2d1:t2p1d2"]
 WORLD = 4
@@ -310,29 +310,7 @@ class _Done(Exception):
 
 
 def spawn(presets: list[str], pairs: list[str], repeats: int, actor: bool = False) -> list[dict[str, Any]]:
-    import socket
-
-    import torch
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    with tempfile.TemporaryDirectory(prefix="hfrt-bench-reshard-") as tmp:
-        ctx = mp.start_processes(
-            rank_main, args=(port, tmp, presets, pairs, repeats, actor), nprocs=WORLD, join=False, start_method="spawn"
-        )
-        try:
-            while not ctx.join(timeout=60):
-                pass
-        except mp.ProcessExitedException:
-            pass  # the failing rank's saved traceback is raised below
-        files = [Path(tmp) / f"rank{r}.pt" for r in range(WORLD)]
-        results = [torch.load(f, weights_only=False) if f.exists() else {"ok": False, "error": "no result"} for f in files]
-    for rank, res in enumerate(results):
-        if not res["ok"]:
-            raise RuntimeError(f"rank {rank} failed:\n{res['error']}")
-    return results
+    return spawn_ranks(rank_main, (presets, pairs, repeats, actor), WORLD, "hfrt-bench-reshard-")
 
 
 def summarize(key: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:

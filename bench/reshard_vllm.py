@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
+
+from hfrt.bench.common import machine, spawn_ranks
 
 PAIRS = ["t2p1d2:t2p1d2", "t2p2d1:t2p1d2", "t1p1d4:t2p1d2", "t4p1d1:t4p1d1"]
 WORLD = 4
@@ -137,25 +138,7 @@ def run_case(rank: int, port: int, model_dir: str, pair: str, repeats: int) -> d
 
 
 def spawn(model_dir: str, pair: str, repeats: int) -> list[dict[str, Any]]:
-    import torch
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    with tempfile.TemporaryDirectory(prefix="hfrt-bench-reshard-vllm-") as tmp:
-        ctx = mp.start_processes(rank_main, args=(port, tmp, model_dir, pair, repeats), nprocs=WORLD, join=False, start_method="spawn")
-        try:
-            while not ctx.join(timeout=60):
-                pass
-        except mp.ProcessExitedException:
-            pass  # the failing rank's saved traceback is raised below
-        files = [Path(tmp) / f"rank{r}.pt" for r in range(WORLD)]
-        results = [torch.load(f, weights_only=False) if f.exists() else {"ok": False, "error": "no result"} for f in files]
-    for rank, res in enumerate(results):
-        if not res["ok"]:
-            raise RuntimeError(f"rank {rank} failed:\n{res['error']}")
-    return results
+    return spawn_ranks(rank_main, (model_dir, pair, repeats), WORLD, "hfrt-bench-reshard-vllm-")
 
 
 def summarize(preset: str, pair: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -189,7 +172,6 @@ def summarize(preset: str, pair: str, ranks: list[dict[str, Any]]) -> dict[str, 
 
 def run(presets: list[str], pairs: list[str], repeats: int, build: Any, *, header: bool = True) -> dict[str, Any]:
     """Every (preset, pair) case; `build(preset)` makes the model (bench/reshard.build_model)."""
-    from hfrt.bench.common import machine
     from hfrt.roles.actor_layout import check_vllm_layout
     from hfrt.roles.training.parallel.layout import Layout, check_pair
 
