@@ -6,6 +6,7 @@ Every daemon a test starts is a real `python -m hfrt daemon` process talking Zer
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -77,6 +78,13 @@ async def local_cluster(
 
 def echo_specs(n: int = 2, role: str = "echo", **kwargs: Any) -> list[DaemonSpec]:
     return expand(role, n, "echo", **kwargs)
+
+
+def sigint_default() -> None:
+    """preexec_fn for a command a test stops with Ctrl-C: SIGINT at its default action, as in a
+    terminal, even when the test run itself was started as a background job (which ignores SIGINT,
+    and its children with it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def hfrt_cmd(*args: str) -> list[str]:

@@ -20,6 +20,7 @@ from hfrt.deploy import LaunchError, load_spec
 from hfrt.flows import Flow, load_flow
 from hfrt.session import run_on_cluster
 from tests.deploy.conftest import Sshd, daemon_pids, free_port
+from tests.support import sigint_default
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -205,7 +206,7 @@ def start_hanging_controller(tmp_path: Path, sshd: Sshd, marker: str) -> subproc
     return subprocess.Popen(
         [sys.executable, "-m", "hfrt", "controller", "--cluster", str(ssh_spec(tmp_path, sshd, marker)),
          "--flow", str(flow), "--set", f"ready={tmp_path / 'ready'}", "--run-dir", str(tmp_path / "run")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default,
     )
 
 

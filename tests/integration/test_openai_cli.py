@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import hfrt_cmd
+from tests.support import hfrt_cmd, sigint_default
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_serve_openai_serves_until_ctrl_c(tmp_path: Path) -> None:
     cmd = hfrt_cmd("serve-openai", "--model", "tiny", "--port", "0", "--run-dir", str(tmp_path / "run"))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the first line names the URL once the daemon is up
