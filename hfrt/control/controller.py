@@ -434,7 +434,7 @@ class Controller(StreamCalls, TensorPlaneControl):
         old = self._daemons.get(identity)
         if old is not None and old.alive and old.pid != msg.pid:
             self.mark_gone(identity, f"replaced by a new process (pid {msg.pid})")
-        if old is None or old.pid != msg.pid or not old.alive:
+        if fresh := old is None or old.pid != msg.pid or not old.alive:
             self._daemons[identity] = DaemonInfo(
                 identity, msg.role, msg.rank, msg.world_size, msg.dp_rank, msg.dp_size, msg.pid,
                 msg.host, msg.impl, msg.endpoints, self._loop.time(), meta=msg.meta,
@@ -443,7 +443,8 @@ class Controller(StreamCalls, TensorPlaneControl):
             self._gone_before_hello.pop(identity, None)
             self._log.info("daemon_hello", daemon=identity, host=msg.host, pid=msg.pid, impl=msg.impl)
         self._send_raw(ident, Welcome(PROTOCOL_VERSION, self.session, self.heartbeat_s))
-        self._push_directory()
+        if fresh:  # not when the same live process says hello again: it has the directory already
+            self._push_directory()
         self._notify_change()
 
     def _on_bye(self, ident: bytes, msg: Bye) -> None:
