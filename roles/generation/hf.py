@@ -90,6 +90,15 @@ def row_generators(seed: int, first_row: int, rows: int) -> list[torch.Generator
     return [torch.Generator().manual_seed((seed * 1_000_003 + first_row + i) % 2**63) for i in range(rows)]
 
 
+def top_log_probs(logits: torch.Tensor, k: int, temperature: float) -> list[list[tuple[int, float]]]:
+    """For each row of `logits` [positions, vocab], the k most likely tokens and their log-probs (of
+    log_softmax(logits / temperature), as a sampled token's log-prob is)."""
+    logits = logits.float()
+    lp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
+    values, index = lp.topk(min(k, lp.shape[-1]), dim=-1)
+    return [list(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(index, values, strict=True)]
+
+
 def sample_next(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | list[torch.Generator]
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams, row_generators, sample_next
+from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams, row_generators, sample_next, top_log_probs
 
 #: what each step yields: (token id, its log-prob, the top-k alternatives [(id, log-prob)] when asked)
 Step = tuple[int, float, list[tuple[int, float]]]
@@ -33,14 +33,6 @@ def _forward(engine: HFGenerationEngine, **inputs: Any) -> Any:
             return model(**inputs)
     finally:
         model.train(was_training)
-
-
-def _top(logits: torch.Tensor, k: int, temperature: float) -> list[tuple[int, float]]:
-    """The k most likely tokens at this step and their log-probs (of log_softmax(logits / T), as
-    the sampled token's log-prob is)."""
-    lp = torch.log_softmax(logits.float() / temperature if temperature > 0 else logits.float(), dim=-1)
-    values, index = lp.topk(min(k, lp.shape[-1]), dim=-1)
-    return list(zip(index.tolist(), values.tolist(), strict=True))
 
 
 def stream_tokens(engine: HFGenerationEngine, prompt: Sequence[int], params: SamplingParams,
@@ -65,7 +57,7 @@ def stream_tokens(engine: HFGenerationEngine, prompt: Sequence[int], params: Sam
     for step in range(params.max_new_tokens):
         logits = out.logits[:, -1]
         token, logp = sample_next(logits, params, generator)
-        top = _top(logits[0], top_k, params.temperature) if top_k else []
+        top = top_log_probs(logits, top_k, params.temperature)[0] if top_k else []
         yield int(token[0]), float(logp[0]), top
         if int(token[0]) in stops or step + 1 == params.max_new_tokens:
             return

@@ -20,7 +20,7 @@ import torch
 from hfrt.daemon.batch import Batch
 from hfrt.roles.common import sampling_params
 from hfrt.roles.generation.batches import encode_prompt
-from hfrt.roles.generation.hf import SamplingParams
+from hfrt.roles.generation.hf import SamplingParams, top_log_probs
 from hfrt.roles.rows import all_reduce, check_rows, merge
 from hfrt.wire.endpoints import Dispatch, endpoint
 
@@ -117,10 +117,7 @@ def top_alternatives(role: Any, contexts: list[list[int]], turn_ids: list[list[i
                 out.append([])
                 continue
             seq = torch.tensor([list(context) + list(ids[:-1])], device=device)
-            logits = model(input_ids=seq).logits[0, len(context) - 1:].float()
-            lp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
-            values, index = lp.topk(min(k, lp.shape[-1]), dim=-1)
-            out.append([list(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(index, values, strict=True)])
+            out.append(top_log_probs(model(input_ids=seq).logits[0, len(context) - 1:], k, temperature))
     return out
 
 
