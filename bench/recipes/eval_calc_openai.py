@@ -6,7 +6,9 @@ starts a rollout daemon per model (a preset name or an exported Hugging Face fol
 loopback OpenAIServer, runs the driver once per row and sample (sampled at `--temperature`, 1 by
 default as the recipe trains) and reports per model: accuracy (the reward's mean), the rate of
 conversations that ran the calculator, HTTP calls per conversation, and the rate that ended in an
-error. `--out FILE` also writes the figures as JSON.
+error. `--out FILE` also writes the figures as JSON; `--dump FILE` writes every conversation (its task,
+final answer, reward and the token ids of each trajectory the endpoint recorded) as JSON lines, the
+input of `sft_calc_openai`'s warm-up data.
 
 It knows the driver/reward contract, the OpenAI server and the rollout role's options; nothing of
 training or checkpoints.
@@ -43,6 +45,16 @@ def summarize(episodes: Sequence[Episode]) -> dict[str, float]:
     }
 
 
+def dump_episodes(episodes: Sequence[Episode], path: Path) -> None:
+    """One JSON line per conversation: sample, answer, reward, error and its trajectories' ids."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for e in episodes:
+            rows = [{"prompt_ids": t.prompt_ids, "response_ids": t.response_ids, "gen_mask": t.gen_mask} for t in e.trajectories or []]
+            out.write(json.dumps({"sample": e.sample, "answer": str(e.answer), "reward": e.reward, "error": e.error,
+                                  "trajectories": rows}) + "\n")
+
+
 def eval_flow(rows: Sequence[dict[str, Any]], args: argparse.Namespace, into: dict[str, Any]) -> Flow:
     """A flow that serves the rollout role and runs the driver `args.samples` times per row."""
     async def run(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
@@ -60,6 +72,8 @@ def eval_flow(rows: Sequence[dict[str, Any]], args: argparse.Namespace, into: di
             start = time.perf_counter()
             episodes = await run_external(server, driver, reward, samples, call, tag="eval-", threads=args.threads)
         into.update(summarize(episodes), generate_s=round(time.perf_counter() - start, 2))
+        if args.dump:
+            dump_episodes(episodes, Path(args.dump))
         return dict(into)
     return Flow("eval_calc_openai", run, roles={})
 
@@ -85,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch-threads", type=int, default=0, help="torch threads of the rollout daemon (0: its default)")
     p.add_argument("--run-dir", default="runs/eval-calc-openai", help="where daemon logs go (one subfolder per model)")
     p.add_argument("--out", default="", help="also write the figures to this JSON file")
+    p.add_argument("--dump", default="", help="also write every conversation (answer, reward, token ids) as JSON lines")
     args = p.parse_args(argv)
     rows = eval_rows(p, args)
     results = []

@@ -144,3 +144,25 @@ def test_critic_step_fits_returns() -> None:
 
     losses = [engine.step(critic_loss, batch, micro_batch_size=4)["loss"] for _ in range(5)]
     assert losses[-1] < losses[0]
+
+
+def test_adamw_is_fused_over_plain_tensors_and_steps_as_the_per_tensor_loop() -> None:
+    """Plain parameters get the fused AdamW kernel (what transformers' Trainer uses), and its step
+    equals the per-tensor loop's to float rounding."""
+    from hfrt.roles.training.engines.optim import adamw_kernel, build_optimizer
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64, 32)), torch.nn.Parameter(torch.randn(32))]
+    assert adamw_kernel(params) == {"fused": True}
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fused = build_optimizer(params, OptimConfig(lr=1e-2, weight_decay=0.1))
+    loop = torch.optim.AdamW(twins, lr=1e-2, weight_decay=0.1, foreach=False)
+    for _ in range(3):
+        for p, q in zip(params, twins):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        fused.step()
+        loop.step()
+    for p, q in zip(params, twins):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+        assert not torch.equal(p, torch.zeros_like(p))
