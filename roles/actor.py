@@ -48,7 +48,7 @@ from hfrt.roles.common import (
 from hfrt.roles.generation.batches import (
     chunk_bounds,
     decode_responses,
-    encode_prompt,
+    encode_prompts,
     fixed_width,
     length_stats,
     rollout_batch,
@@ -182,7 +182,7 @@ class ActorDaemon(AgentTurns, Daemon):
             params = dataclasses.replace(params, seed=params.seed + self._generation_dp_rank())
         if "prompt" not in prompts:
             raise KeyError(f"actor.generate needs a non-tensor column 'prompt'; the batch has {list(prompts.non_tensor)}")
-        ids = [encode_prompt(self.tokenizer, p) for p in prompts["prompt"]]
+        ids = encode_prompts(self.tokenizer, prompts["prompt"], params.max_prompt_tokens, "actor.generate")
         if self.layouts is not None and params.seed is None:
             # the ranks of one generation TP group must draw the same tokens: one seed for the
             # call (max over ranks), offset by the generation dp rank

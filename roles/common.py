@@ -104,7 +104,9 @@ GENERATORS = ("hf", "vllm")
 
 def check_generation_options(options: Mapping[str, Any]) -> None:
     """The options every generating role reads: `sampling` (SamplingParams), `generator` and `vllm`."""
-    sampling_params(options.get("sampling"))
+    limit = sampling_params(options.get("sampling")).max_prompt_tokens
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+        raise ValueError(f"sampling.max_prompt_tokens: expected a positive whole number of tokens or null, got {limit!r}")
     kind = options.get("generator", "hf")
     if kind not in GENERATORS:
         raise ValueError(f"unknown generator {kind!r}: use {' or '.join(GENERATORS)}")

@@ -30,7 +30,7 @@ from hfrt.roles.common import (
 )
 from hfrt.roles.generation.batches import (
     decode_responses,
-    encode_prompt,
+    encode_prompts,
     fixed_width,
     length_stats,
     rollout_batch,
@@ -161,7 +161,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
             params = dataclasses.replace(params, seed=params.seed + self.context.dp_rank)
         if params.row_offset is None:  # row-seeded as the actor's generate (chunked or not): same seed, same tokens
             params = dataclasses.replace(params, row_offset=0)
-        ids = [encode_prompt(self.tokenizer, p) for p in prompts["prompt"]]
+        ids = encode_prompts(self.tokenizer, prompts["prompt"], params.max_prompt_tokens, "rollout.generate")
         [width] = all_reduce([max(len(i) for i in ids)], "max")
         start = time.perf_counter()
         out = self.engine.generate(ids, params)

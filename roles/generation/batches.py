@@ -40,6 +40,17 @@ def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
     raise TypeError(f"a prompt must be a string, a chat (list of messages) or token ids, not {prompt!r:.80}")
 
 
+def encode_prompts(tokenizer: Any, prompts: Sequence[Any], limit: int | None, where: str) -> list[list[int]]:
+    """Token ids of every prompt (encode_prompt); ValueError naming the first row longer than
+    `limit` tokens (sampling.max_prompt_tokens; None: no limit)."""
+    ids = [encode_prompt(tokenizer, p) for p in prompts]
+    if limit is not None:
+        for row, one in enumerate(ids):
+            if len(one) > limit:
+                raise ValueError(f"{where}: prompt row {row} is {len(one)} tokens, more than sampling.max_prompt_tokens={limit}")
+    return ids
+
+
 def _left(t: torch.Tensor, width: int, value: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
 

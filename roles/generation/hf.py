@@ -36,6 +36,9 @@ class SamplingParams:
     own generator, seeded from (seed, row_offset + its row), so a row's tokens do not depend on
     which other rows share the call (a rollout generated in chunks samples what one call would;
     vLLM seeds every request on its own anyway and ignores it).
+    max_prompt_tokens: None, or the longest prompt (in tokens) a generate call accepts: a longer one
+    is refused, naming its row, before anything is sampled (verl's data.max_prompt_length with
+    truncation "error"); before launch, every role's token budget must hold it (hfrt.roles.check).
     """
 
     temperature: float = 1.0
@@ -47,6 +50,7 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     row_offset: int | None = None
+    max_prompt_tokens: int | None = None
 
 
 class GenerationEngine(Protocol):

@@ -22,7 +22,7 @@ from hfrt.daemon.batch import Batch
 from hfrt.roles.common import sampling_params
 from hfrt.roles.generation.batches import (
     decode_responses,
-    encode_prompt,
+    encode_prompts,
     fixed_width,
     length_stats,
     rollout_batch,
@@ -155,7 +155,7 @@ class PartialRollouts:
             params = dataclasses.replace(params, seed=params.seed + self.context.dp_rank)
         if params.row_offset is None:  # row-seeded as the rollout's generate, so one segment is generate
             params = dataclasses.replace(params, row_offset=0)
-        ids = [encode_prompt(self.tokenizer, p) for p in prompts["prompt"]]
+        ids = encode_prompts(self.tokenizer, prompts["prompt"], params.max_prompt_tokens, "rollout.generate_partial")
         [width] = all_reduce([max(len(i) for i in ids)], "max")
         per_row = [list(i) for i in ids for _ in range(params.n)]
         empty: list[list[Any]] = [[] for _ in per_row]

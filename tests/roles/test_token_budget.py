@@ -282,3 +282,31 @@ def test_config_fields_are_plain_dataclass_fields() -> None:
     names = {f.name for f in dataclasses.fields(EngineConfig)}
     assert {"max_tokens_per_micro_batch", "pack"} <= names
     assert EngineConfig().max_tokens_per_micro_batch is None and EngineConfig().pack is False
+
+
+def test_a_budget_smaller_than_the_longest_prompt_is_refused_before_launch(tmp_path: Path) -> None:
+    """sampling.max_prompt_tokens bounds the prompts a generating role accepts, so `hfrt controller`
+    refuses a token budget below it before any daemon starts, naming both settings; a prompt over
+    it is refused at generate, naming its row, before anything is sampled."""
+    import subprocess
+    import sys
+
+    from hfrt.roles.check import problems
+    from hfrt.roles.generation.batches import encode_prompts
+
+    run = subprocess.run(
+        [sys.executable, "-m", "hfrt", "controller", "--flow", "grpo", "--run-dir", str(tmp_path / "run"),
+         "--set", "roles.actor.options.sampling.max_prompt_tokens=64",
+         "--set", "roles.reference.options.engine.max_tokens_per_micro_batch=48"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode != 0
+    assert ("roles.reference: engine.max_tokens_per_micro_batch=48 is smaller than "
+            "roles.actor.options.sampling.max_prompt_tokens=64") in run.stderr, run.stderr[-2000:]
+    assert not (tmp_path / "run" / "logs").exists()  # no daemon was started
+    fits = {"actor": {"impl": "actor", "options": {"sampling": {"max_prompt_tokens": 64}, "engine": {"max_tokens_per_micro_batch": 64}}}}
+    assert problems(fits) == []
+    assert "max_prompt_tokens" in problems({"actor": {"impl": "actor", "options": {"sampling": {"max_prompt_tokens": 0}}}})[0]
+    assert encode_prompts(None, [[1, 2, 3], [4]], 3, "actor.generate") == [[1, 2, 3], [4]]
+    with pytest.raises(ValueError, match=r"actor.generate: prompt row 1 is 4 tokens, more than sampling.max_prompt_tokens=3"):
+        encode_prompts(None, [[1, 2], [1, 2, 3, 4]], 3, "actor.generate")
