@@ -76,6 +76,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Fine-tune args.model on the dump's examples; save to args.out; the figures."""
     from transformers import AutoModelForCausalLM
 
+    out = Path(args.out)
+    if out.exists():
+        raise FileExistsError(f"{out} exists: remove it or pick another --out")
     torch.manual_seed(args.seed)
     tokenizer = load_tokenizer(args.model)
     data = examples(Path(args.dump), tokenizer)
@@ -96,12 +99,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             optim.zero_grad(set_to_none=True)
             losses.append(round(loss.item(), 4))
             print(f"epoch {epoch} step {len(losses)}: loss {losses[-1]:.4f}", flush=True)
-    out = Path(args.out)
     tmp = out.with_name(out.name + ".partial")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if out.exists():
-        raise FileExistsError(f"{out} exists: remove it or pick another --out")
     tmp.rename(out)  # never a half-written model folder
     return {"examples": len(data), "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
             "steps": len(losses), "loss_first": losses[0], "loss_last": losses[-1], "train_s": round(time.perf_counter() - start, 1)}
