@@ -67,6 +67,11 @@ class Shape:
     trl_gradient_checkpointing: bool = False  # TRL 1.16's GRPOConfig turns it on by default; off is its fastest
     lora_rank: int = 0  # > 0: both sides train LoRA adapters (peft, this rank, lora_alpha, every linear layer)
     lora_alpha: float = 32.0
+    micro_batch_size: int = 0  # rows per forward / backward on both sides (TRL: gradient accumulation); 0: all rows at once
+
+    def micro(self) -> int:
+        """Rows per micro-batch: micro_batch_size, or every row of a step."""
+        return self.micro_batch_size or self.prompts * self.n
 
 
 def completion_tokens(rows: Iterable[Sequence[int]], eos_ids: Collection[int], pad_id: int | None) -> int:
@@ -154,10 +159,11 @@ def _trl_run(shape: Shape, steps: int, conn: Any) -> None:
 
     rows = prompt_rows(shape, steps)
     batch = shape.prompts * shape.n
+    micro = shape.micro()  # one optimizer step per rollout: the rollout in batch / micro accumulated micro-batches
     with tempfile.TemporaryDirectory(prefix="hfrt-vs-trl-") as out:
         args = GRPOConfig(
             output_dir=out, use_cpu=True, bf16=False, fp16=False, seed=shape.seed, learning_rate=shape.lr,
-            per_device_train_batch_size=batch, gradient_accumulation_steps=1, num_generations=shape.n,
+            per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro, num_generations=shape.n,
             max_completion_length=shape.max_new_tokens, temperature=1.0, top_p=1.0, beta=0.001,
             num_iterations=1, scale_rewards="none", loss_type="dapo", max_steps=steps, shuffle_dataset=False,
             save_strategy="no", report_to=[], logging_steps=10**6, disable_tqdm=True, max_grad_norm=1.0,
@@ -206,11 +212,11 @@ class TRLProcess:
 
 
 def hfrt_roles(shape: Shape, engine: str) -> dict[str, dict[str, Any]]:
-    """The GRPO flow's default daemons on shape.model: all rows in one micro-batch, every core."""
+    """The GRPO flow's default daemons on shape.model: shape.micro() rows a micro-batch, every core."""
     from hfrt.flows.recipes import grpo
 
     roles = {name: {**spec, "options": dict(spec.get("options", {}))} for name, spec in grpo.ROLES.items()}
-    micro = shape.prompts * shape.n
+    micro = shape.micro()
     common = {"model": shape.model, "seed": shape.seed, "threads": thread_count(shape)}
     budget = {"max_tokens_per_micro_batch": shape.max_tokens_per_micro_batch} if shape.max_tokens_per_micro_batch else {}
     budget |= {"pack": True} if shape.pack else {}
@@ -376,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stream-chunks", type=int, default=1, help="hfrt's generate calls per step, scored as each arrives")
     p.add_argument("--max-tokens-per-micro-batch", type=int, default=None, help="hfrt's token budget per micro-batch (actor, reference)")
     p.add_argument("--pack", action="store_true", help="hfrt's padding-free micro-batches")
+    p.add_argument("--micro-batch-size", type=int, default=0,
+                   help="rows per forward / backward on both sides (TRL: gradient accumulation; hfrt: without a budget); 0: all rows")
     p.add_argument("--trl-gradient-checkpointing", action="store_true", help="leave TRL's default gradient checkpointing on (slower)")
     p.add_argument("--lora", type=int, default=0, metavar="RANK", nargs="?", const=16,
                    help="both sides train LoRA adapters of this rank (bare --lora: 16) on every linear layer, same peft config")
@@ -386,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     if importlib.util.find_spec("trl") is None:
         print(INSTALL_HINT, file=sys.stderr)
         return 2
+    if args.micro_batch_size < 0 or (args.micro_batch_size and (args.prompts * args.n) % args.micro_batch_size):
+        p.error(f"--micro-batch-size {args.micro_batch_size} must divide prompts × n = {args.prompts * args.n}")
     if args.steps < 1 or args.warmup < 0 or args.prompts < 1 or args.n < 2 or args.max_new_tokens < 1:
         p.error("need --steps >= 1, --warmup >= 0, --prompts >= 1, --n >= 2 and --max-new-tokens >= 1")
     from hfrt.log import configure as configure_logging
@@ -394,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = Shape(args.model, args.prompts, args.n, args.max_new_tokens, args.lr, threads=args.threads,
                   stream_chunks=args.stream_chunks, max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
                   pack=args.pack, trl_gradient_checkpointing=args.trl_gradient_checkpointing,
-                  lora_rank=args.lora, lora_alpha=args.lora_alpha)
+                  lora_rank=args.lora, lora_alpha=args.lora_alpha, micro_batch_size=args.micro_batch_size)
     load_start = [round(x, 2) for x in os.getloadavg()]
     result = measure(shape, args.steps, args.warmup, args.engine, args.run_dir)
     result |= {"steps": args.steps, "warmup": args.warmup, "shape": asdict(shape), **machine(), "load_avg_start": load_start,
