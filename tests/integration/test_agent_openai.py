@@ -74,7 +74,8 @@ def test_recipe_data_and_config_parse_as_an_agent_openai_run(tmp_path: Path, mon
     rc = runconfig.build(flow.roles, file=RECIPE)
     cfg = flow.config_cls.read({**rc.flow, "run_dir": str(tmp_path)})
     assert cfg.agent_driver == "smolagents" and cfg.agent_stop == "}}" and cfg.data == "runs/calc-task/train.jsonl"
-    assert {rc.roles[r]["options"]["model"] for r in ("actor", "reference", "rollout")} == {"smollm2-135m"}
+    # every role starts from the SFT warm-up's model (bench/recipes/sft_calc_openai.py writes it)
+    assert {rc.roles[r]["options"]["model"] for r in ("actor", "reference", "rollout")} == {"runs/calc-openai-sft/hf"}
     runconfig.check_role_options(rc.roles)
 
 
