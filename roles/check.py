@@ -41,18 +41,22 @@ def _option(settings: Mapping[str, Any], *keys: str) -> Any:
     return value
 
 
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def budget_problems(roles: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """A token budget (engine.max_tokens_per_micro_batch) smaller than the longest prompt a
     generating role accepts (sampling.max_prompt_tokens): every prompt must fit a budget."""
     limits = {name: _option(s, "sampling", "max_prompt_tokens") for name, s in roles.items()}
-    limits = {name: v for name, v in limits.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+    limits = {name: v for name, v in limits.items() if _positive_int(v)}
     if not limits:
         return []
     source, longest = max(limits.items(), key=lambda kv: kv[1])
     found = []
     for name, settings in roles.items():
         budget = _option(settings, "engine", "max_tokens_per_micro_batch")
-        if isinstance(budget, int) and not isinstance(budget, bool) and 0 < budget < longest:
+        if _positive_int(budget) and budget < longest:
             found.append(f"roles.{name}: engine.max_tokens_per_micro_batch={budget} is smaller than "
                          f"roles.{source}.options.sampling.max_prompt_tokens={longest}: a budget must hold every prompt")
     return found
