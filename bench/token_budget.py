@@ -1,7 +1,7 @@
 """Token-budget benchmark: on one varied-length batch (prompts and responses of very different
 lengths, seeded), the padding fraction, the median time of a training step and of a log-prob
 forward, and the most activation bytes autograd holds for backward at once, for four ways of cutting it into micro-batches — `padded` (micro_batch_size rows, each at
-the batch's full width: hfrt before issue 23), `trimmed` (the same rows, each micro-batch cut to
+the batch's full width: hfrt before token budgets), `trimmed` (the same rows, each micro-batch cut to
 its own longest prompt and response: the default now), `budget` (max_tokens_per_micro_batch,
 trimmed) and `packed` (the budget, pack = true) — interleaved in one run, ratios against `padded`.
 
@@ -50,7 +50,7 @@ def make_batch(prompts: list[int], responses: list[int], vocab: int, max_new_tok
 
 
 def padded_micro_batches(batch: dict[str, Any], size: int) -> list[Any]:
-    """hfrt's micro-batches before issue 23: `size` rows at the batch's full width."""
+    """hfrt's micro-batches before token budgets: `size` rows at the batch's full width."""
     import torch
 
     from hfrt.roles.training import batching

@@ -4,7 +4,7 @@ ValueModel stays one), only adapter parameters (and a value model's head) traina
 switched off for the base model's log-probs, the adapter tensors read out whole, merged full
 weights for whoever needs base-model names, a PEFT adapter folder, and the pre-launch checks.
 
-Defaults where the issue is silent, as verl and OpenRLHF have them: alpha 16, dropout 0,
+Defaults as verl and OpenRLHF have them: alpha 16, dropout 0,
 target_modules "all-linear" (every linear layer but the output head). A value model's adapters
 go into its backbone; its scalar head trains in full.
 

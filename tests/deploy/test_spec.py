@@ -204,7 +204,7 @@ def test_user_env_stays_apart_from_the_rendezvous_env() -> None:
 def test_docs_cluster_examples_are_valid_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     import hfrt.roles as roles
 
-    for name in ("actor", "critic", "reference", "reward"):  # the role daemons issue 5 registers
+    for name in ("actor", "critic", "reference", "reward"):  # the built-in role daemons
         monkeypatch.setitem(roles.BUILTIN, name, roles.BUILTIN.get(name, f"hfrt.roles.{name}:Daemon"))
     blocks = [b for b in re.findall(r"```toml\n(.*?)```", DEPLOY_DOC.read_text(), re.S) if "[[nodes]]" in b]
     assert len(blocks) >= 2, "docs/deploy.md should show an SSH and a Slurm spec"

@@ -452,7 +452,7 @@ def records_of(run_dir: Path) -> list[dict[str, float]]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sixty_steps_with_reward_killed_at_20_and_reference_at_40_learn_as_an_undisturbed_run(tmp_path: Path) -> None:
-    """The issue's check. Same seed, rule-based reward, per-step sampling seeds: the retried calls
+    """Recovery end to end. Same seed, rule-based reward, per-step sampling seeds: the retried calls
     recompute exactly what the dead daemons would have (the reference reloads the same weights),
     so the disturbed run's curves equal the undisturbed run's, step for step, bit for bit (no
     tolerance needed: a difference means a retried call computed something else)."""

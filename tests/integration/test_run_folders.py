@@ -34,7 +34,7 @@ def rewards(run_dir: Path) -> list[float]:
 
 @pytest.mark.slow
 def test_a_reward_function_raising_on_every_sample_stops_the_run(tmp_path: Path) -> None:
-    """The issue's `def score(response)` (one argument too few): every sample raises TypeError."""
+    """A reward function `def score(response)` (one argument too few): every sample raises TypeError."""
     (tmp_path / "r.py").write_text("def score(response):\n    return 1.0\n")
     out = hfrt("controller", "--flow", "grpo", "--run-dir", str(tmp_path / "run"), *FAST,
                "--set", f"roles.reward.options.function={tmp_path / 'r.py'}:score")

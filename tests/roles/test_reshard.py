@@ -71,7 +71,7 @@ def test_bytes_match_micro_dp_formula(ranks: list[dict[str, Any]], family: str, 
             assert case["received"] <= case["naive_received"], f"rank {rank}: more than the naive all-gather"
     assert sum(c["sent"] for c in cs) == sum(c["received"] for c in cs), "bytes sent != bytes received"
     assert sum(c["naive_sent"] for c in cs) == sum(c["naive_received"] for c in cs)
-    if m > 1:  # the target: bytes per rank ≤ (1/t_g) · naive bytes per rank
+    if m > 1:  # the re-layout's target: bytes per rank ≤ (1/t_g) · naive bytes per rank
         ours, naive = max(c["received"] for c in cs), max(c["naive_received"] for c in cs)
         assert 0 < ours <= naive / Layout.parse(gen).tp, f"{family} {train}->{gen}: {ours} > {naive}/t_g"
 
