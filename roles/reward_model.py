@@ -92,6 +92,7 @@ class RewardModelDaemon(CheckpointEndpoints, Daemon):
             self._joined = prepare_process(ctx, needs_group=needs_group(ctx, self.opts.engine))
             self.engine = build_engine(ctx, self.opts, value_head=True)
             self.engine.rows_together = 2  # a token budget keeps each chosen / rejected pair in one micro-batch
+            self.engine.columns_past_response = 1  # the score is the output at the last response token
             self.tokenizer = load_tokenizer(self.opts.model, self.opts.seed)
             self.moments: dict[str, float] = {}  # the last evaluation's score mean / std, for export
 

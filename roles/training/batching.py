@@ -37,6 +37,11 @@ class Lengths:
     def total(self, row: int) -> int:
         return self.prompt[row] + self.response[row]
 
+    def reaching(self, extra: int, width: int) -> Lengths:
+        """These lengths with `extra` more response columns per row (at most `width`): a value
+        readout of the output at a row's last response token (column L) needs column L kept."""
+        return Lengths(self.prompt, [min(r + extra, width) for r in self.response])
+
 
 def row_lengths(batch: Mapping[str, torch.Tensor]) -> Lengths:
     """The real lengths of each row: a column is real where attention_mask (or response_mask) is 1."""

@@ -310,3 +310,26 @@ def test_a_budget_smaller_than_the_longest_prompt_is_refused_before_launch(tmp_p
     assert encode_prompts(None, [[1, 2, 3], [4]], 3, "actor.generate") == [[1, 2, 3], [4]]
     with pytest.raises(ValueError, match=r"actor.generate: prompt row 1 is 4 tokens, more than sampling.max_prompt_tokens=3"):
         encode_prompts(None, [[1, 2], [1, 2, 3, 4]], 3, "actor.generate")
+
+
+def test_the_output_at_the_last_response_token_is_kept_for_a_score_readout() -> None:
+    """A reward model scores each row by the output at its last response token: column L of a
+    [rows, R + 1] value readout. Trimmed or packed micro-batches must keep that column
+    (engine.columns_past_response = 1); without it the longest rows read a zero fill."""
+    from hfrt.roles.training.engines.base import model_forward
+
+    model = load_model(ModelConfig("tiny", value_head=True))
+    batch = make_batch(model.backbone.config.vocab_size)
+    batch = {k: torch.nn.functional.pad(v, (0, 1)) if v.shape[1] in (P + R, R) else v for k, v in batch.items()}
+    last = torch.tensor(RESPONSES)[:, None]  # column L of each row
+    with torch.no_grad():
+        full = model_forward(model, batch, device=torch.device("cpu"), is_value=True).values
+    assert full is not None
+    want = full.gather(1, last)
+    for settings in SETTINGS:
+        engine = build_train_engine(model, EngineConfig(trainable=False, **settings))
+        engine.columns_past_response = 1
+        got = engine.forward_values(batch).gather(1, last)
+        assert float((got - want).abs().max()) < 1e-5, settings
+    unkept = build_train_engine(model, EngineConfig(trainable=False, micro_batch_size=3)).forward_values(batch)
+    assert float(unkept.gather(1, last)[0]) == 0.0  # the row of 40 response tokens: its column 40 was cut

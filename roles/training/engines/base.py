@@ -299,6 +299,10 @@ class TrainEngine(ABC):
 
     #: rows that must share a micro-batch, in order (a reward model's chosen / rejected pairs)
     rows_together: int = 1
+    #: output columns read past each row's last response token: a reward model scores the output
+    #: at its last response token (column L of a [rows, R + 1] readout), so it sets 1 and trimming
+    #: or packing keeps that column instead of zero-filling it
+    columns_past_response: int = 0
     #: kept sequence widths are rounded up to a multiple of this (an engine sharding the sequence sets it)
     seq_multiple: int = 1
 
@@ -309,6 +313,8 @@ class TrainEngine(ABC):
         lengths = batching.row_lengths(batch)
         budget = self.config.max_tokens_per_micro_batch
         pack = self.config.pack and batching.packable(batch, lengths)
+        if self.columns_past_response:
+            lengths = lengths.reaching(self.columns_past_response, int(batch["responses"].shape[1]))
         unit = self.rows_together
         rows = micro_batch_size or self.config.micro_batch_size
         groups = batching.plan(lengths, budget=budget, rows_per_micro=rows, packed=pack, unit=unit)
