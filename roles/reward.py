@@ -4,8 +4,10 @@ value model's output at the last response token). A second instance under anothe
 (`--role cost=reward`) is Safe-RLHF's cost model.
 
 Options (beyond roles/common.py's, which only `kind: model` reads): `kind` ("function" |
-"model"), `function`, `token_column` / `score_column` (output names, default
-`token_level_scores` / `score`), and `error_score` (default 0.0): the score of a sample on which
+"model"), `function`, `settings` (a table the function reads read-only by declaring `settings`),
+`row_fields` (the flow's own rollout columns a function may declare besides roles/reward_inputs.py's;
+a function declaring any other name is refused before launch), `token_column` / `score_column`
+(output names, default `token_level_scores` / `score`), and `error_score` (default 0.0): the score of a sample on which
 the rule function raises or returns no finite number — the row's `<score_column>_error` column
 says what went wrong (the first of each kind with its traceback) and a warning is logged here; the
 controller logs each kind once and stops a run whose step has more than `reward_error_limit` of
@@ -38,7 +40,8 @@ from hfrt.roles.common import (
     role_errors,
 )
 from hfrt.roles.models import check_reward_model_dir
-from hfrt.roles.reward_fns import RewardFunctionError, resolve, score_all, token_level_rewards
+from hfrt.roles.reward_fns import RewardFn, RewardFunctionError, resolve, score_all, token_level_rewards
+from hfrt.roles.reward_inputs import check_declared, check_row_fields, check_settings, own_fields, wanted
 from hfrt.roles.reward_scores import NORMALIZE, RunningMoments, check_score_at, normalized, pool_scores
 from hfrt.roles.rows import all_reduce, equal_rows, merge, take, unpad
 from hfrt.roles.training.engines import TrainEngine
@@ -74,7 +77,9 @@ def last_token_values(
 class RewardDaemon(Daemon):
     """Endpoint: score (SPLIT) → Batch {token_level_scores [rows, R]}, non-tensor {score}."""
 
-    OPTIONS = frozenset({"kind", "function", "token_column", "score_column", "error_score", "score_at", "normalize", "clip"})
+    OPTIONS = frozenset({
+        "kind", "function", "settings", "row_fields", "token_column", "score_column", "error_score", "score_at", "normalize", "clip",
+    })
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
@@ -85,7 +90,7 @@ class RewardDaemon(Daemon):
             raise ValueError(f"option error_score={error_score!r} must be a number or null")
         kind = options.get("kind", "function")
         if kind == "function":
-            resolve(str(options.get("function", "exact_match")))
+            check_function(options)
         elif kind == "model":
             ModelOptions.read(options, trainable=False)
             check_model_reward_options(options)
@@ -104,7 +109,9 @@ class RewardDaemon(Daemon):
             if self.kind == "function":
                 self._joined = prepare_process(ctx, needs_group=False)
                 self.function_name = str(ctx.options.get("function", "exact_match"))
-                self.function = resolve(self.function_name)
+                self.function = check_function(ctx.options)
+                self.settings = check_settings(ctx.options.get("settings", {}))
+                self.wanted, self.any_field = wanted(self.function)
             elif self.kind == "model":
                 opts = ModelOptions.read(ctx.options, trainable=False)
                 self._joined = prepare_process(ctx, needs_group=needs_group(ctx, opts.engine))
@@ -147,7 +154,8 @@ class RewardDaemon(Daemon):
         rows = len(batch)
         truths = batch.non_tensor.get("ground_truth", [None] * rows)
         others = {k: v for k, v in batch.non_tensor.items() if k not in TEXT_COLUMNS}
-        infos = [{k: v[i] for k, v in others.items()} for i in range(rows)]
+        own = own_fields(self.wanted, batch.tensors, self.settings, rows, f"{self.context.role}.score", optional=self.any_field)
+        infos = [{**{k: v[i] for k, v in others.items()}, **own[i]} for i in range(rows)]
         try:
             scores = score_all(
                 self.function, batch.non_tensor["response"], truths, infos, name=self.function_name,
@@ -180,6 +188,17 @@ class RewardDaemon(Daemon):
         elif self.clip is not None:
             values = values.clamp(-self.clip, self.clip)
         return [float(v) for v in values]
+
+
+def check_function(options: dict[str, Any]) -> RewardFn:
+    """The rule function the options name, its declared parameters checked (before launch), and
+    the options only a rule function reads."""
+    name = str(options.get("function", "exact_match"))
+    row_fields = check_row_fields(options.get("row_fields", []))
+    check_settings(options.get("settings", {}))
+    fn = resolve(name)
+    check_declared(fn, repr(name), row_fields)
+    return fn
 
 
 def check_model_reward_options(options: dict[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """Function-based rewards: a registry of rule functions plus user functions named by a string.
 
 A reward function scores one decoded response: `fn(response, ground_truth, **info) -> float`,
-where info holds any of the sample's extra fields the function declares as parameters (e.g.
-`prompt`, `data_source`). `resolve` turns a spec — a registry name, "package.module:function" or
+where info holds what the function declares as parameters (the names it may declare, and their
+check, are roles/reward_inputs.py's). `resolve` turns a spec — a registry name, "package.module:function" or
 "path/to/file.py:function" — into a callable; `score_all` runs it over a batch and names the
 function and sample when one raises. `token_level_rewards` places each score at the last
 response token. This module knows nothing of models, engines or the wire.
@@ -76,14 +76,18 @@ def exact_match(response: str, ground_truth: Any) -> float:
     return float(normalize_text(extract_answer(response)) == normalize_text(str(ground_truth)))
 
 
+#: numeric_match's tolerance, relative and absolute.
+REL_TOL = 1e-6
+
+
 @register("numeric_match")
-def numeric_match(response: str, ground_truth: Any, rel_tol: float = 1e-6) -> float:
-    """1 when the last number of the extracted answer equals the ground truth (within rel_tol)."""
+def numeric_match(response: str, ground_truth: Any) -> float:
+    """1 when the last number of the extracted answer equals the ground truth (within REL_TOL)."""
     got = parse_number(extract_answer(response))
     want = ground_truth if isinstance(ground_truth, (int, float)) else parse_number(str(ground_truth))
     if got is None or want is None:
         return 0.0
-    return float(math.isclose(got, float(want), rel_tol=rel_tol, abs_tol=rel_tol))
+    return float(math.isclose(got, float(want), rel_tol=REL_TOL, abs_tol=REL_TOL))
 
 
 _THINK_ANSWER = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)

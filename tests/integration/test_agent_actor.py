@@ -23,7 +23,7 @@ TOOL_TEXT = "[42]"
 TOOL_IDS = [ord(c) - 30 for c in TOOL_TEXT]  # the tiny preset's byte vocabulary
 PROMPTS = ("1+1=", "2+12=", "0+1=", "3+4=")
 ACTOR = {"model": "tiny", "engine": {"micro_batch_size": 32, "optim": {"lr": 0.05}}}
-REWARD = {"kind": "function", "function": "hfrt.flows.agent.loop:agent_reward"}
+REWARD = {"kind": "function", "function": "hfrt.flows.agent.loop:agent_reward", "row_fields": ["agent_reward"]}
 
 
 async def two_turns(conv: Conversation, sample: dict[str, Any]) -> float:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from hfrt.flows.agent.loop import AgentConfig, AgentFn, Trajectory, agent_metrics, assemble, run_agents
+from hfrt.flows.agent.loop import AGENT_COLUMNS, AgentConfig, AgentFn, Trajectory, agent_metrics, assemble, run_agents
 from hfrt.flows.async_steps import PipelinedSteps, check_pipeline_settings, run_and_close
 from hfrt.flows.batches import non_tensor
 from hfrt.flows.config import CALL_TIMEOUT_S
@@ -34,36 +34,46 @@ from hfrt.protocols import BatchHandle
 #: the actor's own generation engine (colocated)
 AGENT_ON = ("rollout", "actor")
 #: grpo's roles, a rollout daemon for the turns (not launched with agent_on = "actor", see
-#: roles_for), and the reward role reading the agents' rewards.
+#: roles_for), and the reward role reading the agents' rewards (a reward function may also declare
+#: the other columns an agent rollout carries: row_fields).
 ROLES: dict[str, dict[str, Any]] = {
     **GRPO_ROLES,
     "rollout": ROLLOUT_ROLE,
-    "reward": {"impl": "reward", "options": {"kind": "function", "function": "hfrt.flows.agent.loop:agent_reward"}},
+    "reward": {"impl": "reward", "options": {"kind": "function", "function": "hfrt.flows.agent.loop:agent_reward",
+                                             "row_fields": list(AGENT_COLUMNS)}},
 }
 
 
 @dataclass(frozen=True)
 class AgentGRPOConfig(GRPOFlowConfig):
-    """grpo's settings (max_new_tokens per turn) plus max_total_tokens per conversation (prompt
-    included), max_turns and sample_timeout_s (a sample running longer ends with an error), and
-    agent_on: "rollout" (default; the turns on the rollout role, weights synced to it each step)
-    or "actor" (the turns on the actor's generation engine; the run has no rollout role).
-    max_staleness (agent_on = "rollout"): policy versions a sample may lag; 0 (default) is the
-    synchronous step, ≥ 1 runs the agents of later steps while the actor trains, with grpo_async's
-    stale_policy, rollout_ahead, stale_min_keep and sync_bucket_mb (see GRPOAsyncConfig)."""
+    """grpo's settings plus the agent's bounds and where its turns run; with max_staleness ≥ 1 the
+    agents of later steps run while the actor trains, bounded as in grpo_async (GRPOAsyncConfig)."""
 
     steps: int = 300
     n: int = 8
     prompts_per_step: int = 8
+    #: new tokens per turn at most
     max_new_tokens: int = 8
+    #: tokens per conversation at most, prompt included
     max_total_tokens: int = 48
+    #: model turns per conversation at most
     max_turns: int = 6
+    #: seconds one sample may run; a sample running longer ends with an error
     sample_timeout_s: float = 60.0
+    #: "rollout": the turns on the rollout role, weights synced to it each step; "actor": the turns
+    #: on the actor's generation engine (the run has no rollout role)
     agent_on: str = "rollout"
+    #: policy versions a sample may lag behind the actor (agent_on = "rollout"; 0: the synchronous step)
     max_staleness: int = 0
+    #: "wait": agents never run further ahead than max_staleness; "drop": rollout_ahead rollouts
+    #: stay in flight and samples found too old are generated again
     stale_policy: str = "wait"
+    #: rollouts in flight under "drop" (-1: max_staleness)
     rollout_ahead: int = -1
+    #: under "drop", too-old prompt groups are dropped one by one; when fewer than this share of a
+    #: step's groups survive, the dropped prompts are generated again
     stale_min_keep: float = 0.5
+    #: the weight sync's bucket size, in MiB
     sync_bucket_mb: float = 64.0
 
     def __post_init__(self) -> None:

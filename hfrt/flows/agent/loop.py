@@ -253,6 +253,11 @@ async def _one(agent: AgentFn, conv: Conversation, cfg: AgentConfig) -> None:
         conv.batcher.done()
 
 
+#: Columns an agent rollout carries for a reward function besides the data's: the agent's reward,
+#: its error ("" when none), its turns, and the sample's tool calls where the agent counts them.
+AGENT_COLUMNS = ("agent_reward", "agent_error", "agent_turns", "tool_calls")
+
+
 def trajectory_columns(trajectories: Sequence[Trajectory], carry: Sequence[str] = ()) -> dict[str, list[Any]]:
     """Non-tensor columns for `assemble_trajectories` (those with prompt tokens; a sample that
     failed before its first turn has none and is left out) plus the carried sample columns."""
