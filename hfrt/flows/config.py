@@ -32,86 +32,99 @@ DATA_DEFAULTS: dict[str, Any] = {"max_new_tokens": 256, "entropy_coeff": 0.0, "k
 
 @dataclass(frozen=True)
 class FlowConfig:
-    """Settings every built-in RL flow reads (`--config FILE`, `--set key=value`).
+    """Settings every built-in RL flow reads (`--config FILE`, `--set key=value`). The `#:` comment
+    above a field is its description: docs/configuration.md's key tables are generated from them.
 
-    steps: RL steps. prompts_per_step: prompts per step (each sampled `n` times where the flow
-    samples groups). seed: of the data order and of sampling (a step's sampling seed is fixed by
-    seed and step). data: a JSONL / Parquet file of prompts (see hfrt/flows/data.py); "" uses
-    the built-in addition task, whose largest addend is max_operand.
-    max_new_tokens / temperature: sampling. ppo_epochs / ppo_mini_batch_size: of both updates.
-    entropy_coeff: the actor's entropy bonus (keeps a small policy exploring).
-    policy_loss_mode: the actor's policy loss (vanilla, gspo, cispo, decoupled); the one place to set
-    it (`actor_loss.policy_loss_mode`, the older spelling, is read into it: see ALIASES). tis_cap:
-    truncated importance sampling against the sampler's log-probs, weights capped at tis_cap (0: off).
-    actor_loss / critic_loss: more `update` options (hfrt.wire.loss_options), merged last into every
-    actor / critic update call, e.g. `--set actor_loss.clip_ratio_c=10`; checked before launch.
-    advantage: compute_advantages options merged last into the flow's own (advantage_call), e.g.
-    `--set advantage.estimator=opo`; checked before launch (check_advantage_options: a group
-    estimator needs n >= 2, gae a critic — CRITIC — and remax the remax flow's baseline).
-    val_every: a greedy validation pass every N steps and after the last (0: none) over
-    val_prompts prompts of val_data (default: data's first rows, or held-out addition prompts);
-    with val_before_train (the default) also one before the first step (`val_before/*` in step
-    0's record; the summary shows the first and last validation accuracy).
     With a data file the defaults of DATA_DEFAULTS apply (256 new tokens, no entropy bonus, PPO's
-    in-reward KL at 0.001, 16 prompts a step), and
-    the default reward scores its rows with the generic numeric reward (hfrt.flows.tasks).
-    checkpoint_every: a checkpoint every N steps and after the last (0: none).
-    export_hf: at the end, write the actor as a Hugging Face model folder, RUN_DIR/hf.
-    tensorboard: also write RUN_DIR/tensorboard. wandb_project: also log to W&B (needs wandb).
-    progress: "auto" (a bar on a terminal, nothing otherwise), "on" or "off". trace: write
-    RUN_DIR/trace.json (Chrome trace of every call).
-    run_dir / resume: set by `hfrt controller` (--run-dir, --resume); run_dir "" writes no file.
-    recovery: "on" relaunches a dead or hung reward / reference / cost daemon and retries the calls
-    that failed with it, and relaunches a dead actor / critic and rewinds to the last checkpoint
-    (hfrt.control.recovery; local, SSH and Slurm launchers, not --attach); recovery_max_restarts restarts of one daemon within
-    recovery_window_s seconds are allowed, one more ends the run.
-    reward_error_limit: a sample on which the reward function raises scores the reward role's
-    error_score (each kind of error is logged once on stderr with its traceback); when more than
-    this share of a step's samples failed, the run stops with the traceback and exit 1 (1: never).
-    reset_weights: a run on daemons an earlier run trained (--attach) continues from their trained
-    weights by default, and says so (a warning and `started_from_trained_weights` in the summary);
-    true loads the weights they started with instead (kept in daemons_dir/initial_weights, which
-    `hfrt controller` sets to the attach file's folder, or RUN_DIR with --keep-daemons).
-    reference_from_actor: with LoRA on the actor (roles.actor.options.lora) the reference
-    log-probs are the actor's with its adapters off, and no reference daemon is launched
-    (hfrt.flows.reference); false keeps the reference role. No effect without LoRA.
+    in-reward KL at 0.001, 16 prompts a step), and the default reward scores its rows with the
+    generic numeric reward (hfrt.flows.tasks).
     """
 
+    #: RL steps
     steps: int = 150
+    #: prompts per step (each sampled `n` times where the flow samples groups)
     prompts_per_step: int = 16
+    #: seed of the data order and of sampling (a step's sampling seed is fixed by seed and step)
     seed: int = 0
+    #: the built-in addition task's largest addend (used when `data` is "")
     max_operand: int = 2
+    #: new tokens sampled per response at most
     max_new_tokens: int = 2
+    #: sampling temperature of the rollouts (validation is greedy)
     temperature: float = 1.0
+    #: passes over each rollout in the actor's and the critic's updates
     ppo_epochs: int = 1
+    #: rows per optimizer step over the whole group (0: one optimizer step per epoch)
     ppo_mini_batch_size: int = 0
+    #: the actor's entropy bonus (keeps a small policy exploring)
     entropy_coeff: float = 0.01
+    #: the actor's policy loss (vanilla, gspo, cispo, decoupled, ...); the one place to set it
+    #: (`actor_loss.policy_loss_mode`, the older spelling, is read into it: see ALIASES)
     policy_loss_mode: str = "vanilla"
+    #: truncated importance sampling against the sampler's log-probs, weights capped at tis_cap (0: off)
     tis_cap: float = 0.0
+    #: more actor `update` options (hfrt.wire.loss_options), merged last into every actor update
+    #: call, e.g. `--set actor_loss.clip_ratio_c=10`; checked before launch
     actor_loss: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: more critic `update` options (hfrt.wire.loss_options), merged last into every critic update
+    #: call, e.g. `--set critic_loss.cliprange_value=0.2`; checked before launch
     critic_loss: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: compute_advantages options merged last into the flow's own (advantage_call), e.g.
+    #: `--set advantage.estimator=opo`; checked before launch (a group estimator needs n >= 2,
+    #: gae a critic, remax the remax flow's baseline)
     advantage: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: whether the flow runs a critic (gae's values); PPO-family configs set it
     CRITIC: ClassVar[bool] = False
+    #: a JSONL / JSON / Parquet file of prompts (hfrt/flows/data.py), checked before launch; ""
+    #: uses the built-in addition task
     data: str = ""
+    #: the validation prompts' file ("": data's first rows, or held-out addition prompts)
     val_data: str = ""
+    #: a greedy validation pass every N steps and after the last (0: none); the summary shows the
+    #: first and last validation accuracy
     val_every: int = 0
+    #: prompts in each validation pass
     val_prompts: int = 32
+    #: with val_every, also one validation pass before the first step (`val_before/*` in step 0's record)
     val_before_train: bool = True
+    #: a checkpoint every N steps and after the last (0: none)
     checkpoint_every: int = 0
+    #: at the end, write the actor as a Hugging Face model folder, RUN_DIR/hf
     export_hf: bool = True
+    #: also write RUN_DIR/tensorboard
     tensorboard: bool = True
+    #: also log to this W&B project (needs wandb; "": no W&B)
     wandb_project: str = ""
+    #: "auto" (a bar on a terminal, nothing otherwise), "on" or "off"
     progress: str = "auto"
+    #: write RUN_DIR/trace.json (a Chrome trace of every call)
     trace: bool = True
+    #: the run folder, set by `hfrt controller` (--run-dir); "" writes no file
     run_dir: str = ""
+    #: continue the run in run_dir from its last checkpoint, set by `hfrt controller` (--resume)
     resume: bool = False
+    #: "on" relaunches a dead or hung reward / reference / cost daemon and retries the calls that
+    #: failed with it, and relaunches a dead actor / critic and rewinds to the last checkpoint
+    #: (hfrt.control.recovery; local, SSH and Slurm launchers, not --attach); "off": a lost daemon ends the run
     recovery: str = "off"
+    #: restarts of one daemon allowed within recovery_window_s; one more ends the run
     recovery_max_restarts: int = 3
+    #: the window, in seconds, over which recovery_max_restarts is counted
     recovery_window_s: float = 600.0
+    #: a sample on which the reward function raises scores the reward role's error_score (each kind
+    #: of error is logged once on stderr with its traceback); when more than this share of a step's
+    #: samples failed, the run stops with the traceback and exit 1 (1: never)
     reward_error_limit: float = 0.5
+    #: a run on daemons an earlier run trained (--attach) continues from their trained weights by
+    #: default, and says so (a warning and `started_from_trained_weights` in the summary); true
+    #: loads the weights they started with instead (kept in daemons_dir/initial_weights)
     reset_weights: bool = False
+    #: where attached daemons keep their initial weights: `hfrt controller` sets it to the attach
+    #: file's folder, or RUN_DIR with --keep-daemons
     daemons_dir: str = ""
+    #: with LoRA on the actor (roles.actor.options.lora) the reference log-probs are the actor's
+    #: with its adapters off, and no reference daemon is launched (hfrt.flows.reference); false
+    #: keeps the reference role. No effect without LoRA
     reference_from_actor: bool = True
 
     def __post_init__(self) -> None:

@@ -32,19 +32,22 @@ StepFn = Callable[..., Awaitable[dict[str, Any]]]
 
 @dataclass(frozen=True)
 class GRPOConfig(FlowConfig):
-    """FlowConfig plus n (samples per prompt), norm_adv_by_std (false: Dr.GRPO), and the KL loss
-    (kl_loss_coef, kl_loss_type; coefficient 0 turns it off) with its loss_agg_mode. stream_chunks:
-    the step's rollout in that many actor calls, reference and reward started on each as it
-    arrives (same samples; grpo and ppo only; docs/bench-and-performance.md for what it costs)."""
+    """FlowConfig plus groups of samples per prompt, group-relative advantages and the KL loss."""
 
     prompts_per_step: int = 8
+    #: samples per prompt (a group)
     n: int = 8
+    #: divide each group's advantages by the group's standard deviation (false: Dr.GRPO's plain differences)
     norm_adv_by_std: bool = True
+    #: coefficient of the KL loss towards the reference policy (0 turns it off)
     kl_loss_coef: float = 0.001
+    #: the KL loss's estimator (kl, abs, mse, low_var_kl, ...: hfrt.wire.loss_options.KL_TYPES)
     kl_loss_type: str = "low_var_kl"
+    #: how token losses become the batch's loss (token-mean, seq-mean-token-sum, seq-mean-token-mean, ...)
     loss_agg_mode: str = "token-mean"
-    #: generate calls per step; the reference and reward start on each as it arrives
-    #: (hfrt/flows/streaming.py). 1: one call. Only flows whose config declares STREAMED.
+    #: generate calls per step; the reference and reward start on each as it arrives, same samples
+    #: (hfrt/flows/streaming.py; docs/bench-and-performance.md for what it costs). 1: one call.
+    #: Only flows whose config declares STREAMED (grpo)
     stream_chunks: int = 1
     STREAMED: ClassVar[bool] = False
 
@@ -77,16 +80,23 @@ class GRPOFlowConfig(GRPOConfig):
 
 @dataclass(frozen=True)
 class RLOOConfig(GRPOConfig):
-    """GRPOConfig (n, the KL loss — off by default here) plus the in-reward KL: kl_coef (β; 0
-    turns it off), kl_ctrl fixed|adaptive (target_kl, kl_horizon), kl_penalty (the per-token KL's
-    kind: kl, abs, mse, low_var_kl). norm_adv_by_std is GRPO's and must stay true. Also the base
-    of REINFORCE++'s and ReMax's configs, which change only the estimator and its options."""
+    """GRPOConfig (n, the KL loss — off by default here) plus the in-reward KL. norm_adv_by_std is
+    GRPO's and must stay true. Also the base of REINFORCE++'s and ReMax's configs, which change
+    only the estimator and its options."""
 
+    #: GRPO's std normalisation, which this flow does not read: must stay true
+    norm_adv_by_std: bool = True
     kl_loss_coef: float = 0.0
+    #: β of the KL penalty subtracted from the reward (0 turns it off)
     kl_coef: float = 0.001
+    #: the in-reward KL's controller: "fixed" (β stays kl_coef) or "adaptive" (starts at kl_coef,
+    #: aims at target_kl over kl_horizon samples)
     kl_ctrl: str = "fixed"
+    #: the KL the adaptive controller aims at
     target_kl: float = 0.1
+    #: samples over which the adaptive controller moves β towards target_kl
     kl_horizon: float = 10000.0
+    #: the per-token KL's kind in the reward (kl, abs, mse, low_var_kl)
     kl_penalty: str = "kl"
 
     def __post_init__(self) -> None:

@@ -26,19 +26,25 @@ PPO_ROLES: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class PPOConfig(FlowConfig):
-    """FlowConfig plus GAE (gamma, lam) and the in-reward KL (kl_coef, kl_ctrl fixed|adaptive,
-    target_kl, kl_horizon; kl_coef 0 turns it off). stream_chunks: the step's rollout in that many
-    actor calls, critic, reference and reward started on each as it arrives (ppo only)."""
+    """FlowConfig plus GAE over the critic's values, the in-reward KL and the critic's value clip."""
 
+    #: GAE's discount
     gamma: float = 1.0
+    #: GAE's λ
     lam: float = 0.95
+    #: β of the KL penalty subtracted from the reward (0 turns it off)
     kl_coef: float = 0.001
+    #: the in-reward KL's controller: "fixed" (β stays kl_coef) or "adaptive" (starts at kl_coef,
+    #: aims at target_kl over kl_horizon samples)
     kl_ctrl: str = "fixed"
+    #: the KL the adaptive controller aims at
     target_kl: float = 0.1
+    #: samples over which the adaptive controller moves β towards target_kl
     kl_horizon: float = 10000.0
+    #: the critic's value clip (its update's cliprange_value)
     cliprange_value: float = 0.5
     #: generate calls per step; critic, reference and reward start on each as it arrives
-    #: (hfrt/flows/streaming.py). 1: one call. Only flows whose config declares STREAMED.
+    #: (hfrt/flows/streaming.py). 1: one call. Only flows whose config declares STREAMED (ppo)
     stream_chunks: int = 1
     CRITIC: ClassVar[bool] = True  # gae's values: these flows run a critic
     STREAMED: ClassVar[bool] = False

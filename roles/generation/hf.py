@@ -27,29 +27,33 @@ from hfrt.roles.training.engines.base import default_device
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample.
+    """How to sample (a generating role's `sampling` option, and a generate call's keywords; the
+    `#:` comment above a field is its description)."""
 
-    temperature: 0 means greedy. top_k: 0 or less disables. top_p: 1 disables.
-    n: samples per prompt. stop_token_ids: generation of a row ends after any of these (the
-    engine adds the tokenizer's eos unless ignore_eos). seed: None draws a fresh seed.
-    row_offset: None samples the call's rows from one generator (seed); an int gives each row its
-    own generator, seeded from (seed, row_offset + its row), so a row's tokens do not depend on
-    which other rows share the call (a rollout generated in chunks samples what one call would;
-    vLLM seeds every request on its own anyway and ignores it).
-    max_prompt_tokens: None, or the longest prompt (in tokens) a generate call accepts: a longer one
-    is refused, naming its row, before anything is sampled (verl's data.max_prompt_length with
-    truncation "error"); before launch, every role's token budget must hold it (hfrt.roles.check).
-    """
-
+    #: sampling temperature; 0 means greedy
     temperature: float = 1.0
+    #: nucleus sampling's probability mass; 1 disables
     top_p: float = 1.0
+    #: sample among the k most likely tokens; 0 or less disables
     top_k: int = 0
+    #: new tokens per response at most
     max_new_tokens: int = 32
+    #: samples per prompt
     n: int = 1
+    #: generation of a row ends after any of these (the engine adds the tokenizer's eos unless ignore_eos)
     stop_token_ids: tuple[int, ...] = ()
+    #: keep sampling past the tokenizer's eos
     ignore_eos: bool = False
+    #: the sampling seed; null draws a fresh seed
     seed: int | None = None
+    #: null samples the call's rows from one generator (seed); an int gives each row its own
+    #: generator, seeded from (seed, row_offset + its row), so a row's tokens do not depend on which
+    #: other rows share the call (a rollout generated in chunks samples what one call would; vLLM
+    #: seeds every request on its own anyway and ignores it)
     row_offset: int | None = None
+    #: null, or the longest prompt (in tokens) a generate call accepts: a longer one is refused,
+    #: naming its row, before anything is sampled (verl's data.max_prompt_length with truncation
+    #: "error"); before launch, every role's token budget must hold it (hfrt.roles.check)
     max_prompt_tokens: int | None = None
 
 

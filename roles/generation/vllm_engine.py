@@ -32,37 +32,40 @@ from hfrt.roles.generation.hf import SamplingParams, assemble, left_pad
 
 @dataclass(frozen=True)
 class VLLMConfig:
-    """How the in-process vLLM engine is built.
+    """How the in-process vLLM engine is built (a generating role's `vllm` option; the `#:` comment
+    above a field is its description).
 
-    model_dir: a local Hugging Face directory (see models.resolve_model_dir).
-    dtype: "float32", "bfloat16", or "auto".
-    max_model_len: prompt + response tokens per sequence.
-    gpu_memory_utilization: share of device memory vLLM may take (CPU: of the KV-cache budget).
-    kv_cache_memory_bytes: a fixed KV-cache size instead. None: on a GPU, gpu_memory_utilization
-        decides; on CPU (where vLLM would take half of RAM) it is sized from the workload,
-        max_num_seqs sequences of max_model_len tokens (kv_cache_bytes).
-    max_num_seqs: sequences vLLM runs at once (more queue); a rollout's rows up to this share
-        one batch.
-    enable_sleep_mode: free weights + KV cache between rollouts (CUDA only; ignored on CPU).
-    enforce_eager: skip CUDA graphs / torch.compile (faster start, slower decode).
-    tensor_parallel_size / data_parallel_size: > 1 runs vLLM's "external_launcher" executor: this
-        process is one vLLM rank of the torch.distributed world already set up (every rank builds
-        its LLM together; vLLM creates its TP / DP groups over that world, TP innermost: TP rank =
-        rank % tp, DP rank = rank // tp). Weights come as checkpoint-format tensors, one block at
-        a time, and vLLM's loaders keep this rank's TP slice (see load_weights); the actor sends
-        only that slice, full-shaped (roles/generation/vllm_pieces.py).
+    tensor_parallel_size × data_parallel_size > 1 runs vLLM's "external_launcher" executor: this
+    process is one vLLM rank of the torch.distributed world already set up (every rank builds its
+    LLM together; vLLM creates its TP / DP groups over that world, TP innermost: TP rank = rank %
+    tp, DP rank = rank // tp). Weights come as checkpoint-format tensors, one block at a time, and
+    vLLM's loaders keep this rank's TP slice (see load_weights); the actor sends only that slice,
+    full-shaped (roles/generation/vllm_pieces.py).
     """
 
+    #: a local Hugging Face directory (models.resolve_model_dir); the role sets it from its `model`
     model_dir: str
+    #: "float32", "bfloat16", or "auto" (the model's own)
     dtype: str = "auto"
+    #: prompt + response tokens per sequence
     max_model_len: int = 1024
+    #: share of device memory vLLM may take (CPU: of the KV-cache budget)
     gpu_memory_utilization: float = 0.5
+    #: a fixed KV-cache size; null: on a GPU, gpu_memory_utilization decides; on CPU (where vLLM
+    #: would take half of RAM) it is sized from the workload, max_num_seqs sequences of
+    #: max_model_len tokens (kv_cache_bytes)
     kv_cache_memory_bytes: int | None = None
+    #: sequences vLLM runs at once (more queue); a rollout's rows up to this share one batch
     max_num_seqs: int = 32
+    #: free weights + KV cache between rollouts (CUDA only; ignored on CPU)
     enable_sleep_mode: bool = True
+    #: skip CUDA graphs / torch.compile (faster start, slower decode)
     enforce_eager: bool = True
+    #: vLLM's seed (default: the role's `seed` option)
     seed: int = 0
+    #: vLLM's TP ranks; the actor sets it from `generation.parallel` when its tp is above 1
     tensor_parallel_size: int = 1
+    #: vLLM's DP ranks; the actor sets it from `generation.parallel` when its tp is above 1
     data_parallel_size: int = 1
 
     @property

@@ -39,12 +39,15 @@ _KEYS = frozenset({"rank", "alpha", "dropout", "target_modules"})
 
 @dataclass(frozen=True)
 class LoraSpec:
-    """rank r, alpha (the update is B·A·alpha/r), dropout on the adapters' input while training,
-    target_modules: module names (peft matches each as a name or a dotted-name suffix) or "all-linear"."""
+    """A role's `lora` option (the `#:` comment above a field is its description)."""
 
+    #: the adapters' rank r (required: there is no LoRA without one)
     rank: int
+    #: the update is B·A·alpha/r
     alpha: float = DEFAULT_ALPHA
+    #: dropout on the adapters' input while training
     dropout: float = 0.0
+    #: module names (peft matches each as a name or a dotted-name suffix) or "all-linear"
     target_modules: str | tuple[str, ...] = DEFAULT_TARGETS
 
     @classmethod

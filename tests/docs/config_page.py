@@ -1,18 +1,26 @@
-"""The generated part of docs/configuration.md: every key each built-in flow reads, from the flows'
-config dataclasses (their fields and docstrings), reached through the flow loader only.
+"""The generated part of docs/configuration.md: every key each built-in flow reads (from the flows'
+config dataclasses, reached through the flow loader) and the fields of the role options that are
+tables (engine, engine.optim, sampling, vllm, lora); each key's description is the `#:` comment
+written above its field, in the most derived class that comments it.
 
 `python -m tests.docs.config_page` rewrites the part between the markers in docs/configuration.md;
 tests/docs/test_config_page.py fails when the committed page differs from what this produces.
-It knows dataclass fields and docstring sentences; it does not know any flow or module path.
+It knows dataclass fields, the comments above them and which class reads each role-option table;
+it does not know what any flow or role does with them. The flow part imports no torch; the role
+part imports the role modules (and so torch).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
 import json
-import re
 import sys
+import textwrap
 from pathlib import Path
+from importlib import import_module
 from typing import Any
 
 from hfrt import FlowConfig
@@ -21,56 +29,63 @@ from hfrt.flows import BUILTIN, load_flow
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 START = "<!-- generated:config-keys:start (python -m tests.docs.config_page) -->"
 END = "<!-- generated:config-keys:end -->"
-#: a docstring splits into sentences at ". " before a capital, a word, a backtick or a key
-_SENTENCE = re.compile(r"(?<=[.])\s+(?=[A-Za-z_`(\"])")
-_ABBREVIATIONS = ("e.g.", "i.e.", "vs.", "etc.")
+REGENERATE = "python -m tests.docs.config_page"
+#: the role options that are tables → the dataclass whose fields they hold ("module:Class")
+ROLE_TABLES: dict[str, str] = {
+    "engine": "hfrt.roles.training.engines.base:EngineConfig",
+    "engine.optim": "hfrt.roles.training.engines.optim:OptimConfig",
+    "sampling": "hfrt.roles.generation.hf:SamplingParams",
+    "vllm": "hfrt.roles.generation.vllm_engine:VLLMConfig",
+    "lora": "hfrt.roles.training.lora:LoraSpec",
+}
 
 
-def sentences(doc: str | None) -> list[str]:
-    """A docstring's sentences, whitespace collapsed (abbreviations do not end a sentence)."""
-    text = " ".join((doc or "").split())
-    for i, abbr in enumerate(_ABBREVIATIONS):
-        text = text.replace(abbr, f"\0{i}\0")
-    parts = _SENTENCE.split(text)
-    out = []
-    for part in parts:
-        for i, abbr in enumerate(_ABBREVIATIONS):
-            part = part.replace(f"\0{i}\0", abbr)
-        if part.strip():
-            out.append(part.strip())
+class MissingDescription(ValueError):
+    """A config field has no `#:` comment in any class that declares it."""
+
+
+@functools.cache
+def field_comments(cls: type) -> dict[str, str]:
+    """The `#:` comment lines right above each annotated field in `cls`'s own body, joined."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # a class without source (built in a REPL): nothing to read
+        return {}
+    lines = source.splitlines()
+    body = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)).body
+    out: dict[str, str] = {}
+    for node in body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        above: list[str] = []
+        row = node.lineno - 2  # the line above the field, 0-based
+        while row >= 0 and lines[row].strip().startswith("#:"):
+            above.insert(0, lines[row].strip()[2:].strip())
+            row -= 1
+        if above:
+            out[node.target.id] = " ".join(above)
     return out
 
 
-def mentions(sentence: str, key: str) -> bool:
-    return re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", sentence) is not None
-
-
-def introduced_by(cls: type, key: str) -> type:
-    """The most basic class of `cls`'s MRO that declares `key`."""
-    owners = [c for c in cls.__mro__ if key in c.__dict__.get("__annotations__", {})]
-    return owners[-1]
-
-
 def describe(cls: type, key: str) -> str:
-    """The first docstring sentence that mentions `key`: in the class that introduced it, else in
-    any class of the MRO (most derived first); "" when no docstring names it."""
-    order = [introduced_by(cls, key)] + [c for c in cls.__mro__ if c is not object]
-    for test in (leads, mentions):  # a sentence that opens with "key:" beats one that names it
-        for c in order:
-            for sentence in sentences(c.__doc__):
-                if test(sentence, key):
-                    return sentence
-    return ""
-
-
-def leads(sentence: str, key: str) -> bool:
-    """Whether the sentence opens with `key:` (or `a / key:`, `a, key and b:`)."""
-    lead, sep, _ = sentence.partition(":")
-    return bool(sep) and len(lead.split()) <= 6 and key in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", lead)
+    """The `#:` comment of `key` in the most derived class of `cls`'s MRO that comments it."""
+    for c in cls.__mro__:
+        text = field_comments(c).get(key) if dataclasses.is_dataclass(c) else None
+        if text:
+            return text
+    raise MissingDescription(
+        f"{cls.__module__}.{cls.__qualname__}.{key} has no description: write a `#:` comment above the "
+        f"field (in the class that declares it), then run `{REGENERATE}`")
 
 
 def default(f: dataclasses.Field[Any]) -> str:
+    """The field's default as JSON (what a config file would hold); "required" when it has none, and
+    a pointer to its own table when it is a table of another dataclass."""
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        return "required"
     value = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+    if dataclasses.is_dataclass(value):
+        return "its own table"
     return f"`{json.dumps(value, ensure_ascii=False)}`"
 
 
@@ -79,18 +94,12 @@ def cell(text: str) -> str:
 
 
 def table(cls: type, keys: list[str]) -> list[str]:
-    """A markdown table of `keys` of `cls`: type, default, and the sentence that describes it (a
-    sentence already shown for an earlier key of the table points to that key instead)."""
+    """A markdown table of `keys` of `cls`: type, default, and the key's own description."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
-    shown: dict[str, str] = {}
     for key in keys:
-        text = describe(cls, key)
-        if text and text in shown:
-            text = f"see `{shown[text]}`"
-        elif text:
-            shown[text] = key
-        rows.append(f"| `{key}` | `{cell(str(fields[key].type))}` | {cell(default(fields[key]))} | {cell(text) or '—'} |")
+        f = fields[key]
+        rows.append(f"| `{key}` | `{cell(str(f.type))}` | {cell(default(f))} | {cell(describe(cls, key))} |")
     return rows
 
 
@@ -111,15 +120,15 @@ def flow_section(name: str) -> list[str]:
     return lines
 
 
-def generate() -> str:
+def flow_tables() -> list[str]:
+    """The page's flow part: FlowConfig's keys, then each built-in flow's own keys and defaults."""
     shared = [f.name for f in dataclasses.fields(FlowConfig)]
     lines = [
-        START,
-        "",
         "## Every key, by flow",
         "",
-        "Generated from the flows' config dataclasses (fields and docstrings); do not edit by hand.",
-        "A key's description is the docstring sentence that names it.",
+        f"Generated by `{REGENERATE}` from the flows' config dataclasses; do not edit by hand.",
+        "A key's description is the `#:` comment above its field in the flow's config class (where",
+        "the flow's class only changes the default, in the class that declares the field).",
         "",
         "### Every RL flow (`FlowConfig`)",
         "",
@@ -128,6 +137,36 @@ def generate() -> str:
     ]
     for name in BUILTIN:
         lines += flow_section(name)
+    return lines
+
+
+def role_class(target: str) -> type:
+    module, _, name = target.partition(":")
+    cls = getattr(import_module(module), name)
+    assert dataclasses.is_dataclass(cls), f"{target} is not a dataclass"
+    return cls
+
+
+def role_tables() -> list[str]:
+    """The page's role part: the fields of each role option that is a table (ROLE_TABLES)."""
+    lines = [
+        "## Role options that are tables",
+        "",
+        f"Generated by `{REGENERATE}` from the dataclasses that read them; do not edit by hand.",
+        "Set under `roles.ROLE.options` (`--set roles.actor.options.engine.optim.lr=1e-3`); which role",
+        "reads which option, and the options that are single values (`model`, `dtype`, `seed`,",
+        "`threads`, ...), are in [roles-and-losses.md](roles-and-losses.md). An unknown field is an",
+        "error naming its table.",
+        "",
+    ]
+    for option, target in ROLE_TABLES.items():
+        cls = role_class(target)
+        lines += [f"### `{option}` (`{cls.__name__}`)", "", *table(cls, [f.name for f in dataclasses.fields(cls)]), ""]
+    return lines
+
+
+def generate() -> str:
+    lines = [START, "", *flow_tables(), *role_tables()]
     return "\n".join(lines).rstrip("\n") + "\n" + END + "\n"
 
 
@@ -137,7 +176,8 @@ def render(page: str) -> str:
     if not sep:
         return page.rstrip("\n") + "\n\n" + generate()
     _, sep, tail = rest.partition(END + "\n")
-    assert sep, f"{PAGE} has {START} but no {END}"
+    if not sep:
+        raise ValueError(f"{PAGE} has {START} but no {END}")
     return head + generate() + tail
 
 

@@ -37,22 +37,26 @@ __all__ = ["ROLES", "AgentOpenAIConfig", "Config", "OpenAISteps", "flow", "roles
 @dataclass(frozen=True)
 class AgentOpenAIConfig(AgentGRPOConfig):
     """agent_grpo's settings (n, prompts_per_step, temperature, agent_on, ...) with the external
-    agent's: agent_driver (`smolagents`, or module:function taking a DriverCall and returning the
-    final answer), agent_reward (module:function (answer, sample) -> float), max_new_tokens per
-    HTTP call, max_turns (the framework's max steps), max_total_tokens (the longest prompt + reply
-    of one call), sample_timeout_s (one conversation), agent_threads (conversations at once; 0:
-    all of a step's), agent_stop (a stop string the driver sends with each request, one token of
-    the model's vocabulary, e.g. "}}" to end a tool call's JSON; "": none), tool_parser (hermes or llama3) and save_trajectories (each step's trained
-    trajectories to RUN_DIR/trajectories/step-N.jsonl). Synchronous steps only (max_staleness 0)."""
+    agent's, which calls the policy over HTTP. Synchronous steps only (max_staleness 0)."""
 
+    #: new tokens per HTTP call at most
     max_new_tokens: int = 48
+    #: the longest prompt + reply of one HTTP call
     max_total_tokens: int = 1024
+    #: the agent framework's max steps
     max_turns: int = 3
+    #: `smolagents`, or module:function taking a DriverCall and returning the final answer
     agent_driver: str = "smolagents"
+    #: module:function (answer, sample) -> float
     agent_reward: str = "hfrt.flows.agent.smolagents_calc:calc_reward"
+    #: conversations at once (0: all of a step's)
     agent_threads: int = 0
+    #: a stop string the driver sends with each request, one token of the model's vocabulary, e.g.
+    #: "}}" to end a tool call's JSON ("": none)
     agent_stop: str = ""
+    #: how tool calls are read from the model's text: hermes or llama3
     tool_parser: str = "hermes"
+    #: write each step's trained trajectories to RUN_DIR/trajectories/step-N.jsonl
     save_trajectories: bool = False
 
     def __post_init__(self) -> None:

@@ -51,17 +51,21 @@ Rows = tuple[int, int]
 
 @dataclass(frozen=True)
 class DAPOConfig(GRPOConfig):
-    """GRPOConfig with DAPO's defaults (no KL loss, token-mean) plus clip_ratio_low / high
-    (clip-higher), max_gen_batches (dynamic sampling's rounds per step, ≥ 1), and the overlong
-    punishment: overlong_buffer_len L (0: off; ≤ max_new_tokens M) and overlong_penalty_factor —
-    a response of length l > M − L gets −(l − (M − L))/L·factor added to its score."""
+    """GRPOConfig with DAPO's defaults (no KL loss, token-mean) plus clip-higher, dynamic sampling
+    and the overlong punishment: with max_new_tokens M and overlong_buffer_len L, a response of
+    length l > M − L gets −(l − (M − L))/L·overlong_penalty_factor added to its score."""
 
     max_new_tokens: int = 4
     kl_loss_coef: float = 0.0
+    #: the policy ratio's lower clip, 1 − clip_ratio_low
     clip_ratio_low: float = 0.2
+    #: the policy ratio's upper clip, 1 + clip_ratio_high (clip-higher: above clip_ratio_low)
     clip_ratio_high: float = 0.28
+    #: dynamic sampling's generation rounds per step at most (≥ 1)
     max_gen_batches: int = 3
+    #: the overlong buffer L: the last L tokens before max_new_tokens are punished (0: off; ≤ max_new_tokens)
     overlong_buffer_len: int = 2
+    #: the overlong penalty at max_new_tokens (it grows linearly over the buffer)
     overlong_penalty_factor: float = 1.0
 
     def __post_init__(self) -> None:

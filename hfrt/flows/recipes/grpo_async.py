@@ -46,25 +46,28 @@ STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
 
 @dataclass(frozen=True)
 class GRPOAsyncConfig(GRPOFlowConfig):
-    """grpo's settings plus max_staleness (policy versions a sample may lag; 0: synchronous),
-    stale_policy ("wait": rollouts never run further ahead than the bound; "drop": `rollout_ahead`
-    rollouts stay in flight and samples found too old are generated again), rollout_ahead (-1:
-    max_staleness), stale_min_keep (under "drop": too-old prompt groups are dropped one by one;
-    when fewer than this share of a step's groups survive, the dropped prompts are generated again)
-    and sync_bucket_mb (weight-sync bucket size). partial_rollout_tokens K > 0: rollouts are
-    generated K new tokens at a time and a weight sync in between resumes the unfinished rows with
-    the new weights (0: off). early_stage2: start a rollout's reference log-probs and reward scores
-    as soon as it is generated (while the actor still trains the step before): worth it when the
-    reference and reward daemons have devices of their own (e.g. on the generation pool); beside
-    the actor they only take its time. tis_cap > 0 weights each token's loss by min(π_old / π_rollout,
-    tis_cap) with the rollout engine's log-probs (policy_loss_mode=decoupled: decoupled PPO)."""
+    """grpo's settings plus the rollout pipeline's bounds. tis_cap > 0 weights each token's loss by
+    min(π_old / π_rollout, tis_cap) with the rollout engine's log-probs (policy_loss_mode=decoupled:
+    decoupled PPO)."""
 
+    #: policy versions a sample may lag behind the actor (0: synchronous)
     max_staleness: int = 1
+    #: "wait": rollouts never run further ahead than max_staleness; "drop": rollout_ahead rollouts
+    #: stay in flight and samples found too old are generated again
     stale_policy: str = "wait"
+    #: rollouts in flight under "drop" (-1: max_staleness)
     rollout_ahead: int = -1
+    #: under "drop", too-old prompt groups are dropped one by one; when fewer than this share of a
+    #: step's groups survive, the dropped prompts are generated again
     stale_min_keep: float = 0.5
+    #: the weight sync's bucket size, in MiB
     sync_bucket_mb: float = 64.0
+    #: K > 0: rollouts are generated K new tokens at a time, and a weight sync in between resumes
+    #: the unfinished rows with the new weights (0: off)
     partial_rollout_tokens: int = 0
+    #: start a rollout's reference log-probs and reward scores as soon as it is generated (while
+    #: the actor still trains the step before): worth it when the reference and reward daemons have
+    #: devices of their own (e.g. on the generation pool); beside the actor they only take its time
     early_stage2: bool = False
 
     def __post_init__(self) -> None:

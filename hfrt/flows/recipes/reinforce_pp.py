@@ -32,12 +32,13 @@ STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
 
 @dataclass(frozen=True)
 class ReinforcePPConfig(RLOOConfig):
-    """RLOOConfig (in-reward KL) with n=1 by default, gamma (the returns' discount) and baseline
-    (false: REINFORCE++; true: REINFORCE++-baseline, which needs n >= 2)."""
+    """RLOOConfig (in-reward KL) with n=1 by default, the returns' discount and the group baseline."""
 
     prompts_per_step: int = 32
     n: int = 1
+    #: the returns' discount
     gamma: float = 1.0
+    #: false: REINFORCE++; true: REINFORCE++-baseline (each group's mean subtracted; needs n >= 2)
     baseline: bool = False
 
     def advantage_options(self) -> dict[str, Any]:

@@ -37,38 +37,47 @@ ROLES: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class RMConfig:
-    """The `rm` flow's settings.
+    """The `rm` flow's settings (the `#:` comment above a field is its description)."""
 
-    data: the pair file (JSONL / JSON / Parquet rows of prompt, chosen, rejected, optional margin;
-    hfrt/flows/pairs.py); "" makes pairs_count pairs for the built-in addition task (addends up to
-    max_operand) from its rule reward (hfrt.flows.pairs.addition_pairs).
-    val_data: held-out pairs; "" holds out val_fraction of data (seeded).
-    epochs: passes over the training pairs; max_steps: stop earlier (0: no cap). pairs_per_step:
-    pairs per optimizer step, over all data-parallel ranks. seed: of the split and the order.
-    val_every: pair accuracy on the held-out pairs every N steps and after the last (0: only
-    after the last); val_before_train: also once before the first step. checkpoint_every: a
-    checkpoint every N steps and after the last (0: none). export_hf: write RUN_DIR/hf at the end.
-    tensorboard / wandb_project / progress / trace / run_dir / resume: as for the RL flows.
-    """
-
+    #: the pair file (JSONL / JSON / Parquet rows of prompt, chosen, rejected, optional margin;
+    #: hfrt/flows/pairs.py); "" makes pairs for the built-in addition task from its rule reward
+    #: (hfrt.flows.pairs.addition_pairs)
     data: str = ""
+    #: pairs made for the addition task when data is ""
     pairs_count: int = 8000
+    #: the addition task's largest addend when data is ""
     max_operand: int = 2
+    #: held-out pairs ("": val_fraction of data is held out, seeded)
     val_data: str = ""
+    #: the share of data held out when val_data is ""
     val_fraction: float = 0.1
+    #: passes over the training pairs
     epochs: int = 1
+    #: stop after this many optimizer steps (0: no cap)
     max_steps: int = 0
+    #: pairs per optimizer step, over all data-parallel ranks
     pairs_per_step: int = 32
+    #: seed of the split and the order
     seed: int = 0
+    #: pair accuracy on the held-out pairs every N steps and after the last (0: only after the last)
     val_every: int = 0
+    #: also measure the held-out pair accuracy once before the first step
     val_before_train: bool = True
+    #: a checkpoint every N steps and after the last (0: none)
     checkpoint_every: int = 0
+    #: write the trained reward model as a Hugging Face model folder, RUN_DIR/hf, at the end
     export_hf: bool = True
+    #: also write RUN_DIR/tensorboard
     tensorboard: bool = True
+    #: also log to this W&B project (needs wandb; "": no W&B)
     wandb_project: str = ""
+    #: "auto" (a bar on a terminal, nothing otherwise), "on" or "off"
     progress: str = "auto"
+    #: write RUN_DIR/trace.json (a Chrome trace of every call)
     trace: bool = True
+    #: the run folder, set by `hfrt controller` (--run-dir); "" writes no file
     run_dir: str = ""
+    #: continue the run in run_dir from its last checkpoint, set by `hfrt controller` (--resume)
     resume: bool = False
 
     def __post_init__(self) -> None:

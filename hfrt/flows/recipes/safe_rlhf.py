@@ -49,11 +49,13 @@ STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
 
 @dataclass(frozen=True)
 class SafeRLHFConfig(PPOConfig):
-    """PPOConfig plus the constraint: cost_limit (the allowed mean episode cost), lambda_init (λ at
-    step 0, ≥ 0) and lambda_lr (λ's step size; 0 keeps λ fixed)."""
+    """PPOConfig plus the cost constraint and its Lagrange multiplier λ."""
 
+    #: the allowed mean episode cost
     cost_limit: float = 0.1
+    #: λ at step 0 (≥ 0)
     lambda_init: float = 1.0
+    #: λ's step size (0 keeps λ fixed)
     lambda_lr: float = 0.1
 
     def __post_init__(self) -> None:

@@ -60,45 +60,39 @@ LossFn = Callable[[ForwardOutput, Batch, LossScale], tuple[torch.Tensor, Mapping
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Which training backend, and how it runs.
+    """Which training backend, and how it runs: a role's `engine` option (a field's `#:` comment documents it)."""
 
-    backend: "local" (one process, no sharding), "fsdp2", "deepspeed" or "tp" (tensor × pipeline
-        × data parallel; fsdp2 with tp * pp > 1 selects it too).
-    tp, pp: tensor- and pipeline-parallel sizes (dp = world size / (tp * pp)); see engines.tp.
-    pp_schedule: the pipeline schedule with pp > 1: "1f1b" (default; activations of at most pp
-        micro-batches alive), "gpipe" (all forwards, then all backwards) or "interleaved-1f1b"
-        (pp_stages_per_rank non-adjacent stages per rank, a smaller bubble).
-    pp_stages_per_rank: pipeline stages each rank holds; 0 (default): 2 with interleaved-1f1b, else 1.
-    loss_parallel: log-probs / entropy from the tp-sharded head's logits without gathering them
-        (torch's loss_parallel; needs tp > 1 dividing the vocabulary and an untied head).
-    sequence_parallel: between attention / MLP blocks each tp rank holds 1/tp of the sequence
-        (Megatron's sequence parallelism; needs tp > 1; see parallel/sequence).
-    tp_plan: entries added to / replacing the model's transformers TP plan (module pattern →
-        style name, e.g. {"model.layers.*.mlp.down_proj": "rowwise"}).
-    zero_stage: DeepSpeed ZeRO stage (1, 2 or 3); ignored by other backends.
-    mixed_precision: "fp32" or "bf16" (bf16 compute, fp32 master weights and grad reduction).
-    micro_batch_size: default rows per forward/backward pass (when max_tokens_per_micro_batch is unset).
-    max_tokens_per_micro_batch: tokens per forward/backward pass instead of a row count (verl's
-        use_dynamic_bsz + ppo_max_token_len_per_gpu); None (default): micro_batch_size rows.
-    pack: each micro-batch as one padding-free sequence (verl's use_remove_padding); default
-        False: trimmed to its own longest row. Both: batching's docstring, docs/token-budgets.md.
-    trainable: False builds no optimizer (reference policy, reward model).
-    """
-
+    #: "local" (one process, no sharding), "fsdp2", "deepspeed" or "tp" (TP × PP × DP; fsdp2 with tp * pp > 1 too)
     backend: str = "local"
+    #: DeepSpeed ZeRO stage (1, 2 or 3); ignored by other backends
     zero_stage: int = 3
+    #: "fp32" or "bf16" (bf16 compute, fp32 master weights and grad reduction)
     mixed_precision: str = "fp32"
+    #: rows per forward/backward pass (when max_tokens_per_micro_batch is unset)
     micro_batch_size: int = 4
+    #: false builds no optimizer; by default what the role needs (false: the reference policy, a reward model)
     trainable: bool = True
+    #: AdamW and its learning-rate schedule (the `engine.optim` table)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    #: tensor-parallel size (dp = world size / (tp * pp)); see engines.tp
     tp: int = 1
+    #: pipeline-parallel size (dp = world size / (tp * pp)); see engines.tp
     pp: int = 1
+    #: the schedule with pp > 1: "1f1b" (at most pp micro-batches' activations alive), "gpipe" (all forwards,
+    #: then all backwards) or "interleaved-1f1b" (pp_stages_per_rank non-adjacent stages per rank, a smaller bubble)
     pp_schedule: str = "1f1b"
+    #: pipeline stages each rank holds; 0: 2 with interleaved-1f1b, else 1
     pp_stages_per_rank: int = 0
+    #: log-probs / entropy from the tp-sharded head's logits without gathering them (torch's
+    #: loss_parallel; needs tp > 1 dividing the vocabulary and an untied head)
     loss_parallel: bool = False
+    #: each tp rank holds 1/tp of the sequence between attention / MLP blocks (Megatron's; needs tp > 1)
     sequence_parallel: bool = False
+    #: entries added to / replacing the model's transformers TP plan, e.g. {"model.layers.*.mlp.down_proj": "rowwise"}
     tp_plan: Mapping[str, str] | None = None
+    #: tokens per forward/backward pass instead of rows (verl's use_dynamic_bsz); null: micro_batch_size rows
     max_tokens_per_micro_batch: int | None = None
+    #: each micro-batch as one padding-free sequence (verl's use_remove_padding); false: trimmed to its longest row
     pack: bool = False
 
     def __post_init__(self) -> None:

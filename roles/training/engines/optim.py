@@ -16,21 +16,27 @@ from torch import nn
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW and its learning-rate schedule.
+    """AdamW and its learning-rate schedule (the `engine.optim` option; the `#:` comment above a
+    field is its description)."""
 
-    schedule: "constant" (after linear warmup) or "warmup_cosine" (linear warmup, then cosine
-        decay to min_lr_ratio × lr at total_steps).
-    grad_clip: max global grad norm; 0 or less disables clipping (the norm is still reported).
-    """
-
+    #: the peak learning rate
     lr: float = 1e-5
+    #: AdamW's decoupled weight decay
     weight_decay: float = 0.0
+    #: AdamW's (β1, β2)
     betas: tuple[float, float] = (0.9, 0.999)
+    #: AdamW's ε
     eps: float = 1e-8
+    #: max global grad norm; 0 or less disables clipping (the norm is still reported)
     grad_clip: float = 1.0
+    #: "constant" (after linear warmup) or "warmup_cosine" (linear warmup, then cosine decay to
+    #: min_lr_ratio × lr at total_steps)
     schedule: str = "constant"
+    #: optimizer steps of linear warmup up to lr
     warmup_steps: int = 0
+    #: the optimizer step at which warmup_cosine reaches min_lr_ratio × lr
     total_steps: int = 0
+    #: warmup_cosine's final learning rate, as a share of lr
     min_lr_ratio: float = 0.0
 
 
