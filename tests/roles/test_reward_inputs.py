@@ -143,7 +143,7 @@ def test_the_docs_table_lists_exactly_what_may_be_declared() -> None:
     """docs/roles-and-losses.md's table "What a reward function may declare": name and type of each."""
     page = (ROOT / "docs" / "roles-and-losses.md").read_text()
     table = page.split("#### What a reward function may declare", 1)[1].split("\n\n", 2)[1]
-    rows = [re.split(r"(?<!\\)\|", line)[1:3] for line in table.splitlines()[2:]]  # a `\|` inside a cell is text
+    rows = [re.split(r"(?<!\\)\|", line)[1:3] for line in table.splitlines() if line.startswith("| `")]  # a `\|` inside a cell is text
     listed = {name.strip().strip("`"): kind.strip().strip("`").replace("\\|", "|") for name, kind in rows}
     fields = {**POSITIONAL, **ROW_FIELDS, **TOKEN_FIELDS, **SETTINGS_FIELD}
     assert listed == {name: kind for name, (kind, _) in fields.items()}
