@@ -17,7 +17,15 @@ from hfrt.control.recovery import RecoveryFailed
 from hfrt.daemon.base import Daemon, DaemonContext
 from hfrt.protocols import BatchHandle, TensorHandle
 from hfrt.wire.endpoints import Dispatch, endpoint
-from hfrt.wire.errors import CallTimeout, DaemonGone, HfrtError, ProtocolMismatch, RemoteError, UnknownEndpoint
+from hfrt.wire.errors import (
+    BadArguments,
+    CallTimeout,
+    DaemonGone,
+    HfrtError,
+    ProtocolMismatch,
+    RemoteError,
+    UnknownEndpoint,
+)
 
 if TYPE_CHECKING:
     from hfrt.flows.config import FlowConfig
@@ -37,6 +45,7 @@ _FLOW_API = {
 }
 
 __all__ = [
+    "BadArguments",
     "BatchHandle",
     "CallTimeout",
     "Controller",

@@ -7,6 +7,7 @@ The written spec is protocols/README.md.
 from __future__ import annotations
 
 from hfrt.protocols.codec import Codec, Limits, OutOfBand, register_record
+from hfrt.protocols.endpoints import EndpointEntry, Param, ParamKind, read_endpoint_table
 from hfrt.protocols.handles import BatchHandle, Shard, TensorHandle
 from hfrt.protocols.messages import (
     HEARTBEAT_MAX_S,
@@ -44,6 +45,7 @@ __all__ = [
     "Call",
     "Cancel",
     "Codec",
+    "EndpointEntry",
     "Error",
     "FrameTooLarge",
     "Heartbeat",
@@ -52,6 +54,8 @@ __all__ = [
     "Limits",
     "Message",
     "OutOfBand",
+    "Param",
+    "ParamKind",
     "Partial",
     "Reply",
     "Shutdown",
@@ -67,6 +71,7 @@ __all__ = [
     "check_heartbeat_s",
     "load_key",
     "new_key",
+    "read_endpoint_table",
     "register_record",
     "write_key_file",
 ]

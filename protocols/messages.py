@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from hfrt.protocols.endpoints import read_endpoint_table
+
 #: Bumped whenever a record's layout or meaning changes. Both ends check it at hello/welcome.
 PROTOCOL_VERSION = 1
 
@@ -66,7 +68,12 @@ class Message:
         for i in cls.FLOATS:  # a float field may arrive as a msgpack int (protocols/README.md)
             if type(values[i]) is int:
                 values[i] = float(values[i])
+        cls.check_fields(values)
         return cls(*values)
+
+    @classmethod
+    def check_fields(cls, values: list[Any]) -> None:
+        """Checks of a field's inside beyond its type (a ValueError naming it); none by default."""
 
     @classmethod
     def _raise_type(cls, values: list[Any]) -> None:
@@ -111,7 +118,10 @@ class Hello(Message):
     dp_rank / dp_size: its data-parallel coordinate (ranks sharing dp_rank receive the same rows).
     pid / host: where the daemon process runs, for error messages and for stopping it.
     impl: the daemon implementation ("echo", "pkg.mod:Class").
-    endpoints: name → {"dispatch": str, "concurrent": bool}, the endpoint table.
+    endpoints: name → entry, the endpoint table: each entry a map {"dispatch": str,
+        "concurrent": bool} plus optional "stream", "params" (each parameter's name, kind and
+        whether it has a default) and "keywords" (the option names a **kwargs endpoint accepts);
+        protocols/endpoints.py's EndpointEntry. Checked on receipt: a malformed entry refuses the hello.
     meta: free-form facts the daemon wants the controller to know (devices, addresses).
     """
 
@@ -126,6 +136,10 @@ class Hello(Message):
     impl: str
     endpoints: dict[str, Any]
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def check_fields(cls, values: list[Any]) -> None:
+        read_endpoint_table(values[9], "hello.endpoints")
 
 
 @_record(2, "welcome", _INT, _STR, _NUM)

@@ -31,6 +31,7 @@ from hfrt.daemon.base import Daemon, DaemonContext
 from hfrt.daemon.batch import Batch
 from hfrt.roles.actor_layout import build_hybrid, check_vllm_layout, read_layouts, with_layout
 from hfrt.roles.common import (
+    SAMPLING_OPTIONS,
     ModelOptions,
     build_engine,
     check_backend,
@@ -67,7 +68,7 @@ from hfrt.roles.training.lora import adapters_disabled, write_adapter_folder
 from hfrt.roles.training.updates import forward_equal, run_updates
 from hfrt.wire.endpoints import Dispatch, endpoint
 from hfrt.wire.loss_options import ActorLoss as ActorLoss  # declared torch-free, checked before launch
-from hfrt.wire.loss_options import check_update_options
+from hfrt.wire.loss_options import ADVANTAGE_OPTIONS, accepted_options, check_update_options
 
 #: attribute in_training_phase sets on the endpoints it wraps (what tests check every endpoint for)
 PHASE_ATTR = "__hfrt_training_phase__"
@@ -165,7 +166,7 @@ class ActorDaemon(AgentTurns, Daemon):
 
     # -- rollouts ---------------------------------------------------------------------------
 
-    @endpoint(dispatch=Dispatch.SPLIT_GENERATION)
+    @endpoint(dispatch=Dispatch.SPLIT_GENERATION, keywords=SAMPLING_OPTIONS)
     def generate(self, batch: Batch, *extra: Batch, chunk: int | None = None, chunks: int = 1, **sampling: Any) -> Batch:
         """Sample responses for the `prompt` column (strings, chats or token ids); keyword
         arguments override the `sampling` option for this call. See roles/generation/batches.py
@@ -283,7 +284,7 @@ class ActorDaemon(AgentTurns, Daemon):
 
     # -- training ---------------------------------------------------------------------------
 
-    @endpoint(dispatch=Dispatch.SPLIT)
+    @endpoint(dispatch=Dispatch.SPLIT, keywords=accepted_options("actor"))
     @in_training_phase
     def update(self, batch: Batch, *extra: Batch, **loss: Any) -> dict[str, float]:
         """PPO epochs × mini-batches of optimizer steps on `advantages`, `old_log_probs` (and
@@ -374,7 +375,7 @@ class ActorDaemon(AgentTurns, Daemon):
 
     # -- advantages: rank 0 over the whole batch; no engine, so no phase change ----------------
 
-    @endpoint(dispatch=Dispatch.RANK0)
+    @endpoint(dispatch=Dispatch.RANK0, keywords=ADVANTAGE_OPTIONS)
     def compute_advantages(self, batch: Batch, *extra: Batch, estimator: str = "gae", **params: Any) -> Batch:
         """`advantages`, `returns` and `token_level_rewards` of the whole batch by `estimator`
         (Advantages.compute; options: AdvantageParams)."""

@@ -89,6 +89,11 @@ def engine_config(raw: Mapping[str, Any] | None, *, trainable: bool = True) -> E
     return config
 
 
+#: the sampling options a generate call takes as keywords (SamplingParams' fields): declared on
+#: the endpoints, so the controller refuses a misspelled one before sending the call
+SAMPLING_OPTIONS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+
+
 def sampling_params(base: SamplingParams | Mapping[str, Any] | None = None, **overrides: Any) -> SamplingParams:
     """SamplingParams from the `sampling` option and per-call overrides (stop ids as a list)."""
     values = dataclasses.asdict(base) if isinstance(base, SamplingParams) else dict(base or {})

@@ -35,7 +35,7 @@ from hfrt.roles.training.engines import ForwardOutput, LossFn
 from hfrt.roles.training.updates import MakeLoss, forward_equal, run_updates
 from hfrt.wire.endpoints import Dispatch, endpoint
 from hfrt.wire.loss_options import CriticLoss as CriticLoss  # declared torch-free, checked before launch
-from hfrt.wire.loss_options import check_update_options
+from hfrt.wire.loss_options import accepted_options, check_update_options
 
 
 def critic_loss(cfg: CriticLoss) -> MakeLoss:
@@ -89,7 +89,7 @@ class CriticDaemon(CheckpointEndpoints, Daemon):
         assert out.values is not None
         return Batch({"values": out.values * tensors["response_mask"].to(out.values.dtype)})
 
-    @endpoint(dispatch=Dispatch.SPLIT)
+    @endpoint(dispatch=Dispatch.SPLIT, keywords=accepted_options("critic"))
     def update(self, batch: Batch, *extra: Batch, **loss: Any) -> dict[str, float]:
         """Optimizer steps on `returns` with old `values`; options: CriticLoss and UpdateSchedule
         fields (hfrt.wire.loss_options). Returns metrics averaged over steps, the same on every rank."""

@@ -21,6 +21,7 @@ import torch
 from hfrt.daemon.base import Daemon, DaemonContext
 from hfrt.daemon.batch import Batch
 from hfrt.roles.common import (
+    SAMPLING_OPTIONS,
     check_generation_options,
     check_options,
     close_group,
@@ -144,7 +145,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
 
     # -- generation -----------------------------------------------------------------------
 
-    @endpoint(dispatch=Dispatch.SPLIT)
+    @endpoint(dispatch=Dispatch.SPLIT, keywords=SAMPLING_OPTIONS)
     def generate(self, batch: Batch, *extra: Batch, **sampling: Any) -> Batch:
         """Sample responses for the `prompt` column, as the actor's `generate` does
         (roles/generation/batches.py layout), plus `weight_version` (and `weight_version_max`, the

@@ -5,8 +5,9 @@ A RoleGroup is a view of one role's ranks; an EndpointRef turns a call into per-
 the endpoint's declared dispatch mode and combines the per-rank futures. Calling sends at once and
 returns a future: start early, await late. A call layer (`CallLayer`, hfrt.control.recovery's
 Recovery), when the controller has one, sits between a group and the controller's submit(): the
-future it returns may send the call once more. Knows the controller's submit() and dispatch
-rules; knows nothing of sockets or of what the endpoints do.
+future it returns may send the call once more. A call whose arguments do not fit the parameters
+the daemons declared is refused before anything is sent (hfrt.control.call_check). Knows the
+controller's submit() and dispatch rules; knows nothing of sockets or of what the endpoints do.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
+from hfrt.control.call_check import CallCheck, did_you_mean
 from hfrt.control.daemons import DaemonInfo, Registry
 from hfrt.control.dispatch import RankSlot, collect, dispatch
+from hfrt.protocols.endpoints import EndpointEntry
 from hfrt.wire.endpoints import Dispatch
 from hfrt.wire.errors import UnknownEndpoint
 
@@ -101,9 +104,13 @@ class RoleGroup:
         if ref is None:
             spec = self.endpoints.get(name)
             if spec is None:
-                known = ", ".join(sorted(self.endpoints))
-                raise UnknownEndpoint(f"role {self.name!r} has no endpoint {name!r}; it has: {known}")
-            ref = self._refs[name] = EndpointRef(self, name, Dispatch(spec["dispatch"]))
+                known = sorted(self.endpoints)
+                suggestion = did_you_mean(name, known)
+                head = f"role {self.name!r} has no endpoint {name!r}"
+                raise UnknownEndpoint(f"{head} — {suggestion} It has: {', '.join(known)}" if suggestion
+                                      else f"{head}; it has: {', '.join(known)}")
+            entry = EndpointEntry.from_wire(spec, f"{self.name}.{name}")
+            ref = self._refs[name] = EndpointRef(self, name, Dispatch(entry.dispatch), CallCheck.of(f"{self.name}.{name}", entry))
         return ref
 
     def __getattr__(self, name: str) -> EndpointRef:
@@ -120,21 +127,30 @@ class EndpointRef:
 
     `ref(*a)` dispatches by the declared mode; `call` sends to every rank and gathers a list;
     `call_one(rank, *a)` sends to one rank; `broadcast` sends to every rank without waiting.
-    All take `timeout_s=` as a keyword; every returned future is already in flight.
+    All take `timeout_s=` as a keyword; every returned future is already in flight. Each adverb
+    first checks the arguments against the parameters the daemons declared (`check`; None when
+    they declared none) and raises BadArguments there, before anything is sent.
     """
 
-    def __init__(self, group: RoleGroup, name: str, mode: Dispatch) -> None:
+    def __init__(self, group: RoleGroup, name: str, mode: Dispatch, check: CallCheck | None = None) -> None:
         self.group = group
         self.name = name
         self.mode = mode
+        self.check = check
 
     def __call__(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
+        if self.check is not None:
+            self.check.check(args, kwargs)
         return self._invoke(Delivery("dispatch", 0, timeout_s), args, kwargs)
 
     def call(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[list[Any]]:
+        if self.check is not None:
+            self.check.check(args, kwargs)
         return self._invoke(Delivery("call", 0, timeout_s), args, kwargs)
 
     def call_one(self, rank: int, /, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
+        if self.check is not None:
+            self.check.check(args, kwargs)
         if all(d.rank != rank for d in self.group.daemons):
             raise IndexError(f"role {self.group.name!r} has no rank {rank} (world_size {self.group.world_size})")
         return self._invoke(Delivery("call_one", rank, timeout_s), args, kwargs)
@@ -144,6 +160,8 @@ class EndpointRef:
         values it yields, then its return value (hfrt.control.streams). Never retried by a call layer."""
         if not self.group.endpoints.get(self.name, {}).get("stream"):
             raise TypeError(f"{self.group.name}.{self.name} is not a streaming endpoint (use it as a call)")
+        if self.check is not None:
+            self.check.check(args, kwargs)
         daemon = next((d for d in self.group.daemons if d.rank == rank), None)
         if daemon is None:
             raise IndexError(f"role {self.group.name!r} has no rank {rank} (world_size {self.group.world_size})")
@@ -187,6 +205,8 @@ class EndpointRef:
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every rank and return at once; failures are logged by the controller."""
+        if self.check is not None:
+            self.check.check(args, kwargs)
         for d in self.group.daemons:
             self.group._controller.submit(d, self.name, list(args), kwargs, reply=False)
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import enum
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from hfrt.protocols.endpoints import EndpointEntry, Param, ParamKind
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,6 +56,8 @@ class EndpointSpec:
     #: a streaming endpoint: a generator whose yielded values go back as Partial messages before
     #: the Reply carrying its return value (hfrt.daemon.streaming runs it)
     stream: bool = False
+    #: the names a `**kwargs` endpoint accepts there (its options); None: any name
+    keywords: tuple[str, ...] | None = None
 
     def accepts(self, args: list[Any], kwargs: dict[str, Any]) -> None:
         """Raise TypeError (as a call would) unless args/kwargs fit the endpoint's signature."""
@@ -63,9 +67,11 @@ class EndpointSpec:
         self.signature.bind(None, *args, **kwargs)
 
     def describe(self) -> dict[str, Any]:
-        """The endpoint-table entry sent in Hello."""
-        described: dict[str, Any] = {"dispatch": self.dispatch.value, "concurrent": self.concurrent}
-        return described | {"stream": True} if self.stream else described
+        """The endpoint-table entry sent in Hello (protocols' EndpointEntry), parameters included,
+        so the controller checks a call's arguments before sending it."""
+        return EndpointEntry(
+            self.dispatch.value, self.concurrent, self.stream, wire_params(self.signature), self.keywords
+        ).to_wire()
 
 
 def endpoint(
@@ -76,6 +82,7 @@ def endpoint(
     name: str | None = None,
     raw_handles: bool = False,
     stream: bool = False,
+    keywords: Iterable[str] | None = None,
 ) -> Any:
     """Mark a Daemon method as an endpoint.
 
@@ -89,12 +96,18 @@ def endpoint(
         Partial message at once, its return value as the Reply. It starts when it arrives and
         advances one step per event-loop turn, so other calls (and a Cancel, which closes it) run
         between its steps; each step runs on the loop thread, never beside another call.
+    keywords: for a method taking `**kwargs` that accepts only certain names there (options it
+        checks itself), those names: the controller then refuses any other keyword at the call
+        site, with a "did you mean". Without it any keyword goes through to the method.
     """
 
     def wrap(f: F) -> F:
         signature = inspect.signature(f)
         if stream and (concurrent or not inspect.isgeneratorfunction(f)):
             raise TypeError(f"endpoint {f.__qualname__}: stream=True needs a plain generator function (not async, not concurrent)")
+        names = None if keywords is None else tuple(sorted(set(keywords)))
+        if names is not None and not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+            raise TypeError(f"endpoint {f.__qualname__}: keywords= names what its **kwargs accepts; it takes no **kwargs")
         setattr(
             f,
             _ATTR,
@@ -107,6 +120,7 @@ def endpoint(
                 signature=signature,
                 positional_range=_positional_range(signature),
                 stream=stream,
+                keywords=names,
             ),
         )
         return f
@@ -120,6 +134,14 @@ def _positional_range(signature: inspect.Signature) -> tuple[int, int] | None:
         return None
     required = sum(p.default is inspect.Parameter.empty for p in params)
     return required, len(params)
+
+
+def wire_params(signature: inspect.Signature) -> tuple[Param, ...]:
+    """An endpoint method's parameters after `self`, as the Hello's endpoint table carries them."""
+    return tuple(
+        Param(p.name, ParamKind(p.kind.name.lower()), p.default is not p.empty)
+        for p in list(signature.parameters.values())[1:]
+    )
 
 
 def endpoint_table(cls: type) -> dict[str, tuple[EndpointSpec, Callable[..., Any]]]:

@@ -36,5 +36,11 @@ class UnknownEndpoint(HfrtError, AttributeError):
     """The role has no endpoint of that name (checked against the table the daemons sent)."""
 
 
+class BadArguments(HfrtError, TypeError):
+    """A call's arguments do not fit the endpoint's parameters (checked against the table the
+    daemons sent, before anything is sent): an unknown keyword, too many positional arguments,
+    a missing required one."""
+
+
 class ProtocolMismatch(HfrtError):
     """A daemon speaks a different protocol version than this controller."""

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from hfrt.daemon.batch import Batch
-from hfrt.roles.common import sampling_params
+from hfrt.roles.common import SAMPLING_OPTIONS, sampling_params
 from hfrt.roles.generation.batches import encode_prompt
 from hfrt.roles.generation.hf import SamplingParams, top_log_probs
 from hfrt.roles.rows import all_reduce, check_rows, merge
@@ -28,6 +28,8 @@ from hfrt.wire.endpoints import Dispatch, endpoint
 TURN_INPUT = ("context", "append")
 #: non-tensor columns assemble_trajectories reads (one row per trajectory)
 TRAJECTORY_INPUT = ("prompt_ids", "response_ids", "response_gen_mask", "response_log_probs")
+#: the keyword options a turn call takes (read by _turn_options): the sampling options plus these
+TURN_OPTIONS = (*SAMPLING_OPTIONS, "pieces", "top_logprobs", "text_prefix", "fit_context")
 
 
 def stop_ids(tokenizer: Any, stops: Sequence[str]) -> tuple[int, ...]:
@@ -199,7 +201,7 @@ class AgentTurns:
         raise NotImplementedError(f"{type(self).__name__}: token streaming is not available on this role's engine "
                                   "(sample in chunks of generate_turn calls)")
 
-    @endpoint(dispatch=Dispatch.SPLIT_GENERATION)
+    @endpoint(dispatch=Dispatch.SPLIT_GENERATION, keywords=TURN_OPTIONS)
     def generate_turn(self, batch: Batch, *extra: Batch, stop: dict[str, list[str]] | None = None, **sampling: Any) -> Batch:
         """One sampled turn per row. Reads `context` (token ids so far; [] for a new conversation)
         and `append` (texts tokenised and appended first: the prompt, tool outputs). Returns
@@ -241,7 +243,7 @@ class AgentTurns:
             columns["turn_top"] = top_alternatives(self, contexts, turn_ids, top_k, params.temperature)
         return Batch({}, columns, {**meta, **timings, "weight_version": version})
 
-    @endpoint(stream=True)
+    @endpoint(stream=True, keywords=TURN_OPTIONS)
     def generate_turn_stream(self, context: list[int], append: list[Any], stop: dict[str, list[str]] | None = None,
                              **sampling: Any) -> Generator[dict[str, Any], None, dict[str, Any]]:
         """One conversation's turn, token by token (a streaming endpoint: hfrt.daemon.streaming).

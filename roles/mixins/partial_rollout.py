@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from hfrt.daemon.batch import Batch
-from hfrt.roles.common import sampling_params
+from hfrt.roles.common import SAMPLING_OPTIONS, sampling_params
 from hfrt.roles.generation.batches import (
     decode_responses,
     encode_prompts,
@@ -101,7 +101,7 @@ class PartialRollouts:
             self._partial_state: dict[str, PartialRows] = {}
         return self._partial_state
 
-    @endpoint(dispatch=Dispatch.SPLIT)
+    @endpoint(dispatch=Dispatch.SPLIT, keywords=SAMPLING_OPTIONS)
     def generate_partial(
         self, batch: Batch, *extra: Batch, key: str, segment_tokens: int, segment: int = 0, **sampling: Any
     ) -> Batch:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hfrt import CallTimeout, RemoteError, UnknownEndpoint
+from hfrt import BadArguments, CallTimeout, RemoteError, UnknownEndpoint
 from hfrt.deploy.launchers.base import expand
 from tests.support import echo_specs, local_cluster
 
@@ -90,10 +90,12 @@ async def test_bad_calls_get_clear_errors_and_the_daemon_keeps_serving() -> None
         info = echo.daemons[0]
         with pytest.raises(RemoteError, match="UnknownEndpoint: role 'echo' has no endpoint 'nope'"):
             await ctl.submit(info, "nope", [], {})  # sent anyway: the daemon refuses it too
+        with pytest.raises(BadArguments, match=r"echo\.echo\(value\) is missing required argument\(s\) 'value'"):
+            await echo.echo.call_one(0)  # refused here, before sending (tests/integration/test_call_site_checks.py)
         with pytest.raises(RemoteError, match=r"BadArguments: echo\(value\).*missing a required argument"):
-            await echo.echo.call_one(0)
+            await ctl.submit(info, "echo", [], {})  # sent anyway: the daemon refuses it too
         with pytest.raises(RemoteError, match="BadArguments: .*unexpected keyword"):
-            await echo.ping.call_one(0, bogus=1)
+            await ctl.submit(info, "ping", [], {"bogus": 1})
         with pytest.raises(RemoteError, match="UnencodableResult"):
             await echo.unsendable.call_one(0)
         with pytest.raises(TypeError, match="cannot send arguments"):

@@ -79,7 +79,9 @@ def test_a_streaming_endpoint_must_be_a_plain_generator_and_says_so_in_its_table
         def tokens(self, n: int) -> Iterator[int]:
             yield from range(n)
 
-    assert endpoint_table(Streams)["tokens"][0].describe() == {"dispatch": "replicate", "concurrent": False, "stream": True}
+    assert endpoint_table(Streams)["tokens"][0].describe() == {
+        "dispatch": "replicate", "concurrent": False, "stream": True, "params": [["n", "positional_or_keyword", False]],
+    }
     async def agen(self: object) -> AsyncIterator[int]:
         yield 1
 

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 import torch
 
-from hfrt import Controller, DaemonGone, RemoteError
+from hfrt import BadArguments, Controller, DaemonGone, RemoteError
 from hfrt.deploy.launchers.base import DaemonSpec, expand
 from hfrt.deploy.launchers.local import LocalLauncher
 from hfrt.protocols import new_key
@@ -224,8 +224,10 @@ async def test_errors_come_back_naming_the_role_and_the_daemon_keeps_serving(
     assert scored["score_error"][1] == "" and scored["score"][1] > 0  # ... and the good one is scored
     with pytest.raises(RemoteError, match=r"strict\[0\]\.score raised RewardFunctionError: role 'strict'.*raised on sample 0"):
         await strict.score(boom)
+    with pytest.raises(BadArguments, match=r"actor\.update got an unexpected keyword argument 'clip_ratio' — did you mean .*ppo_epochs"):
+        await actor.update(rollout, clip_ratio=0.2)  # refused before sending (the declared update options)
     with pytest.raises(RemoteError, match=r"actor\[0\]\.update raised ValueError: actor.update: unknown option\(s\) \['clip_ratio'\]; accepted: .*ppo_epochs"):
-        await actor.update(rollout, clip_ratio=0.2)
+        await cluster.submit(actor.daemons[0], "update", [rollout], {"clip_ratio": 0.2})  # sent anyway: the actor refuses it too
     with pytest.raises(RemoteError, match=r"needs tensor column\(s\) \['advantages'\]"):  # old_log_probs: optional on-policy
         await actor.update(rollout)
     assert len(await strict.score(rollout)) == 6  # both keep serving
