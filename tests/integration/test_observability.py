@@ -360,3 +360,43 @@ def test_plot_refuses_a_missing_or_empty_log(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "hfrt", "plot", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "no metric records" in out.stderr
     assert not (tmp_path / "metrics.png").exists()
+
+
+def test_plot_draws_validation_kl_and_entropy_panels(tmp_path: Path) -> None:
+    """A run's records as the trainer writes them (val_before/* in step 0's record, val/* after a
+    step, the KL and entropy names the ppo and grpo flows log): every panel is drawn, and the
+    validation before training is the point at step 0 (the pass after step s sits at s + 1)."""
+    from hfrt.plot import figure, panels
+
+    records = [
+        {"step": s, "reward/mean": 0.1 * s, "kl/mean": 0.01 * s, "actor/kl_loss": 0.02 * s, "actor/ppo_kl": 0.001,
+         "actor/reward_kl_penalty_coeff": 0.1, "actor/entropy": 5.5 - 0.1 * s, "timing/generate_s": 0.5,
+         "timing/update_s": 0.25, "timing/step_s": 0.8,
+         **({"val_before/reward_mean": 0.05, "val_before/accuracy": 0.0} if s == 0 else {}),
+         **({"val/reward_mean": 0.3 + 0.1 * s, "val/accuracy": 0.25 * s} if s % 2 else {})}
+        for s in range(4)
+    ]
+    drawn = {p.title: p for p in panels(records)}
+    assert list(drawn) == ["reward", "validation", "KL", "entropy"]
+    assert [line.label for line in drawn["KL"].lines] == ["kl/mean", "actor/kl_loss", "actor/ppo_kl"]  # no coefficient
+    assert [line.label for line in drawn["entropy"].lines] == ["actor/entropy"]
+    val = {line.label: (line.steps, line.values) for line in drawn["validation"].lines}
+    assert val["val/accuracy"] == ([0, 2, 4], [0.0, 0.25, 0.75])
+    assert val["val/reward_mean"][0] == [0, 2, 4] and val["val/reward_mean"][1][0] == 0.05
+
+    fig = figure(records, "run")
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert titles == ["reward", "validation", "KL", "entropy", "step timings"]
+    val_ax = fig.axes[1]
+    plotted = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in val_ax.get_lines()}
+    assert plotted["val/reward_mean"][0][0] == 0 and plotted["val/reward_mean"][1][0] == 0.05  # the step-0 point
+    fig.savefig(tmp_path / "m.png")
+    assert (tmp_path / "m.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_leaves_out_panels_a_run_has_no_metrics_for() -> None:
+    from hfrt.plot import panels
+
+    assert [p.title for p in panels([{"step": 0, "reward/mean": 1.0}, {"step": 1, "reward/mean": 2.0}])] == ["reward"]
+    only_before = panels([{"step": 0, "reward/mean": 1.0, "val_before/accuracy": 0.5}])
+    assert [(line.label, line.steps, line.values) for line in only_before[1].lines] == [("val/accuracy", [0], [0.5])]
