@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 
 from hfrt.bench.common import add_output_flags, emit, machine
+from hfrt.bench.latency_report import report, targets_met
 from hfrt.control.controller import Controller
 from hfrt.deploy.launchers.base import expand
 from hfrt.deploy.launchers.local import LocalLauncher
@@ -250,21 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         "event_loop": "uvloop" if loop_factory() else "asyncio",
         **machine(),
     }
-    rows = [
-        ("hfrt no-op round trip p50", result["hfrt_p50_us"], "µs"),
-        ("hfrt no-op round trip p99", result["hfrt_p99_us"], "µs"),
-        (f"hfrt pipelined ({args.inflight} in flight)", result["hfrt_calls_per_s"], "calls/s  (target ≥ 20000)"),
-        (f"hfrt fan-out to {args.fanout} daemons p50", result[f"fanout{args.fanout}_p50_us"], "µs"),
-        ("raw sync pyzmq REQ/REP p50", result["raw_zmq_p50_us"], "µs"),
-        ("asyncio+zmq echo floor p50", result["asyncio_zmq_floor_p50_us"], "µs  (event loop on both ends, no hfrt)"),
-        ("Ray actor call p50", result["ray_p50_us"] if ray is not None else "n/a (not installed)", "µs"),
-        ("hfrt / raw pyzmq (p50)", result["hfrt_vs_raw_p50"], "×  (target ≤ 2.5, stretch ≤ 1.5)"),
-        ("floor / raw pyzmq (p50)", result["floor_vs_raw_p50"], "×  (the event loop's share)"),
-        ("hfrt - floor (p50)", result["hfrt_own_us"], "µs  (hfrt's own work per round trip)"),
-        ("hfrt / Ray (p50)", result["hfrt_vs_ray_p50"] if ray is not None else "n/a", "×  (target ≤ 0.25)"),
-    ]
-    for name, value, unit in rows:
-        print(f"{name:<40} {value!s:>12} {unit}")
+    ray_missing = "skipped (--no-ray)" if args.no_ray else "not installed"
+    result["targets_met"] = targets_met(result)
+    print("\n".join(report(result, inflight=args.inflight, fanout=args.fanout, ray_missing=ray_missing)))
     emit(result, args)
     return 0
 
