@@ -1,8 +1,9 @@
 """RLHF with a learned reward model end to end, as a user runs it: `hfrt controller --flow rm`
 trains on preference pairs (checkpoints, resume), exports a folder that transformers loads as
 AutoModelForSequenceClassification, and `hfrt controller --flow ppo` runs with that folder as
-its reward role; the same flow on two FSDP2 ranks; and a model folder without a score head is
-refused before any daemon starts."""
+its reward role; the same flow on two FSDP2 ranks; a model folder without a score head is
+refused before any daemon starts; and the recipe of docs/reward-models.md reaches the held-out
+pair accuracy that page states."""
 
 from __future__ import annotations
 
@@ -64,6 +65,22 @@ def test_train_resume_export_then_ppo_on_it(tmp_path: Path) -> None:
         "--set", "roles.reward.options.normalize=config", "--set", "roles.reward.options.clip=5",
     ))
     assert ppo["steps"] == 2 and -5.0 <= ppo["reward_first"] <= 5.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_documented_recipe_reaches_its_held_out_accuracy(tmp_path: Path) -> None:
+    """docs/reward-models.md: `--flow rm --set epochs=2 --set roles.reward_model.options.append_eos=false`
+    (8000 rule-labelled pairs, 450 steps) ends at held-out pair accuracy 0.994 (0.56 before
+    training, mean margin 8.7); asserted: at least 0.95 after, a margin above 4. Pairs split or
+    trimmed so that chosen and rejected score alike end near chance (0.24 was seen)."""
+    done = summary(hfrt("controller", "--flow", "rm", "--run-dir", str(tmp_path / "rm"), "--set", "epochs=2",
+                        "--set", "roles.reward_model.options.append_eos=false", "--set", "progress=off",
+                        "--set", "tensorboard=false", timeout=380))
+    assert done["steps"] == 450 and done["val_pairs"] == 800
+    assert done["val_accuracy"] >= 0.95, done
+    assert done["val_margin_mean"] > 4.0, done
+    assert done["val_accuracy_before"] < 0.8, done  # the figure is learned, not there from the start
 
 
 @pytest.mark.slow
