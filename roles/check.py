@@ -3,7 +3,8 @@ reads {"role": {"impl", "world_size", "dp_size", "options"}} as JSON on stdin an
 list of problems, each naming the role ("roles.actor: unknown option(s) ['modle'] ...").
 
 It runs in its own short-lived process, so the controller never imports torch; it knows the
-implementation lookup and each Daemon class's `check_config`, nothing of flows.
+implementation lookup and each Daemon class's `check_config`, nothing of flows. A `model` that is a
+Hugging Face Hub id is checked from the Hub cache, or by its config.json alone when not cached.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from hfrt.daemon.base import DaemonContext
 from hfrt.roles import resolve_impl
+from hfrt.roles.models import check_before_launch
 
 
 def problems(roles: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -63,6 +65,7 @@ def budget_problems(roles: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def main() -> int:
+    check_before_launch()  # a Hub id's weights are the daemons' to fetch, not this check's
     print(json.dumps(problems(json.load(sys.stdin))))
     return 0
 

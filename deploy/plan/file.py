@@ -14,7 +14,7 @@ and ROLES constants. A PLAN.toml looks like::
     prompts_per_step = 1024
     response_len = 1024
     [models]
-    actor = "llama-13b"                 # a preset, a Hugging Face folder, or a table of numbers
+    actor = "llama-13b"                 # a preset, a Hugging Face folder or Hub id, or a table of numbers
     critic = { layers = 80, hidden = 8192, heads = 64, vocab = 32000, kv_heads = 8, intermediate = 28672 }
     reward = "function"                 # a rule reward: no device time
     [lora]
@@ -32,6 +32,7 @@ from hfrt.deploy.plan.model import HARDWARE, MODELS, Efficiency, Hardware, Model
 from hfrt.deploy.plan.search import OPS, Problem, Stage
 from hfrt.deploy.reader import Reader
 from hfrt.deploy.spec import read_toml
+from hfrt.wire import hub
 
 FUNCTION = "function"
 _HW_OVERRIDES = {  # PLAN key → (Hardware field, scale)
@@ -229,7 +230,8 @@ def _models(
 
 
 def resolve_model(value: Any, role: str, source: str) -> ModelSpec:
-    """A preset name, a Hugging Face folder (relative to the PLAN file) or a table of numbers."""
+    """A preset name, a Hugging Face folder (relative to the PLAN file), a Hub id (its config.json
+    alone, from the Hub cache or downloaded: hfrt.wire.hub) or a table of numbers."""
     if isinstance(value, dict):
         known = {f.name for f in dataclasses.fields(ModelSpec)} - {"name"}
         unknown = sorted(set(value) - known)
@@ -243,6 +245,9 @@ def resolve_model(value: Any, role: str, source: str) -> ModelSpec:
     folder = Path(value).expanduser()
     if not folder.is_absolute():
         folder = Path(source).parent / folder if not folder.exists() else folder
-    if not folder.exists():
-        raise ValueError(f"{value!r} is neither a preset ({', '.join(MODELS)}) nor an existing folder")
-    return model_from_hf_config(folder)
+    if folder.exists():
+        return model_from_hf_config(folder)
+    hub_id = hub.parse_hub_id(value)
+    if hub_id is None:
+        raise ValueError(f"{value!r} is neither a preset ({', '.join(MODELS)}), an existing folder nor {hub.HUB_ID_FORM}")
+    return dataclasses.replace(model_from_hf_config(hub.config_file(hub_id)), name=value)

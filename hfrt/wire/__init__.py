@@ -1,4 +1,6 @@
-"""What both sides share — channels, endpoint declarations, shared-memory names, errors, update options.
+"""What both sides share — channels, endpoint declarations, shared-memory names, errors, update
+options, Hugging Face Hub model ids.
 
-Imports protocols and the stdlib only: nothing from control/, daemon/ or torch.
+Imports protocols and the stdlib only (hub.py: huggingface_hub, when an id is resolved): nothing
+from control/, daemon/ or torch.
 """
