@@ -1,5 +1,6 @@
 """What `hfrt bench latency` prints (hfrt.bench.latency_report): figures with units, a missing
-reference as a status without a unit, and each target judged on this run's figure."""
+reference as a status without a unit, and each target judged on this run's figure — as
+docs/bench-and-performance.md shows it."""
 
 from __future__ import annotations
 
@@ -54,3 +55,14 @@ def test_report_ends_with_every_target_and_the_result_records_them() -> None:
     assert lines[-4].startswith("targets, judged on this run")
     assert lines[-3:] == [target_line(RAW, 3.18, ""), target_line(CALLS, 15700.4, ""), target_line(RAY, None, "Ray not installed")]
     assert targets_met(RESULT) == {"hfrt_vs_raw_p50": False, "hfrt_calls_per_s": False, "hfrt_vs_ray_p50": None}
+
+
+def test_the_docs_example_is_what_the_bench_prints() -> None:
+    """docs/bench-and-performance.md shows the targets of a run at 1.91× raw and 15700.4 calls/s, without Ray."""
+    from tests.docs.snippets import ROOT, blocks
+
+    shown = [b for b in blocks(ROOT / "docs" / "bench-and-performance.md")
+             if b.lang == "text" and b.arg == "tests/bench/test_latency_report.py"]
+    assert len(shown) == 1
+    result = RESULT | {"hfrt_vs_raw_p50": 1.91, "hfrt_calls_per_s": 15700.4}
+    assert report(result, inflight=64, fanout=4, ray_missing="not installed")[-4:] == shown[0].text.strip("\n").splitlines()
