@@ -382,12 +382,15 @@ def _bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from hfrt.daemon.heartbeat import heartbeat_flag  # the range both ends of the wire accept
+    from hfrt.flows import BUILTIN
+    from hfrt.flows.catalog import EPILOG, flow_list_help
 
     p = argparse.ArgumentParser(prog="hfrt", description="HybridFlow-style RL runtime on asyncio + ZeroMQ")
     sub = p.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("controller", help="run an algorithm script (flow) against role daemons")
-    c.add_argument("--flow", required=True, help="built-in flow (ppo, grpo, rloo, reinforce_pp, remax, safe_rlhf, dapo, grpo_async, agent_calc, ping) or a .py file defining `async def flow(ctl, config)`")
+    c = sub.add_parser("controller", help="run an algorithm script (flow) against role daemons",
+                       formatter_class=flow_list_help(BUILTIN), epilog=EPILOG)
+    c.add_argument("--flow", required=True, help=f"built-in flow ({', '.join(BUILTIN)}; listed below) or a .py file defining `async def flow(ctl, config)`")
     c.add_argument("--role", action="append", default=[], metavar="NAME=IMPL[:RANKS]", help="override the flow's roles, e.g. echo=echo:4 (repeatable)")
     c.add_argument("--config", metavar="FILE", help="flow settings and role overrides (TOML or YAML, or a run's RUN_DIR/config.json to run it again); see docs/configuration.md")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one setting (dots nest: roles.actor.options.engine.optim.lr=1e-3); VALUE parsed as JSON when it can be (repeatable)")

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from hfrt.flows.catalog import nearest
 from hfrt.flows.lora_table import receivers_follow_actor
 from hfrt.flows.reference import without_reference
 
@@ -89,6 +90,15 @@ class Flow:
         return typed
 
 
+def unknown_flow(name: str) -> str:
+    """The error for a --flow that is neither a built-in name nor a .py path: the nearest built-in
+    name (or NAME.py when that file exists) first, then every built-in name."""
+    near = f"{name}.py" if Path(f"{name}.py").is_file() else nearest(name, sorted(BUILTIN))
+    guess = f" did you mean {near!r}?" if near else ""
+    use = "Use" if near else "use"
+    return f"unknown flow {name!r}:{guess} {use} one of {', '.join(sorted(BUILTIN))}, or a path to a .py file"
+
+
 def load_flow(name_or_path: str) -> Flow:
     """A built-in flow by name, or the flow defined in a .py file."""
     module: ModuleType
@@ -107,8 +117,7 @@ def load_flow(name_or_path: str) -> Flow:
             where = f"{exc.filename or path}, line {exc.lineno}" + (f", column {exc.offset}" if exc.offset else "")
             raise ValueError(f"flow file {where}: {exc.msg}" + (f"\n    {exc.text.rstrip()}" if exc.text else "")) from None
     else:
-        known = ", ".join(sorted(BUILTIN))
-        raise ValueError(f"unknown flow {name_or_path!r}: use one of {known}, or a path to a .py file")
+        raise ValueError(unknown_flow(name_or_path))
     run = getattr(module, "flow", None)
     if run is None or not callable(run):
         raise ValueError(f"flow {name_or_path!r} defines no `async def flow(ctl, config)`")

@@ -1,5 +1,6 @@
-"""The `hfrt` command as a user runs it: controller with built-in and user flows, warm daemons
-(keep, attach, stop), bad input, and the latency benchmark's output contract."""
+"""The `hfrt` command as a user runs it: controller with built-in and user flows, its help's list of
+flows, warm daemons (keep, attach, stop), bad input (a misspelled flow gets the nearest name), and
+the latency benchmark's output contract."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ def test_ping_flow_runs_on_real_daemons(tmp_path: Path) -> None:
     summary = summary_of(hfrt("controller", "--flow", "ping", "--run-dir", str(tmp_path / "run")))
     assert len(summary["daemons"]) == 2
     assert summary["remote_error"] == "echo[0].fail: ValueError"
+    # the one error in stats is the deliberate echo.fail call, and the summary says so
+    assert summary["stats"]["errors"] == 1 and summary["errors_unintended"] == 0
+    assert summary["errors_intended"].startswith("1: echo.fail raises on purpose")
     assert summary["split_rows"] == [[0, 0], [0, 1], [0, 2], [0, 3], [1, 4], [1, 5], [1, 6], [1, 7]]
     assert summary["overlap_two_0.2s_sleeps_s"] < 0.38
     assert summary["stats"]["controller_bulk_bytes"] == 0
@@ -79,6 +83,28 @@ def test_bad_controller_input_is_a_clear_error(args: list[str], message: str, tm
     assert message in out.stderr
 
 
+def test_a_misspelled_flow_gets_the_nearest_name() -> None:
+    """As docs/flows.md (built-in RL flows) shows it."""
+    from hfrt.flows import BUILTIN
+
+    out = hfrt("controller", "--flow", "ppoo")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == f"hfrt controller: unknown flow 'ppoo': did you mean 'ppo'? Use one of {', '.join(sorted(BUILTIN))}, or a path to a .py file\n"
+
+
+def test_controller_help_lists_every_builtin_flow() -> None:
+    from hfrt.flows import BUILTIN
+    from hfrt.flows.catalog import describe
+
+    out = hfrt("controller", "--help", env={**os.environ, "COLUMNS": "120"})
+    assert out.returncode == 0, out.stderr
+    listed = out.stdout.split("built-in flows (--flow NAME):\n", 1)[1].splitlines()
+    firsts = {line.split()[0]: line for line in listed if line.startswith("  ") and not line.startswith("   ")}
+    assert list(firsts) == list(BUILTIN)  # rm and agent_openai included: the list is the registry
+    for name, text in describe(BUILTIN).items():  # each with its docstring's opening (wrapped: its first line)
+        assert text.startswith(firsts[name].split(None, 1)[1]), name
+
+
 def test_daemon_without_a_key_refuses_to_start() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HFRT_KEY")}
     out = hfrt("daemon", "--role", "echo", "--controller", "tcp://127.0.0.1:1", env=env, timeout=30)
@@ -123,4 +149,7 @@ def test_latency_benchmark_prints_a_table_and_json(tmp_path: Path) -> None:
     assert result["hfrt_p50_us"] > 0 and result["raw_zmq_p50_us"] > 0
     assert result["ray_p50_us"] is None and result["controller_bulk_bytes"] == 0
     assert "hfrt no-op round trip p50" in out.stdout
+    assert "skipped (--no-ray)" in out.stdout and "n/a" not in out.stdout  # a status, not a figure in µs
+    assert "hfrt pipelined calls/s: target ≥ 20000 calls/s: " in out.stdout  # a target printed as a target
+    assert result["targets_met"]["hfrt_vs_ray_p50"] is None
     assert json.loads((tmp_path / "r.json").read_text()) == result

@@ -365,7 +365,8 @@ def test_plot_refuses_a_missing_or_empty_log(tmp_path: Path) -> None:
 def test_plot_draws_validation_kl_and_entropy_panels(tmp_path: Path) -> None:
     """A run's records as the trainer writes them (val_before/* in step 0's record, val/* after a
     step, the KL and entropy names the ppo and grpo flows log): every panel is drawn, and the
-    validation before training is the point at step 0 (the pass after step s sits at s + 1)."""
+    validation before training is the point at step 0 (the pass after step s sits at s + 1), as
+    docs/flows.md (what a run writes) says."""
     from hfrt.plot import figure, panels
 
     records = [
