@@ -177,6 +177,7 @@ def test_the_check_agrees_with_pythons_own_binding(text: str) -> None:
                    for p in list(signature.parameters.values())[1:])
     check = CallCheck.of("r.f", EndpointEntry("replicate", params=params))
     assert check is not None
+    assert check.shape == text.replace("self, ", "").replace("(self)", "()").replace("=1", "=…")  # as Python prints it
     for args, kwargs in CALLS:
         try:
             signature.bind(None, *args, **kwargs)
