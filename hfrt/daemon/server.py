@@ -5,8 +5,10 @@ arrived, unless their endpoint was declared `concurrent=True`; a concurrent endp
 as it arrives, so for it arrival order is only a start-order guarantee; a streaming endpoint
 (`stream=True`) starts as it arrives and steps between other calls (hfrt.daemon.streaming). Synchronous endpoints run
 on the loop thread (no thread hop: that is what keeps a no-op call cheap); heartbeats run on their
-own thread, so a long endpoint never looks like death. It knows the protocol and the Daemon base
-class; it knows nothing of any particular role or of the algorithm.
+own thread, so a long endpoint never looks like death. Shutdown waits for every running call,
+threaded ones included, within its grace period before teardown, and names any it gave up on
+(hfrt.daemon.running keeps the records). It knows the protocol and the Daemon base class; it
+knows nothing of any particular role or of the algorithm.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import zmq
 
 from hfrt.daemon.base import Daemon, DaemonContext
 from hfrt.daemon.heartbeat import HeartbeatThread
+from hfrt.daemon.running import RunningCalls
 from hfrt.daemon.streaming import StreamServing
 from hfrt.daemon.tensor_serving import INTERNAL, TensorPlaneServing
 from hfrt.daemon.tensors.plane import DataPlaneServer, advertised_host, host_id
@@ -98,10 +101,8 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         self._table = endpoint_table(daemon_cls)
         self._wire = Wire(key, config.limits)
         self._queue: deque[_Queued] = deque()
-        self._running: dict[int, asyncio.Task[Any] | None] = {}  # call id → task (None: sync)
         self._ordered_busy = False
         self._pump_scheduled = False
-        self._skip_reply: set[int] = set()
         self._session = ""
         self._log = get_logger(role=context.role, rank=context.rank)
         self.daemon: Daemon | None = None
@@ -111,6 +112,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         self._tensors: Any = None  # TensorRuntime, created on first use (imports torch)
         self._directory: dict[str, Any] = {}  # where every daemon's data plane is
         self._handle_calls: set[int] = set()  # call ids whose arguments hold handles
+        self._calls = RunningCalls(self._log, self._handle_calls.discard)  # async, threaded, streaming
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -189,14 +191,12 @@ class DaemonServer(StreamServing, TensorPlaneServing):
 
     async def _wind_down(self) -> None:
         self._queue.clear()
-        tasks = [t for t in self._running.values() if t is not None]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=getattr(self, "_grace_s", 0.0))
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        grace_s = getattr(self, "_grace_s", 0.0)
+        gave_up = await self._calls.settle(grace_s)  # threaded calls included
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        if gave_up:  # still running: teardown runs beside them
+            self._log.error("shutdown_gave_up", calls=gave_up, grace_s=grace_s)
         if self.daemon is not None:
             try:
                 await asyncio.wait_for(self.daemon.teardown(), timeout=30.0)
@@ -349,12 +349,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
                 self._handle_calls.discard(call_id)
                 self._log.debug("cancelled_queued", call_id=call_id)
                 return
-        if call_id in self._running:
-            task = self._running[call_id]
-            if task is None:
-                self._skip_reply.add(call_id)  # a synchronous endpoint cannot be interrupted
-            else:
-                task.cancel()
+        if self._calls.cancel(call_id):  # a threaded one cannot be interrupted: its reply is dropped
             self._log.debug("cancelled_running", call_id=call_id)
 
     # -- running calls ------------------------------------------------------------------------
@@ -376,8 +371,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
             item = self._queue.popleft()
             if item.spec.is_async:
                 self._ordered_busy = True
-                task = self._loop.create_task(self._run_async(item.call, item.fn))
-                self._running[item.call.call_id] = task
+                task = self._track(item.call, self._run_async(item.call, item.fn))
                 task.add_done_callback(self._ordered_done)
                 return
             self._run_sync(item.call, item.fn)
@@ -396,10 +390,12 @@ class DaemonServer(StreamServing, TensorPlaneServing):
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="hfrt-endpoint")
             coro = self._run_threaded(call, fn)
-        self._running[call.call_id] = self._loop.create_task(coro)
+        self._track(call, coro)
+
+    def _track(self, call: Call, coro: Any) -> asyncio.Task[Any]:
+        return self._calls.start(self._loop, call, coro)
 
     def _run_sync(self, call: Call, fn: Any) -> None:
-        self._running[call.call_id] = None
         start = time.perf_counter()
         try:
             args, kwargs = self._arguments(call)
@@ -414,10 +410,6 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         try:
             args, kwargs = self._arguments(call)
             value = await fn(self.daemon, *args, **kwargs)
-        except asyncio.CancelledError:
-            self._running.pop(call.call_id, None)
-            self._log.debug("call_cancelled", call_id=call.call_id, endpoint=call.endpoint)
-            return
         except Exception as exc:
             self._finish_error(call, exc)
         else:
@@ -426,7 +418,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
     async def _run_threaded(self, call: Call, fn: Any) -> None:
         assert self._pool is not None
         start = time.perf_counter()
-        self._running[call.call_id] = None  # cannot be interrupted once in a thread
+        self._calls.in_thread(call.call_id)
         try:
             args, kwargs = self._arguments(call)
             job = functools.partial(fn, self.daemon, *args, **kwargs)
@@ -437,11 +429,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
             self._finish(call, value, time.perf_counter() - start)
 
     def _finish(self, call: Call, value: Any, elapsed: float) -> None:
-        self._running.pop(call.call_id, None)
-        if call.call_id in self._skip_reply:
-            self._skip_reply.discard(call.call_id)
-            return
-        if not call.reply:
+        if not self._calls.finished(call.call_id) or not call.reply:
             return
         try:
             if "torch" in sys.modules:  # only a daemon that imported torch can return tensors
@@ -459,8 +447,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         self._send_frames(frames)
 
     def _finish_error(self, call: Call, exc: BaseException) -> None:
-        self._running.pop(call.call_id, None)
-        self._skip_reply.discard(call.call_id)
+        self._calls.finished(call.call_id)  # an error is sent even for a cancelled threaded call
         self._log.warning("endpoint_raised", call_id=call.call_id, endpoint=call.endpoint, error=type(exc).__name__)
         self._reply_error(call, type(exc).__name__, str(exc), traceback.format_exc())
 

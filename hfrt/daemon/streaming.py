@@ -24,23 +24,21 @@ if TYPE_CHECKING:
 
 
 class StreamServing:
-    """Needs from its host class: daemon, _loop, _log, _running, _arguments, _finish, _finish_error,
-    _send."""
+    """Needs from its host class: daemon, _track, _arguments, _finish, _finish_error, _send."""
 
     daemon: Any
-    _loop: asyncio.AbstractEventLoop
-    _log: Any
-    _running: dict[int, asyncio.Task[Any] | None]
 
     if TYPE_CHECKING:
+        def _track(self, call: Call, coro: Any) -> asyncio.Task[Any]: ...
         def _arguments(self, call: Call) -> tuple[list[Any], dict[str, Any]]: ...
         def _finish(self, call: Call, value: Any, elapsed: float) -> None: ...
         def _finish_error(self, call: Call, exc: BaseException) -> None: ...
         def _send(self, msg: Message) -> None: ...
 
     def _start_stream(self, call: Call, fn: Any) -> None:
-        """Run the streaming endpoint `fn` for `call` as a task (cancelled by a Cancel)."""
-        self._running[call.call_id] = self._loop.create_task(self._run_stream(call, fn))
+        """Run the streaming endpoint `fn` for `call` as a task (cancelled by a Cancel; the host
+        records it as running until the task is done)."""
+        self._track(call, self._run_stream(call, fn))
 
     async def _run_stream(self, call: Call, fn: Any) -> None:
         start = time.perf_counter()
@@ -57,10 +55,6 @@ class StreamServing:
                 if call.reply:
                     self._send_partial(call, part)
                 await asyncio.sleep(0)  # one step per loop turn: the Partial leaves, a Cancel or another call gets in
-        except asyncio.CancelledError:
-            self._running.pop(call.call_id, None)
-            self._log.debug("stream_cancelled", call_id=call.call_id, endpoint=call.endpoint)
-            return
         except Exception as exc:
             self._finish_error(call, exc)
             return
