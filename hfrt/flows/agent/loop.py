@@ -13,6 +13,7 @@ rollout daemons (`assemble_trajectories`). It knows nothing of the algorithm tha
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -83,7 +84,11 @@ class TurnBatcher:
     sampling options), sent when all live conversations wait or flush_after_s after the first.
     With `batch_size` (for callers that cannot count live conversations, such as an HTTP server)
     a round goes out when that many requests wait instead; with `idle_flush` also at once when no
-    call is in flight (requests that come while one runs go together in the next)."""
+    call is in flight (requests that come while one runs go together in the next).
+
+    It owns the calls it starts (`tasks()`): when one is done, however it ended, it is no longer
+    counted in flight, and requests it did not answer fail with its error (or are cancelled with
+    it), so no request waits on a call that will never answer."""
 
     #: the generate_turn columns every row gets back; OPTIONAL_COLUMNS only when the role returns them
     COLUMNS: tuple[str, ...] = ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version")
@@ -99,6 +104,7 @@ class TurnBatcher:
         self._seeds = itertools.count(seed) if seed is not None else None
         self._pending: list[tuple[tuple[Any, ...], list[int], list[Any], asyncio.Future[dict[str, Any]]]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def request(self, context: list[int], append: list[Any], options: dict[str, Any]) -> dict[str, Any]:
         """One turn of one conversation: its row of generate_turn's output."""
@@ -128,9 +134,30 @@ class TurnBatcher:
         for entry in self._pending:
             groups.setdefault(entry[0], []).append(entry)
         self._pending = []
+        loop = asyncio.get_running_loop()
         for key, entries in groups.items():
             self.in_flight += 1  # counted here: the task starts later, and a request may come first
-            asyncio.ensure_future(self._call(dict(key), entries))
+            task = loop.create_task(self._call(dict(key), entries))
+            self._tasks.add(task)
+            task.add_done_callback(functools.partial(self._call_done, entries))
+
+    def tasks(self) -> set[asyncio.Task[None]]:
+        """The generate_turn calls running now (for an owner that stops early to cancel)."""
+        return set(self._tasks)
+
+    def _call_done(self, entries: list[Any], task: asyncio.Task[None]) -> None:
+        """However the call ended: no longer in flight, and no request left waiting on it."""
+        self._tasks.discard(task)
+        self.in_flight -= 1
+        for e in entries:
+            if e[3].done():
+                continue
+            if task.cancelled():
+                e[3].cancel()
+            else:
+                e[3].set_exception(task.exception() or RuntimeError("generate_turn call ended without answering"))
+        if self.idle_flush:
+            self._maybe_flush()
 
     async def _call(self, options: dict[str, Any], entries: list[Any]) -> None:
         handle = prompts_handle({"context": [e[1] for e in entries], "append": [e[2] for e in entries]})
@@ -138,12 +165,7 @@ class TurnBatcher:
         if self._seeds is not None:
             options = {**options, "seed": next(self._seeds)}
         self.calls += 1
-        try:
-            await self._send(handle, options, entries)
-        finally:
-            self.in_flight -= 1
-            if self.idle_flush:
-                self._maybe_flush()
+        await self._send(handle, options, entries)
 
     async def _send(self, handle: BatchHandle, options: dict[str, Any], entries: list[Any]) -> None:
         try:
