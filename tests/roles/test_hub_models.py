@@ -5,6 +5,7 @@ check before launch reading only an uncached id's config.json. The Hub cache is 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -107,3 +108,33 @@ def test_the_check_before_launch_reads_an_uncached_ids_config_alone(
     monkeypatch.setattr(hub, "snapshot_folder", lambda hub_id, **kw: config_only)
     with pytest.raises(ModelLoadError, match=r"reward model 'some-org/some-model': no \*.safetensors weights"):
         check_reward_model_dir(REPO)
+
+
+def test_every_role_that_reads_a_model_accepts_a_hub_id(cached_tiny: Path, cache: Path, tmp_path: Path) -> None:
+    from hfrt.roles.check import problems
+
+    reward_folder = tmp_path / "rm"
+    models.save_value_model(load_model(models.ModelConfig("tiny", value_head=True)), reward_folder)
+    put_in_hub_cache(cache, "some-org/some-rm", reward_folder)
+    roles = {
+        "actor": {"options": {"model": REPO}}, "critic": {"options": {"model": REPO}},
+        "reference": {"options": {"model": REPO}}, "rm": {"impl": "reward_model", "options": {"model": REPO}},
+        "reward": {"options": {"kind": "model", "model": "some-org/some-rm"}},
+        "rollout": {"impl": "rollout", "options": {"model": REPO}},
+        "both": {"impl": "actor_ref", "options": {"model": "tiny", "reference": {"model": REPO}}},
+    }
+    assert problems(roles) == []
+    absent = json.loads(json.dumps(roles).replace(REPO, "some-org/absent").replace("some-org/some-rm", "some-org/absent"))
+    found = problems(absent)  # each role names the id it cannot resolve
+    assert sorted(p.split(":")[0] for p in found) == sorted(f"roles.{name}" for name in roles)
+    assert all("'some-org/absent'" in p and str(cache) in p for p in found), found
+
+
+def test_vllm_is_given_the_snapshot_folder(cached_tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("vllm", reason="vLLM is not installed")
+    from hfrt.roles.generation import build, vllm_engine
+
+    given = []
+    monkeypatch.setattr(vllm_engine, "VLLMGenerationEngine", lambda config, **kw: given.append(config) or "engine")
+    engine = build.generation_engine("vllm", model=REPO, dtype="float32", seed=0, tokenizer=load_tokenizer(REPO))
+    assert engine == "engine" and [c.model_dir for c in given] == [str(cached_tiny)]
