@@ -4,14 +4,17 @@ epoch order whose position is saved in checkpoints.
 
 A row's `prompt` is a string or a chat (a list of {"role", "content"} messages). The ground truth
 may also sit where verl's preprocessed data puts it, `reward_model.ground_truth`; `data_source`
-defaults to the file's stem, and a dict `extra_info` column is passed through. Nothing here
-imports torch or knows of roles: a source hands out plain columns.
+defaults to the file's stem, and a dict `extra_info` column is passed through. A `Task` bundles a
+flow's prompts, its validation rows and what counts as a right validation answer (the built-in
+addition task and a data file's task are its two implementations here). Nothing here imports
+torch or knows of roles: a source hands out plain columns.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -220,3 +223,88 @@ def validation_rows(data: str, *, seed: int, max_operand: int, count: int) -> di
         rows = read_rows(data)[: count or None]
         return {name: [row[name] for row in rows] for name in COLUMNS}
     return AdditionTask(seed + 7919, max_operand).batch(count or 32)
+
+
+#: a validation sample whose score is at least this is a right answer (both built-in tasks: their
+#: rewards give 1 for a right answer, less for anything else)
+CORRECT_SCORE = 1.0
+
+
+class Task(Protocol):
+    """What a flow trains and validates on: its name, a training prompt stream, a fixed set of
+    validation rows, and when a validation sample's score counts as a right answer (the share of
+    those is `val/accuracy`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def prompts(self) -> PromptSource:
+        """A new training prompt stream at its start (checkpoints save and restore its position)."""
+        ...
+
+    def validation_rows(self, count: int) -> dict[str, list[Any]]:
+        """The fixed validation rows as non-tensor columns: `count` of them (0: the task's default)."""
+        ...
+
+    def correct(self, score: float) -> bool:
+        """Whether a validation sample's score counts as a right answer."""
+        ...
+
+
+@dataclass(frozen=True)
+class BuiltinAddition:
+    """The built-in addition task as a Task: prompts from AdditionTask(seed, max_operand); validation
+    on `count` held-out prompts (32 for 0) from a seed the training stream does not use, or on the
+    first rows of `val_data` when given; a score of at least `threshold` is right."""
+
+    seed: int = 0
+    max_operand: int = 2
+    val_data: str = ""
+    threshold: float = CORRECT_SCORE
+    name: str = "addition"
+
+    def prompts(self) -> PromptSource:
+        return make_source("", seed=self.seed, max_operand=self.max_operand)
+
+    def validation_rows(self, count: int) -> dict[str, list[Any]]:
+        return validation_rows(self.val_data, seed=self.seed, max_operand=self.max_operand, count=count)
+
+    def correct(self, score: float) -> bool:
+        return score >= self.threshold
+
+
+@dataclass(frozen=True)
+class DataFileTask:
+    """A data file's task: its rows in a seeded order reshuffled per epoch (FileDataset); validation on
+    the first `count` rows (all for 0) of `val_data`, or of the training file when that is ""; a
+    score of at least `threshold` is right. Its name is the file's stem."""
+
+    path: str
+    seed: int = 0
+    val_data: str = ""
+    threshold: float = CORRECT_SCORE
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise DatasetError("DataFileTask: path is empty (the built-in addition task is BuiltinAddition)")
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).stem
+
+    def prompts(self) -> PromptSource:
+        return FileDataset(self.path, self.seed)
+
+    def validation_rows(self, count: int) -> dict[str, list[Any]]:
+        return validation_rows(self.val_data or self.path, seed=self.seed, max_operand=0, count=count)
+
+    def correct(self, score: float) -> bool:
+        return score >= self.threshold
+
+
+def config_task(*, data: str, val_data: str, seed: int, max_operand: int) -> Task:
+    """The task a flow's settings name (FlowConfig's data, val_data, seed, max_operand): the data
+    file's when `data` is given, else the built-in addition task."""
+    if data:
+        return DataFileTask(data, seed, val_data)
+    return BuiltinAddition(seed, max_operand, val_data)
