@@ -105,12 +105,10 @@ class EndpointEntry:
         unknown = sorted(str(k) for k in set(value) - _ENTRY_KEYS)
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {unknown}; expected some of {sorted(_ENTRY_KEYS)}")
-        dispatch, concurrent, stream = value.get("dispatch"), value.get("concurrent"), value.get("stream", False)
-        if type(dispatch) is not str:
+        dispatch = value.get("dispatch")
+        if not isinstance(dispatch, str):
             raise ValueError(f"{where}.dispatch: expected str, got {type(dispatch).__name__}")
-        for key, flag in (("concurrent", concurrent), ("stream", stream)):
-            if type(flag) is not bool:
-                raise ValueError(f"{where}.{key}: expected bool, got {type(flag).__name__}")
+        concurrent, stream = _flag(value, "concurrent", where, None), _flag(value, "stream", where, False)
         params = _params(value.get("params"), f"{where}.params")
         keywords = _names(value.get("keywords"), f"{where}.keywords")
         try:
@@ -129,6 +127,14 @@ def read_endpoint_table(value: object, where: str = "hello.endpoints") -> dict[s
             raise ValueError(f"{where}: endpoint names must be str, got {name!r}")
         table[name] = EndpointEntry.from_wire(entry, f"{where}[{name!r}]")
     return table
+
+
+def _flag(entry: dict[Any, Any], key: str, where: str, default: bool | None) -> bool:
+    """entry[key] when it is a bool; `default` when it is absent and may be (None: it must be there)."""
+    value = entry.get(key, default)
+    if type(value) is not bool:
+        raise ValueError(f"{where}.{key}: expected bool, got {type(value).__name__}")
+    return bool(value)
 
 
 def _params(value: object, where: str) -> tuple[Param, ...] | None:

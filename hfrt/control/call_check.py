@@ -1,8 +1,8 @@
 """Checking a call's arguments against the parameters its daemon declared in hello, before the
 controller sends it, with a "did you mean" for a misspelled name.
 
-Everything a check needs is worked out once per endpoint (CallCheck.of), so checking a call is a
-length comparison, or one set lookup per keyword. It knows protocols' endpoint entries; it knows
+Everything a check needs is worked out once per endpoint (CallCheck.of), so checking a call that
+fits is a length comparison, plus two set operations when it has keywords. It knows protocols' endpoint entries; it knows
 nothing of sockets, dispatch or what the endpoints do.
 """
 

@@ -151,6 +151,14 @@ def test_keyword_rules_follow_the_parameter_kinds() -> None:
     check_of("compute_advantages").check(["b", "s", "more", "rows"], {})  # *extra takes any number
 
 
+def test_keywords_are_declared_only_for_a_method_taking_kwargs() -> None:
+    def plain(self: Any, batch: Any, gamma: float = 1.0) -> None: ...
+
+    with pytest.raises(TypeError, match=r"endpoint .*plain: keywords= names what its \*\*kwargs accepts; it takes no \*\*kwargs"):
+        endpoint(keywords=("gamma",))(plain)
+    assert read_endpoint_table(received_table(Shapes))["update"].keywords == tuple(sorted(accepted_options("actor")))
+
+
 def test_a_table_without_parameters_is_sent_unchecked() -> None:
     """A daemon that declares no parameters (another implementation of the protocol) is called as before."""
     assert CallCheck.of("x.f", EndpointEntry("replicate")) is None
