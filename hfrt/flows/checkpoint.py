@@ -232,7 +232,7 @@ async def load_checkpoint(ckpt: Checkpoint, roles: Mapping[str, Any], *, timeout
 async def save_weights(folder: Path, roles: Mapping[str, Any], *, timeout_s: float) -> Path:
     """Have each role save itself under `folder/<role>` (replacing what was there), then write
     `folder/roles.json` last: a folder without it is not whole (a daemon's starting weights,
-    which `reset_weights` loads back; see hfrt/flows/trainer.py)."""
+    which `reset_weights` loads back; see hfrt/flows/checkpoint_manager.py)."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     await asyncio.gather(*(group.save(str(folder / name), timeout_s=timeout_s) for name, group in roles.items()))
