@@ -20,6 +20,7 @@ from hfrt.wire.endpoints import Dispatch, endpoint
 from hfrt.wire.errors import (
     BadArguments,
     CallTimeout,
+    ControllerFailed,
     DaemonGone,
     HfrtError,
     ProtocolMismatch,
@@ -49,6 +50,7 @@ __all__ = [
     "BatchHandle",
     "CallTimeout",
     "Controller",
+    "ControllerFailed",
     "Daemon",
     "DaemonContext",
     "DaemonGone",

@@ -5,7 +5,9 @@ by construction (start early, await late). A daemon that exits, is killed or sto
 every call pending on it within 2× the heartbeat interval, naming it. The controller never imports
 torch and knows nothing of any algorithm or of how daemons were started (launchers tell it when a
 process they own exits, through `mark_gone`). After `record_calls()`, every settled call appends
-one span (daemon, endpoint, call id, sent, settled, status) to `trace` (hfrt.control.trace).
+one span (daemon, endpoint, call id, sent, settled, status) to `trace` (hfrt.control.trace). Its
+liveness watcher and gone-listeners are supervised (hfrt.control.supervision): if one fails, the
+session fails loudly (pending calls, later calls and close() raise ControllerFailed).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from hfrt.control import liveness
 from hfrt.control.daemons import DaemonInfo, GoneListener
 from hfrt.control.group import CallLayer, RoleGroup
 from hfrt.control.lifetimes import HandleTracker
+from hfrt.control.pending import Pending, fail_all, settle
 from hfrt.control.streams import StreamCalls
 from hfrt.control.strays import StrayReplies
+from hfrt.control.supervision import Supervisor
 from hfrt.control.tensor_plane import TensorPlaneControl
 from hfrt.control.trace import MAX_SPANS, CallTrace
 from hfrt.log import get_logger
@@ -48,18 +52,7 @@ from hfrt.protocols import (
 )
 from hfrt.wire import shm
 from hfrt.wire.channel import Channel
-from hfrt.wire.errors import CallTimeout, DaemonGone, ProtocolMismatch, RemoteError
-
-
-class _Pending:
-    __slots__ = ("daemon", "endpoint", "future", "timer", "sent")
-
-    def __init__(self, future: asyncio.Future[Any], daemon: DaemonInfo, endpoint: str, sent: float) -> None:
-        self.future = future
-        self.daemon = daemon
-        self.endpoint = endpoint
-        self.timer: asyncio.TimerHandle | None = None
-        self.sent = sent  # time.perf_counter() when the call went out (for the call trace)
+from hfrt.wire.errors import CallTimeout, ControllerFailed, DaemonGone, ProtocolMismatch, RemoteError
 
 
 class Controller(StreamCalls, TensorPlaneControl):
@@ -92,7 +85,7 @@ class Controller(StreamCalls, TensorPlaneControl):
         self._limits = self._wire.limits
         self._daemons: dict[str, DaemonInfo] = {}
         self._hb_owner: dict[bytes, str] = {}
-        self._calls: dict[int, _Pending] = {}
+        self._calls: dict[int, Pending] = {}
         self._next_id = 1
         self._gone_before_hello: dict[str, str] = {}
         self._rejected: dict[str, str] = {}
@@ -102,6 +95,7 @@ class Controller(StreamCalls, TensorPlaneControl):
         self._watcher: asyncio.Task[None] | None = None
         self._zmq: zmq.Context[Any] | None = None
         self._log = get_logger(part="controller", session=self.session)
+        self._supervisor = Supervisor(self._log, self._fail_session)  # owns the watcher, guards listeners
         #: spans of the calls sent since record_calls() (None: not recording)
         self.trace: CallTrace | None = None
         #: told of every daemon declared gone, before the calls pending on it fail
@@ -141,26 +135,27 @@ class Controller(StreamCalls, TensorPlaneControl):
         self._channel.on_unroutable = self._on_unroutable
         self._channel.on_dropped = self._on_dropped
         watch = liveness.watch(lambda: list(self._daemons.values()), self.heartbeat_s, self._read_waiting, self.mark_gone)
-        self._watcher = self._loop.create_task(watch, name="hfrt-liveness")
+        self._watcher = self._supervisor.own(self._loop.create_task(watch, name="hfrt-liveness"), "liveness watcher")
         self._log.info("controller_listening", address=self.address)
         return self
 
     async def close(self) -> None:
-        """Fail whatever is pending and close the socket (daemons are not told: see shutdown_daemons)."""
-        if self._watcher is not None:
-            self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
-            self._watcher = None
-        for call_id in list(self._calls):
-            pending = self._calls.pop(call_id)
-            self._span(call_id, pending, "gone")
-            _settle(pending.future, exc=DaemonGone(f"controller closed before {pending.endpoint} finished"))
+        """Fail whatever is pending and close the socket (daemons are not told: see shutdown_daemons).
+        Raises ControllerFailed, after closing, if the session failed (hfrt.control.supervision)."""
+        await self._supervisor.close()
+        fail_all(self._calls, lambda p: DaemonGone(f"controller closed before {p.endpoint} finished"), self._span)
         if self._channel is not None:
             self._channel.close()
             self._channel = None
         if self._zmq is not None:
             self._zmq.term()
             self._zmq = None
+        self._supervisor.check("")
+
+    def _fail_session(self, failure: ControllerFailed) -> None:
+        """The supervisor's verdict: fail every pending call with it, wake whoever waits for a role."""
+        fail_all(self._calls, lambda p: self._supervisor.error(f"{p.where} did not finish"), self._span)
+        self._notify_change()
 
     async def shutdown_daemons(self, reason: str = "controller finished", *, grace_s: float = 5.0, wait_s: float = 10.0) -> None:
         """Tell every live daemon to exit and wait (up to wait_s) until each has said bye."""
@@ -196,6 +191,7 @@ class Controller(StreamCalls, TensorPlaneControl):
             await self._wait_change(left)
 
     def _raise_if_failed(self, role: str) -> None:
+        self._supervisor.check(f"role {role!r}")
         for identity, reason in self._rejected.items():
             if identity.startswith(role + ":"):
                 raise ProtocolMismatch(f"daemon {identity} was refused: {reason}")
@@ -245,15 +241,15 @@ class Controller(StreamCalls, TensorPlaneControl):
         info.alive = False
         info.gone_reason = reason
         (self._log.info if expected else self._log.warning)("daemon_gone", daemon=info.describe(), reason=reason)
-        for listener in self.gone_listeners:
-            listener(info, reason, expected)
+        for listener in self.gone_listeners:  # one that raises fails the session (not this loop)
+            self._supervisor.guarded("gone-listener", listener, info, reason, expected)
         for call_id, pending in list(self._calls.items()):
             if pending.daemon is info:
                 del self._calls[call_id]
                 self._span(call_id, pending, "gone")
                 if pending.timer is not None:
                     pending.timer.cancel()
-                _settle(pending.future, exc=DaemonGone(f"{info.describe()} is gone ({reason}); {pending.endpoint} did not finish"))
+                settle(pending.future, exc=DaemonGone(f"{info.describe()} is gone ({reason}); {pending.endpoint} did not finish"))
         self._notify_change()
 
     # -- calls --------------------------------------------------------------------------------
@@ -265,7 +261,7 @@ class Controller(StreamCalls, TensorPlaneControl):
         self.trace = CallTrace(max_spans, path)
         return self.trace
 
-    def _span(self, call_id: int, pending: _Pending, status: str) -> None:
+    def _span(self, call_id: int, pending: Pending, status: str) -> None:
         if status != "error":  # gone, timeout, cancelled: given up on, its reply may still come
             self._strays.given_up(call_id)
         if self.trace is not None:
@@ -283,6 +279,9 @@ class Controller(StreamCalls, TensorPlaneControl):
     ) -> asyncio.Future[Any]:
         """Send one Call to one daemon now; the future resolves with its Reply value."""
         future: asyncio.Future[Any] = self._loop.create_future()
+        if self._supervisor.failure is not None:
+            future.set_exception(self._supervisor.error(f"{info.role}[{info.rank}].{endpoint} not sent"))
+            return future
         if not info.alive:
             future.set_exception(DaemonGone(f"{info.describe()} is gone ({info.gone_reason}); cannot call {endpoint}"))
             return future
@@ -295,7 +294,7 @@ class Controller(StreamCalls, TensorPlaneControl):
             return future
         sent = time.perf_counter()
         if reply:
-            pending = _Pending(future, info, endpoint, sent)
+            pending = Pending(future, info, endpoint, sent)
             self._calls[call_id] = pending
             timeout = self.default_timeout_s if timeout_s is None else timeout_s
             if timeout is not None:
@@ -321,7 +320,7 @@ class Controller(StreamCalls, TensorPlaneControl):
         self._span(call_id, pending, "timeout")
         self._send_to(info, Cancel(call_id))
         timed_out = f"{info.role}[{info.rank}].{pending.endpoint} did not finish within {timeout}s; cancelled"
-        _settle(pending.future, exc=CallTimeout(timed_out))
+        settle(pending.future, exc=CallTimeout(timed_out))
 
     def _on_future_done(self, call_id: int, future: asyncio.Future[Any]) -> None:
         if not future.cancelled():
@@ -369,7 +368,7 @@ class Controller(StreamCalls, TensorPlaneControl):
         else:
             self._log.warning("unexpected_message", peer=ident.decode("utf-8", "replace"), kind=msg.NAME)
 
-    def _pending_from(self, ident: bytes, call_id: int, kind: str) -> _Pending | None:
+    def _pending_from(self, ident: bytes, call_id: int, kind: str) -> Pending | None:
         """The pending call `call_id` if `ident` is the daemon it was sent to; a reply or error for
         it from any other peer (even one holding the key) is dropped, logged and counted."""
         pending = self._calls.get(call_id)
@@ -411,7 +410,7 @@ class Controller(StreamCalls, TensorPlaneControl):
             pending.timer.cancel()
         info = pending.daemon
         where = f"{info.role}[{info.rank}].{pending.endpoint}"
-        _settle(pending.future, exc=RemoteError(where, msg.type, msg.message, msg.traceback))
+        settle(pending.future, exc=RemoteError(where, msg.type, msg.message, msg.traceback))
 
     def _on_heartbeat(self, ident: bytes, msg: Heartbeat) -> None:
         owner = self._daemons.get(self._hb_owner.get(ident, ""))
@@ -492,9 +491,3 @@ class Controller(StreamCalls, TensorPlaneControl):
     def count_bulk_bytes(self, nbytes: int) -> None:
         """Record tensor payload bytes that were materialised in the controller on purpose."""
         self._stats["controller_bulk_bytes"] += nbytes
-
-
-def _settle(future: asyncio.Future[Any], *, exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
-

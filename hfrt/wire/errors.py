@@ -42,5 +42,11 @@ class BadArguments(HfrtError, TypeError):
     a missing required one."""
 
 
+class ControllerFailed(HfrtError):
+    """The controller's own machinery failed (its liveness watcher, a gone-listener such as the
+    recovery layer), so it can no longer tell when a daemon dies and the session cannot go on:
+    pending calls, later calls, role lookups and close() raise it. `__cause__` is the original error."""
+
+
 class ProtocolMismatch(HfrtError):
     """A daemon speaks a different protocol version than this controller."""
