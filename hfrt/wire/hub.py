@@ -4,15 +4,14 @@ API (downloading them unless HF_HUB_OFFLINE=1 says the cache only), as transform
 
 It knows the id syntax, huggingface_hub and its errors; it knows nothing of presets, of what a
 model folder must hold or of torch, and never builds cache paths itself. huggingface_hub (a
-dependency of transformers) is imported only when an id is resolved, so the controller side can
-import this module without it.
+dependency of transformers) is imported only when a string is read as an id, so the controller
+side can import this module without it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 #: what a `model` option may be besides a preset or a folder, for error messages
 HUB_ID_FORM = "a Hugging Face Hub id (org/name or org/name@revision)"
