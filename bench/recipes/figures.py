@@ -10,6 +10,8 @@ run before a commit that touches training (docs/design.md says when). Fast figur
   pair accuracy and best-of-candidates, and PPO against it graded by the rule (7/9 on seeds 0, 1).
 - `agent_calc`: docs/agents-and-openai.md, the built-in calculator agent on the tiny preset: the
   reward rises from about 0.01 to 0.4-0.8 within 400 steps.
+- `data_file`: docs/configuration.md's `run.toml`, cut out of the page and run on the addition
+  task written as files (bench/recipes/make_addition_data.py): greedy validation accuracy 0.94.
 
 Each figure has the band the docs' wording allows (a figure on a page is one run of a noisy
 machine); the exit code is 1 when any falls outside. It runs the CLI as a user does and knows
@@ -20,12 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hfrt.bench.recipes import make_addition_data
 from hfrt.bench.recipes.rm_recipe import best_of_candidates, controller, rule_accuracy
+
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,38 @@ def agent_calc_figures(work: Path) -> list[Figure]:
     ]
 
 
-CHECKS = {"ppo": ppo_figures, "rm": rm_figures, "agent_calc": agent_calc_figures}
+def documented_run_toml(page: Path) -> str:
+    """The ```toml block of `page` that starts with `# run.toml`."""
+    for block in re.findall(r"```toml\n(.*?)```", page.read_text(), re.S):
+        if block.startswith("# run.toml"):
+            return str(block)
+    raise SystemExit(f"{page} has no ```toml block starting with '# run.toml'")
+
+
+def data_file_figures(work: Path) -> list[Figure]:
+    work.mkdir(parents=True, exist_ok=True)
+    make_addition_data.write(work / "data", train=2048, val=64)
+    (work / "run.toml").write_text(documented_run_toml(docs_page("configuration.md")))
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "hfrt", "controller", "--flow", "ppo", "--config", "run.toml",
+                           "--run-dir", "run", "--overwrite", "--set", "progress=off"], cwd=work, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the documented run.toml failed:\n{done.stderr[-4000:]}")
+    run = json.loads(done.stdout[done.stdout.index("{"):])
+    wall = round(time.perf_counter() - start, 1)
+    return [Figure("docs/configuration.md", f"run.toml on addition data files: val_accuracy_last ({wall} s)", 0.94,
+                   0.8, 1.0, run.get("val_accuracy_last"))]
+
+
+def docs_page(name: str) -> Path:
+    """A docs page of the checkout this runs from (bench/ is installed as hfrt.bench, an editable install)."""
+    for base in (Path(__file__).resolve().parents[2], Path.cwd()):
+        if (base / "docs" / name).is_file():
+            return base / "docs" / name
+    raise SystemExit(f"docs/{name} not found: run from the repository root")
+
+
+CHECKS = {"ppo": ppo_figures, "rm": rm_figures, "agent_calc": agent_calc_figures, "data_file": data_file_figures}
 
 
 def table(figures: list[Figure]) -> str:

@@ -27,7 +27,7 @@ CALL_TIMEOUT_S = 300.0
 #: the defaults a data file brings in place of the addition task's (a real model's answers are
 #: sentences, not one digit; a pretrained policy needs no entropy bonus to keep exploring); a
 #: setting given explicitly wins
-DATA_DEFAULTS: dict[str, Any] = {"max_new_tokens": 256, "entropy_coeff": 0.0, "kl_coef": 0.001, "prompts_per_step": 16}
+DATA_DEFAULTS: dict[str, Any] = {"max_new_tokens": 64, "entropy_coeff": 0.0, "kl_coef": 0.001, "prompts_per_step": 16}
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class FlowConfig:
     """Settings every built-in RL flow reads (`--config FILE`, `--set key=value`). The `#:` comment
     above a field is its description: docs/configuration.md's key tables are generated from them.
 
-    With a data file the defaults of DATA_DEFAULTS apply (256 new tokens, no entropy bonus, PPO's
+    With a data file the defaults of DATA_DEFAULTS apply (64 new tokens, no entropy bonus, PPO's
     in-reward KL at 0.001, 16 prompts a step), and the default reward scores its rows with the
     generic numeric reward (hfrt.flows.tasks).
     """

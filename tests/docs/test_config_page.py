@@ -76,9 +76,9 @@ def test_the_defaults_a_data_file_brings_are_the_pages() -> None:
     """docs/configuration.md, "Defaults that follow the data": the figures it states."""
     from hfrt.flows.config import DATA_DEFAULTS
 
-    assert DATA_DEFAULTS == {"max_new_tokens": 256, "entropy_coeff": 0.0, "kl_coef": 0.001, "prompts_per_step": 16}
+    assert DATA_DEFAULTS == {"max_new_tokens": 64, "entropy_coeff": 0.0, "kl_coef": 0.001, "prompts_per_step": 16}
     text = " ".join(PAGE.read_text().split())
-    assert ("default to 256 new tokens, no entropy bonus, PPO's KL 0.001 and 16 prompts a step") in text
+    assert ("default to 64 new tokens, no entropy bonus, PPO's KL 0.001 and 16 prompts a step") in text
 
 
 def test_every_role_option_table_is_on_the_page_with_its_fields_comments() -> None:

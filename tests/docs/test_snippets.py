@@ -164,7 +164,7 @@ def test_run_config_block_is_valid(block: Block, tmp_path: Path) -> None:
     (tmp_path / "run.toml").write_text(block.text)
     rc = runconfig.build(flow.roles, file=tmp_path / "run.toml", sets=["steps=300"])
     assert rc.flow.get("steps") == 300
-    flow.check({k: v for k, v in rc.flow.items() if k != "data"})  # the data file is the reader's own
+    flow.check({k: v for k, v in rc.flow.items() if k not in ("data", "val_data")})  # data files are the reader's own
     runconfig.check_role_options(rc.roles)
 
 

@@ -18,7 +18,7 @@ def test_a_data_file_brings_its_own_defaults_and_explicit_settings_win(tmp_path:
     toy = PPOConfig.read({})
     assert (toy.max_new_tokens, toy.entropy_coeff) == (2, 0.01)  # the addition task's
     real = PPOConfig.read({"data": str(data)})
-    assert real.max_new_tokens == DATA_DEFAULTS["max_new_tokens"] == 256 and real.entropy_coeff == 0.0
+    assert real.max_new_tokens == DATA_DEFAULTS["max_new_tokens"] == 64 and real.entropy_coeff == 0.0
     mine = GRPOFlowConfig.read({"data": str(data), "max_new_tokens": 64, "entropy_coeff": 0.001})
     assert (mine.max_new_tokens, mine.entropy_coeff) == (64, 0.001)
 
