@@ -23,7 +23,7 @@ from hfrt.bench.common import add_output_flags, emit, machine
 from hfrt.control.controller import Controller
 from hfrt.deploy.launchers.base import DaemonSpec
 from hfrt.deploy.launchers.local import LocalLauncher
-from hfrt.flows.agent.openai.server import OpenAIServer
+from hfrt.serve.server import OpenAIServer
 from hfrt.log import configure as configure_logging
 from hfrt.protocols import new_key
 from hfrt.wire.loop import run
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alone", action="store_true", help="also measure a server that sends each request alone (batch_size 1)")
     p.add_argument("--rss-requests", type=int, default=0, help="then send this many requests and report the RSS before/after")
     p.add_argument("--label", default="", help="a name stamped on the result (e.g. which server stack)")
-    p.add_argument("--server", default="hfrt.flows.agent.openai.server:OpenAIServer",
+    p.add_argument("--server", default="hfrt.serve.server:OpenAIServer",
                    help="MODULE:CLASS of the server to measure (e.g. an earlier version's copy, for a before/after figure)")
     p.add_argument("--max-tokens", type=int, default=16, help="max_tokens of every request")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians are reported)")

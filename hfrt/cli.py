@@ -271,7 +271,7 @@ def _launch(args: argparse.Namespace) -> int:
 def _serve_openai(args: argparse.Namespace) -> int:
     from hfrt import log
     from hfrt.flows import Flow
-    from hfrt.flows.agent.openai.server import serve_flow
+    from hfrt.serve.server import serve_flow
     from hfrt.session import run_flow
     from hfrt.signals import Stopped, run_stoppable
     from hfrt.wire.errors import HfrtError
@@ -279,7 +279,7 @@ def _serve_openai(args: argparse.Namespace) -> int:
     log.configure(args.log_level, "console")
     options = {"model": args.model, "seed": args.seed, "generator": args.generator}
     roles = {"rollout": {"impl": "rollout", "world_size": args.ranks, "options": options}}
-    from hfrt.flows.agent.openai.server import ServerLimits, api_key_from
+    from hfrt.serve.server import ServerLimits, api_key_from
 
     limits = ServerLimits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_tokens=args.max_tokens,
                           max_concurrent_requests=args.max_concurrent_requests, request_timeout_s=args.request_timeout_s,

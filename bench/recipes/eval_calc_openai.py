@@ -27,7 +27,7 @@ from typing import Any
 
 from hfrt.flows import Flow
 from hfrt.flows.agent.external import DRIVERS, DriverCall, Episode, load_callable, run_external
-from hfrt.flows.agent.openai.server import OpenAIServer, ServerLimits
+from hfrt.serve.server import OpenAIServer, ServerLimits
 from hfrt.flows.trainer import get_roles
 
 

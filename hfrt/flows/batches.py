@@ -6,21 +6,13 @@ No torch and no bytes: it handles BatchHandle records only; it never pulls a ten
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from hfrt.protocols import BatchHandle
+from hfrt.serve.turns import non_tensor, prompts_handle
 
-
-def prompts_handle(columns: Mapping[str, list[Any]]) -> BatchHandle:
-    """A batch of non-tensor columns made in the controller: one shard that no daemon owns, so the
-    receiving ranks read their rows straight out of the handle."""
-    return BatchHandle.inline(dict(columns))
-
-
-def non_tensor(handle: BatchHandle, name: str) -> list[Any]:
-    """A non-tensor column of a batch handle (carried inline in its shards: no bytes move)."""
-    return [value for shard in handle.shards for value in shard.non_tensor.get(name, [])]
+__all__ = ["concat_rollouts", "non_tensor", "prompts_handle"]
 
 
 def concat_rollouts(parts: Sequence[BatchHandle]) -> BatchHandle:

@@ -134,13 +134,14 @@ def test_the_circle_finder_finds_a_circle() -> None:
 
 #: folder → (module prefixes it must not import, files allowed a lazy import of one, with why)
 RULES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
-    "hfrt.wire": (("hfrt.control", "hfrt.daemon", "hfrt.flows", "hfrt.session", "hfrt.roles", "hfrt.deploy", "torch"), {}),
-    "hfrt.protocols": (("hfrt.wire", "hfrt.control", "hfrt.daemon", "hfrt.flows", "hfrt.roles", "hfrt.deploy", "torch"), {}),
-    "hfrt.control": (("hfrt.daemon", "hfrt.flows", "hfrt.session", "hfrt.roles", "hfrt.deploy", "torch"),
+    "hfrt.wire": (("hfrt.control", "hfrt.daemon", "hfrt.flows", "hfrt.serve", "hfrt.session", "hfrt.roles", "hfrt.deploy", "torch"), {}),
+    "hfrt.protocols": (("hfrt.wire", "hfrt.control", "hfrt.daemon", "hfrt.flows", "hfrt.serve", "hfrt.roles", "hfrt.deploy", "torch"), {}),
+    "hfrt.control": (("hfrt.daemon", "hfrt.flows", "hfrt.serve", "hfrt.session", "hfrt.roles", "hfrt.deploy", "torch"),
                      {"hfrt.control.fetch": "Controller.fetch rebuilds tensors on purpose, importing torch only then"}),
-    "hfrt.daemon": (("hfrt.control", "hfrt.flows", "hfrt.session", "hfrt.roles", "hfrt.deploy"), {}),
+    "hfrt.daemon": (("hfrt.control", "hfrt.flows", "hfrt.serve", "hfrt.session", "hfrt.roles", "hfrt.deploy"), {}),
     "hfrt.flows": (("hfrt.roles", "hfrt.daemon", "hfrt.session", "hfrt.deploy", "torch"), {}),
-    "hfrt.roles": (("hfrt.control", "hfrt.flows", "hfrt.session", "hfrt.deploy", "hfrt.bench"), {}),
+    "hfrt.serve": (("hfrt.flows", "hfrt.roles", "hfrt.daemon", "hfrt.session", "hfrt.deploy", "torch"), {}),
+    "hfrt.roles": (("hfrt.control", "hfrt.flows", "hfrt.serve", "hfrt.session", "hfrt.deploy", "hfrt.bench"), {}),
     "hfrt.deploy": (("hfrt.control", "hfrt.daemon", "hfrt.session", "hfrt.roles.", "torch"), {}),
 }
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_controller_side_does_not_import_torch() -> None:
     code = (
         "import sys, hfrt, hfrt.control.controller, hfrt.control.group, hfrt.session, hfrt.cli, hfrt.flows, hfrt.flows.recipes.ping, "
-        "hfrt.protocols, hfrt.deploy\n"
+        "hfrt.protocols, hfrt.deploy, hfrt.serve.server, hfrt.serve.app\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -38,7 +38,7 @@ def failing_driver(call: Any) -> Any:
 @pytest.mark.asyncio
 async def test_a_failing_or_slow_driver_ends_only_its_own_conversation() -> None:
     from hfrt.flows.agent.external import DriverCall, episode_metrics, run_external
-    from hfrt.flows.agent.openai.server import OpenAIServer
+    from hfrt.serve.server import OpenAIServer
 
     async with OpenAIServer(object(), model="policy") as server:
         call = DriverCall(server.url, "", "policy", "", {}, max_tokens=8, temperature=1.0, max_steps=1, timeout_s=0.5)

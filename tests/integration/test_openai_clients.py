@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from hfrt.flows.agent.openai.server import OpenAIServer, ServerLimits
+from hfrt.serve.server import OpenAIServer, ServerLimits
 from hfrt.flows.batches import non_tensor
 from hfrt.protocols import BatchHandle
 

@@ -25,8 +25,8 @@ import pytest_asyncio
 
 from hfrt.deploy.launchers.base import DaemonSpec
 from hfrt.flows.agent.loop import assemble
-from hfrt.flows.agent.openai.server import OpenAIServer, ServerLimits
-from hfrt.flows.agent.openai.sessions import SessionDrift
+from hfrt.serve.server import OpenAIServer, ServerLimits
+from hfrt.serve.sessions import SessionDrift
 from tests.support import local_cluster
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from hfrt.deploy.launchers.base import DaemonSpec
-from hfrt.flows.agent.openai.server import OpenAIServer
+from hfrt.serve.server import OpenAIServer
 from tests.support import local_cluster
 
 openai = pytest.importorskip("openai", reason="the openai client is in the `test` extra (pip install openai)")

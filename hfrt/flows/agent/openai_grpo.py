@@ -21,8 +21,8 @@ from typing import Any
 from hfrt.flows.agent.external import DRIVERS, DriverCall, Episode, dump_trajectories, episode_metrics, load_callable, run_external
 from hfrt.flows.agent.grpo import ROLES, AgentGRPOConfig, PushCounter, agent_samples, prompt_columns, roles_for
 from hfrt.flows.agent.loop import agent_metrics, assemble
-from hfrt.flows.agent.openai.server import OpenAIServer, ServerLimits
-from hfrt.flows.agent.openai.tools import parser_for
+from hfrt.serve.server import OpenAIServer, ServerLimits
+from hfrt.serve.tools import parser_for
 from hfrt.flows.async_steps import run_and_close
 from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.grpo_family import train_on

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfrt.flows.agent.openai.api import TurnRequest
-from hfrt.flows.agent.openai.tools import parser_for
+from hfrt.serve.api import TurnRequest
+from hfrt.serve.tools import parser_for
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from hfrt.flows.agent.loop import TurnBatcher
+from hfrt.serve.turns import TurnBatcher
 from tests.flows.test_agent_loop import ScriptedRollout
 
 pytestmark = pytest.mark.timeout(30)

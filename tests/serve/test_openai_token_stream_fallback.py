@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from hfrt.control.streams import CallStream
-from hfrt.flows.agent.openai.server import OpenAIServer, ServerLimits
+from hfrt.serve.server import OpenAIServer, ServerLimits
 from hfrt.wire.errors import RemoteError
 
 pytest.importorskip("openai", reason="the scripted role lives beside the openai client tests")

@@ -2,7 +2,7 @@
 sampled ids, log-probs, weight version), and the Trajectory they make when every call's prompt
 extends the previous call's prompt and output token for token.
 
-Pure logic: it knows hfrt.flows.agent.loop.Trajectory and nothing of HTTP, OpenAI fields or rewards.
+Pure logic: it knows hfrt.serve.turns.Trajectory and nothing of HTTP, OpenAI fields or rewards.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfrt.flows.agent.loop import Trajectory
+from hfrt.serve.turns import Trajectory
 
 
 class SessionDrift(ValueError):

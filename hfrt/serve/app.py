@@ -23,12 +23,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from hfrt.flows.agent.openai.api import error_body, parse_body
-from hfrt.flows.agent.openai.errors import ApiError, BadRequest
-from hfrt.flows.agent.openai.framing import protocol
-from hfrt.flows.agent.openai.responses import models_body
-from hfrt.flows.agent.openai.schema import openapi_schema
 from hfrt.log import get_logger
+from hfrt.serve.api import error_body, parse_body
+from hfrt.serve.errors import ApiError, BadRequest
+from hfrt.serve.framing import protocol
+from hfrt.serve.responses import models_body
+from hfrt.serve.schema import openapi_schema
 
 #: what the app serves: an OpenAIServer (limits, api_key, model, requests, chat_turn, completion_turn, complete)
 OpenAIServer = Any

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hfrt.flows.agent.openai.api import BadRequest, chat_request
-from hfrt.flows.agent.openai.server import api_key_from
-from hfrt.flows.agent.openai.sessions import Session, SessionCall, build_trajectories
-from hfrt.flows.agent.openai.tools import check_tool_choice, check_tools, parser_for
+from hfrt.serve.api import BadRequest, chat_request
+from hfrt.serve.server import api_key_from
+from hfrt.serve.sessions import Session, SessionCall, build_trajectories
+from hfrt.serve.tools import check_tool_choice, check_tools, parser_for
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
 TOOLS = check_tools([ADD, {"type": "function", "function": {"name": "mul"}}])
@@ -88,7 +88,7 @@ def test_a_re_rendered_session_splits_into_exact_trajectories() -> None:
 
 
 def test_loopback_hosts_are_told_apart() -> None:
-    from hfrt.flows.agent.openai.app import is_loopback
+    from hfrt.serve.app import is_loopback
 
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "example.org"))

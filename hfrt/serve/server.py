@@ -1,6 +1,6 @@
 """An OpenAI-compatible HTTP endpoint on the rollout role, for external agent frameworks:
 GET /v1/models, POST /v1/completions, POST /v1/chat/completions (tools, n, streaming, logprobs),
-served by Starlette on uvicorn (hfrt.flows.agent.openai.app). Concurrent requests are batched
+served by Starlette on uvicorn (hfrt.serve.app). Concurrent requests are batched
 into generate_turn calls (TurnBatcher); responses carry the exact prompt and sampled token ids,
 their log-probs and the weight version; requests with a session id (header X-Session-Id, or the
 `user` field) are recorded so `trajectory(session)` gives the Trajectory to train on.
@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from hfrt.flows.agent.loop import AgentGenerationError, Trajectory, TurnBatcher
-from hfrt.flows.agent.openai.api import ApiError, BadRequest, Limits, TurnRequest, _message, chat_request, completion_request
-from hfrt.flows.agent.openai.responses import TurnResult, chat_body, completion_body, end_events, event_stream, stream_head, token_events
-from hfrt.flows.agent.openai.sessions import Session, SessionCall, build_trajectories, build_trajectory
-from hfrt.flows.agent.openai.tools import parser_for
-from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.log import get_logger
+from hfrt.serve.api import ApiError, BadRequest, Limits, TurnRequest, _message, chat_request, completion_request
+from hfrt.serve.responses import TurnResult, chat_body, completion_body, end_events, event_stream, stream_head, token_events
+from hfrt.serve.sessions import Session, SessionCall, build_trajectories, build_trajectory
+from hfrt.serve.tools import parser_for
+from hfrt.serve.turns import TURN_TIMEOUT_S, AgentGenerationError, Trajectory, TurnBatcher
 from hfrt.wire.errors import CallTimeout, DaemonGone, RemoteError
 
 #: remote error types that mean the request's input was refused (a 400, not a server fault)
@@ -82,7 +81,7 @@ class OpenAIServer:
     def __init__(self, rollout: Any, *, host: str = "127.0.0.1", port: int = 0, model: str = "hfrt",
                  batch_size: int = 64, flush_after_s: float = 0.02, idle_flush: bool = False, limits: ServerLimits | None = None,
                  api_key: str | None = None, tool_parser: str = "hermes", max_sessions: int = 10_000,
-                 timeout_s: float = CALL_TIMEOUT_S) -> None:
+                 timeout_s: float = TURN_TIMEOUT_S) -> None:
         self.rollout, self.model, self.limits = rollout, model, limits or ServerLimits()
         self.tool_parser = parser_for(tool_parser).name
         self.api_key = api_key or None
@@ -111,7 +110,7 @@ class OpenAIServer:
         return self.batcher.calls + self._long.calls + self._alone.calls
 
     async def __aenter__(self) -> OpenAIServer:
-        from hfrt.flows.agent.openai.app import HttpServer  # Starlette and uvicorn load with the server, not the API logic
+        from hfrt.serve.app import HttpServer  # Starlette and uvicorn load with the server, not the API logic
 
         self._http = HttpServer(self, self.host, self.port)
         self.port = await self._http.start()

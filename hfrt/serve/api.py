@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfrt.flows.agent.openai.errors import ApiError, BadRequest
-from hfrt.flows.agent.openai.tools import Tool, check_tool_choice, check_tools, parser_for
+from hfrt.serve.errors import ApiError, BadRequest
+from hfrt.serve.tools import Tool, check_tool_choice, check_tools, parser_for
 
 #: chat roles passed to the chat template
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from hfrt.flows.agent.loop import AgentGenerationError, TurnBatcher
-from hfrt.flows.agent.openai.api import ApiError, BadRequest
-from hfrt.flows.agent.openai.server import OpenAIServer, http_error
+from hfrt.serve.turns import AgentGenerationError, TurnBatcher
+from hfrt.serve.api import ApiError, BadRequest
+from hfrt.serve.server import OpenAIServer, http_error
 from hfrt.wire.errors import DaemonGone, RemoteError
 from tests.flows.test_agent_loop import ScriptedRollout
 
@@ -109,6 +109,6 @@ def test_the_server_side_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, hfrt.flows.agent.openai.server, hfrt.flows.agent.openai.app, hfrt.cli\nassert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
+    code = "import sys, hfrt.serve.server, hfrt.serve.app, hfrt.cli\nassert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from hfrt.flows.agent.openai.api import BadRequest, chat_request, completion_request, error_body, parse_body
-from hfrt.flows.agent.openai.responses import TurnResult, chat_body, completion_body, event_stream
-from hfrt.flows.agent.openai.sessions import Session, SessionCall, SessionDrift, build_trajectory
+from hfrt.serve.api import BadRequest, chat_request, completion_request, error_body, parse_body
+from hfrt.serve.responses import TurnResult, chat_body, completion_body, event_stream
+from hfrt.serve.sessions import Session, SessionCall, SessionDrift, build_trajectory
 
 
 def test_completion_request_forms() -> None:

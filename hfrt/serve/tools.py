@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hfrt.flows.agent.openai.errors import BadRequest
+from hfrt.serve.errors import BadRequest
 
 
 def _bad(param: str, message: str) -> Exception:
