@@ -49,7 +49,7 @@ def _gathers(run: Any) -> tuple[Any, int]:
 def one_update(
     family: str, tp: int, pp: int, tied: bool = False, schedule: str = "1f1b", extra: str = ""
 ) -> dict[str, Any]:
-    """Log-probs (a critic's values) and entropy before, then one PPO (value) step on this dp
+    """Log-probs (a critic's values), entropy and Σπ² before, then one PPO (value) step on this dp
     rank's rows: loss, grad norm, full gradients and full weights after (rank 0 keeps the tensors).
     family "critic-<f>" is f's decoder stack with a value head; extra "lp": loss_parallel (the
     forward's DTensor all-gathers are counted), "bf16": bf16 compute (pipeline shapes inferred),
@@ -59,12 +59,13 @@ def one_update(
                      loss_parallel=extra == "lp", precision="bf16" if extra == "bf16" else "fp32",
                      sequence_parallel=extra == "sp")  # fmt: skip
     batch = rows_for(make_batch(128), engine.dp_rank, engine.dp_size)
-    entropy, gathers = None, 0
+    entropy, sum_pi_squared, gathers = None, None, 0
     if value:
         log_probs = engine.forward_values(batch)
     else:
         log_probs, gathers = _gathers(lambda: engine.forward_logprobs(batch))
-        entropy = engine.forward(batch, with_entropy=True).entropy
+        both = engine.forward(batch, with_entropy=True, with_sum_pi_squared=True)
+        entropy, sum_pi_squared = both.entropy, both.sum_pi_squared
     metrics = engine.step(model_zoo.value_loss_fn if value else ppo_loss, batch, micro_batch_size=2)
     # A gradient split over dp and tp at once is not gathered here (two DTensor all-gathers per
     # tensor); at those layouts the gradient norm and the weights after the step carry the check.
@@ -76,6 +77,7 @@ def one_update(
         "coords": (engine.tp_rank, engine.pp_rank, engine.dp_rank),
         "log_probs": log_probs,
         "entropy": entropy,
+        "sum_pi_squared": sum_pi_squared,
         "gathers": gathers,
         "metrics": metrics,
         "grads": grads if keep else None,

@@ -1,9 +1,9 @@
 """The TP × PP × DP training engine on torch's own parallelism (DTensor TP from each model's
 transformers plan, torch.distributed.pipelining, FSDP2, DCP) against one process: every model
-family at t2p1d1, t1p2d1, t1p1d2, t2p2d1 and t2p1d2 — log-probs, loss, gradients and weights after
-one PPO update — the interleaved 1F1B schedule (2 stages per pipeline rank) at t1p2d1 for three
-families and at t2p2d1 / t1p2d2 (FSDP) for some, plus checkpoints moved across layouts (through an
-interleaved layout too) and the refusals before launch.
+family at t2p1d1, t1p2d1, t1p1d2, t2p2d1 and t2p1d2 — log-probs, entropy and Σπ², loss, gradients
+and weights after one PPO update — the interleaved 1F1B schedule (2 stages per pipeline rank) at
+t1p2d1 for three families and at t2p2d1 / t1p2d2 (FSDP) for some, plus checkpoints moved across
+layouts (through an interleaved layout too) and the refusals before launch.
 
 Two spawns (2 and 4 real ranks, gloo) run every rank-side case; the tests read their results.
 """
@@ -66,11 +66,13 @@ def references() -> dict[tuple[str, bool], dict[str, Any]]:
         engine = build_train_engine(model, EngineConfig(backend="local", micro_batch_size=2, optim=OptimConfig(lr=1e-2, eps=1e-3)))
         batch = make_batch(128)
         log_probs = engine.forward_values(batch) if value else engine.forward_logprobs(batch)
-        entropy = None if value else engine.forward(batch, with_entropy=True).entropy
+        both = None if value else engine.forward(batch, with_entropy=True, with_sum_pi_squared=True)
+        entropy, sum_pi_squared = (None, None) if both is None else (both.entropy, both.sum_pi_squared)
         metrics = engine.step(model_zoo.value_loss_fn if value else ppo_loss, batch, micro_batch_size=2)
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         weights = {n: p.detach().clone() for n, p in model.named_parameters()}
-        out[(family, tied)] = {"log_probs": log_probs, "entropy": entropy, "metrics": metrics, "grads": grads, "weights": weights}
+        out[(family, tied)] = {"log_probs": log_probs, "entropy": entropy, "sum_pi_squared": sum_pi_squared, "metrics": metrics,
+                               "grads": grads, "weights": weights}  # fmt: skip
     return out
 
 
@@ -103,8 +105,8 @@ def test_one_update_equals_one_process(
         rows = slice(d * per, (d + 1) * per)
         diff = (res["log_probs"] - ref["log_probs"][rows]) * mask[rows]
         assert float(diff.abs().max()) < TOL, (rank, "log-probs")
-        if ref["entropy"] is not None:
-            assert float(((res["entropy"] - ref["entropy"][rows]) * mask[rows]).abs().max()) < TOL, (rank, "entropy")
+        for name in ("entropy", "sum_pi_squared") if ref["entropy"] is not None else ():
+            assert float(((res[name] - ref[name][rows]) * mask[rows]).abs().max()) < TOL, (rank, name)
         if loss_parallel:  # the [tokens, vocabulary] logits were never gathered; without it the head gathers them
             assert res["gathers"] == 0, (rank, res["gathers"])
         elif tp > 1 and pp == 1 and not tied:

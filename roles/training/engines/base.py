@@ -1,9 +1,12 @@
 """The training-engine contract and the parts every backend shares: configs, micro-batching,
-log-prob / value forward, the step loop with global loss scaling, atomic checkpoint folders.
+the forward and step loops (arguments, loss scaling, metrics, the optimizer step, step counting,
+defined once here), atomic checkpoint folders.
 
-A backend (local, FSDP2, DeepSpeed) supplies only backward, optimizer step, per-bucket weight
-gathering and checkpoint I/O. This module knows nothing of RL losses (the caller passes a loss
-function), of generation, or of messages and handles.
+A backend (local, FSDP2, DeepSpeed, TP × PP) supplies only hooks: the module to call, backward,
+optimizer step, per-bucket weight gathering, checkpoint I/O, and where it runs a pass its own way
+(the pipeline schedule) the pass itself; forward and step are this class's alone, so every engine
+takes the same arguments. One micro-batch's model call is engines/model_pass.py. This module knows
+nothing of RL losses (the caller passes a loss function), of generation, or of messages and handles.
 
 Batch layout (verl's): a mapping of tensors with a common first dimension —
   input_ids [B, T]        prompt (left-padded) followed by response (right-padded)
@@ -30,9 +33,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hfrt.roles.losses import LossScale, entropy_from_logits
+from hfrt.roles.losses import LossScale
 from hfrt.roles.models import ValueModel, replace_folder
 from hfrt.roles.training import batching
+from hfrt.roles.training.engines.model_pass import ForwardOutput as ForwardOutput
+from hfrt.roles.training.engines.model_pass import PassOptions as PassOptions
+from hfrt.roles.training.engines.model_pass import expanded, in_row_order
+from hfrt.roles.training.engines.model_pass import model_forward as model_forward
+from hfrt.roles.training.engines.model_pass import position_ids_from_mask as position_ids_from_mask
+from hfrt.roles.training.engines.model_pass import token_log_probs as token_log_probs
 from hfrt.roles.training.engines.optim import OptimConfig as OptimConfig
 from hfrt.roles.training.engines.optim import build_optimizer as build_optimizer
 from hfrt.roles.training.engines.optim import lr_multiplier as lr_multiplier
@@ -41,17 +50,6 @@ from hfrt.roles.training.engines.optim import optimizer_and_scheduler as optimiz
 Batch = Mapping[str, torch.Tensor]
 #: backends whose checkpoints are one DCP folder by parameter name: each loads the other's, at any layout
 DCP_BACKENDS = frozenset({"fsdp2", "tp"})
-
-
-@dataclass
-class ForwardOutput:
-    """What one forward pass yields, each [B, R] or None when not requested / not applicable."""
-
-    log_probs: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-    #: Σ_v π_v² per position (the optimal token baseline's input), when asked for
-    sum_pi_squared: torch.Tensor | None = None
 
 
 #: loss_fn(output, micro_batch, scale) → (loss share, metrics). See hfrt.roles.losses for `scale`.
@@ -118,81 +116,29 @@ def split_micro(batch: Batch, size: int) -> list[dict[str, torch.Tensor]]:
     return [{k: v[start : start + size] for k, v in batch.items()} for start in range(0, rows, size)]
 
 
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """0-based positions counting only real tokens (left padding gets position 0)."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+class LossTally:
+    """One training pass's report on this rank: the loss shares summed, loss_fn's metrics averaged
+    over the pass's `micro_batches` (TrainEngine.step then averages both over ranks)."""
 
+    def __init__(self, micro_batches: int) -> None:
+        self.micro_batches = micro_batches
+        self.total = 0.0
+        self.extra: dict[str, float] = {}
 
-def _model_inputs(mb: Batch, device: torch.device) -> dict[str, torch.Tensor]:
-    mask = mb["attention_mask"].to(device)
-    pos = mb.get("position_ids")
-    return {
-        "input_ids": mb["input_ids"].to(device),
-        "attention_mask": mask,
-        "position_ids": (pos if pos is not None else position_ids_from_mask(mask)).to(device),
-    }
+    def add(self, loss: torch.Tensor, metrics: Mapping[str, Any]) -> None:
+        self.total += float(loss.detach())
+        for key, value in metrics.items():
+            self.extra[key] = self.extra.get(key, 0.0) + float(value) / self.micro_batches
 
-
-def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[tokens] in fp32, without keeping a second [.., vocab] tensor alive."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(logits, DTensor):  # a vocabulary-sharded head (tp loss_parallel)
-        from hfrt.roles.training.parallel import vocab
-
-        return vocab.token_log_probs(logits, tokens)
-    logits = logits.float()
-    picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
-def model_forward(
-    module: nn.Module,
-    mb: Batch,
-    *,
-    device: torch.device,
-    is_value: bool,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    with_sum_pi_squared: bool = False,
-) -> ForwardOutput:
-    """Log-probs (+ entropy, + Σπ²) of `responses`, or values at response positions, for one
-    micro-batch: [rows, R], or [1, N] for a packed one (batching.packed: no attention mask, the
-    logits read at its PACKED_POSITIONS)."""
-    packed_at = mb.get(batching.PACKED_POSITIONS)
-    if packed_at is not None:
-        inputs = {"input_ids": mb["input_ids"].to(device), "position_ids": mb["position_ids"].to(device)}
-        packed_at = packed_at.to(device)
-    else:
-        inputs = _model_inputs(mb, device)
-    width = int(mb["responses"].shape[1])
-    if is_value:
-        values = module(**inputs)
-        return ForwardOutput(values=(values[:, packed_at] if packed_at is not None else values[:, -width - 1 : -1]).float())
-    # The LM head only where a response token is predicted (the last width + 1 positions, the
-    # very last dropped): prompt positions' [vocab] logits are never made.
-    if packed_at is not None:
-        logits = module(**inputs, use_cache=False, logits_to_keep=packed_at).logits
-    else:
-        logits = module(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1]
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    out = ForwardOutput(log_probs=token_log_probs(logits, mb["responses"].to(device)))
-    if with_entropy:
-        out.entropy = entropy_from_logits(logits)
-    if with_sum_pi_squared:
-        out.sum_pi_squared = torch.softmax(logits.float(), dim=-1).square().sum(dim=-1)
-    return out
-
-
-def _expanded(micro: batching.Micro, out: ForwardOutput, cpu: bool = False) -> ForwardOutput:
-    """`out` of a trimmed or packed micro-batch at the batch's full width [rows, R] (zeros where
-    the rows had no real column), on the CPU when asked."""
-    parts = [micro.expand(t) for t in (out.log_probs, out.entropy, out.values, out.sum_pi_squared)]
-    return ForwardOutput(*(t.cpu() if cpu and t is not None else t for t in parts))
+    def metrics(self) -> dict[str, float]:
+        return {"loss": self.total, **self.extra}
 
 
 # ------------------------------------------------------------------------------------ engine
+
+#: what TrainEngine alone defines: every engine takes the same arguments (an engine overrides hooks)
+CONTRACT = frozenset({"forward", "step"})
+
 
 
 class TrainEngine(ABC):
@@ -256,7 +202,16 @@ class TrainEngine(ABC):
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
-    # ---- forward
+    # ---- the contract: forward and step are this class's, for every engine
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if owned := sorted(CONTRACT & set(vars(cls))):
+            raise TypeError(
+                f"{cls.__qualname__} defines {' and '.join(owned)}: TrainEngine owns forward and step (their arguments, "
+                "the loss scale, the metrics, the optimizer step); an engine overrides the hooks "
+                "(_pass_context, _forward_pass, _train_pass, _backward, _optimizer_step, ...) instead"
+            )
+
     @torch.no_grad()
     def forward(
         self,
@@ -267,29 +222,48 @@ class TrainEngine(ABC):
         with_entropy: bool = False,
         with_sum_pi_squared: bool = False,
     ) -> ForwardOutput:
-        """Evaluation-mode forward over the whole batch in micro-batches; results on CPU."""
+        """Evaluation-mode forward over the whole batch in micro-batches; results on CPU, [rows, R]:
+        a causal LM's log-probs of `responses` at `temperature`, with the entropy and Σ_v π_v² of
+        each position when asked; a value model's values."""
+        options = PassOptions(temperature, with_entropy, with_sum_pi_squared)
+        with self._pass_context():
+            return self._forward_pass(batch, micro_batch_size, options)
+
+    # ---- pass hooks: how one pass runs (an engine with pipeline stages runs its schedule instead)
+    def _pass_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Entered around each forward pass and each training pass (its forwards and backwards)."""
+        return contextlib.nullcontext()
+
+    def _forward_pass(self, batch: Batch, micro_batch_size: int | None, options: PassOptions) -> ForwardOutput:
+        """`batch`'s outputs on the CPU at full width, in row order: each micro-batch through
+        forward_module in evaluation mode."""
         module = self.forward_module
         module.eval()
         micros = self.micro_batches(batch, micro_batch_size)
         outs = []
         for micro in micros:
             with self._autocast():
-                out = model_forward(
-                    module,
-                    micro.inputs,
-                    device=self.device,
-                    is_value=self.is_value,
-                    temperature=temperature,
-                    with_entropy=with_entropy,
-                    with_sum_pi_squared=with_sum_pi_squared,
-                )
-            outs.append(_expanded(micro, out, cpu=True))
-        return ForwardOutput(
-            log_probs=batching.in_row_order(micros, [o.log_probs for o in outs]),
-            entropy=batching.in_row_order(micros, [o.entropy for o in outs]),
-            values=batching.in_row_order(micros, [o.values for o in outs]),
-            sum_pi_squared=batching.in_row_order(micros, [o.sum_pi_squared for o in outs]),
-        )
+                out = model_forward(module, micro.inputs, device=self.device, is_value=self.is_value, options=options)
+            outs.append(expanded(micro, out, cpu=True))
+        return in_row_order(micros, outs)
+
+    def _train_pass(
+        self, loss_fn: LossFn, batch: Batch, micro_batch_size: int | None, scale: LossScale, options: PassOptions
+    ) -> dict[str, float]:
+        """Forward and backward of each micro-batch of `batch` in training mode, gradients
+        accumulated; this rank's {"loss": summed shares, **loss_fn's metrics averaged} (LossTally)."""
+        micros = self.micro_batches(batch, micro_batch_size)
+        module = self.forward_module
+        module.train()
+        tally = LossTally(len(micros))
+        for part in micros:
+            mb = {k: v[part.rows].to(self.device) for k, v in batch.items()}  # the loss reads full-width columns
+            with self._autocast():
+                out = model_forward(module, part.inputs, device=self.device, is_value=self.is_value, options=options)
+                loss, metrics = loss_fn(expanded(part, out), mb, scale)
+            self._backward(loss)
+            tally.add(loss, metrics)
+        return tally.metrics()
 
     #: rows that must share a micro-batch, in order (a reward model's chosen / rejected pairs)
     rows_together: int = 1
@@ -346,7 +320,8 @@ class TrainEngine(ABC):
         temperature: float = 1.0,
         with_entropy: bool = False,
     ) -> dict[str, float]:
-        """One optimizer step over this rank's `batch`, accumulated over micro-batches.
+        """One optimizer step over this rank's `batch`, accumulated over micro-batches, the loss
+        reading log-probs at `temperature` (and the entropy with with_entropy).
 
         loss_fn returns each micro-batch's share of the global loss (hfrt.roles.losses.agg_loss with
         the given LossScale does this); the engine sums shares and backends average gradients
@@ -354,35 +329,14 @@ class TrainEngine(ABC):
         """
         if not self.config.trainable:
             raise RuntimeError("this engine was built with trainable=False (no optimizer)")
+        options = PassOptions(temperature, with_entropy)
         scale = self.loss_scale(batch)
-        micro = self.micro_batches(batch, micro_batch_size)
-        module = self.forward_module
-        module.train()
         self._zero_grad()
-        total = torch.zeros((), dtype=torch.float64)
-        extra: dict[str, float] = {}
-        for part in micro:
-            mb = {k: v[part.rows].to(self.device) for k, v in batch.items()}  # the loss reads full-width columns
-            with self._autocast():
-                out = model_forward(
-                    module,
-                    part.inputs,
-                    device=self.device,
-                    is_value=self.is_value,
-                    temperature=temperature,
-                    with_entropy=with_entropy,
-                )
-                loss, metrics = loss_fn(_expanded(part, out), mb, scale)
-            self._backward(loss)
-            total += loss.detach().double().cpu()
-            for key, value in metrics.items():
-                extra[key] = extra.get(key, 0.0) + float(value) / len(micro)
+        with self._pass_context():
+            metrics = self._train_pass(loss_fn, batch, micro_batch_size, scale, options)
         grad_norm = self._optimizer_step()
         self.steps += 1
-        return self._reduce_metrics({"loss": total.item(), **extra}) | {
-            "grad_norm": grad_norm,
-            "lr": self.current_lr(),
-        }
+        return self._reduce_metrics(metrics) | {"grad_norm": grad_norm, "lr": self.current_lr()}
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
         if self.dp_size > 1:

@@ -11,20 +11,21 @@ from typing import Any
 import torch
 
 from hfrt.roles.losses import LossScale
-from hfrt.roles.training.engines.base import ForwardOutput, LossFn
+from hfrt.roles.training.engines.base import LossFn, LossTally, PassOptions
 
 
 class Shares:
     """The pipeline's loss function: the caller's loss on the rows of one micro-batch (padding rows,
-    index -1, dropped), with the loss and metrics summed for the step's report."""
+    index -1, dropped), the last stage's outputs read as `options` made them (PassOptions.pack),
+    with the loss and metrics tallied for the step's report."""
 
     def __init__(
-        self, loss_fn: LossFn, batch: Mapping[str, torch.Tensor], scale: LossScale, is_value: bool, n: int, probes: int = 0
-    ) -> None:
-        self.loss_fn, self.batch, self.scale, self.is_value, self.n = loss_fn, batch, scale, is_value, n
+        self, loss_fn: LossFn, batch: Mapping[str, torch.Tensor], scale: LossScale, options: PassOptions, is_value: bool,
+        n: int, probes: int = 0,
+    ) -> None:  # fmt: skip
+        self.loss_fn, self.batch, self.scale, self.options, self.is_value = loss_fn, batch, scale, options, is_value
         self.probes = probes  # leading calls that only probe shapes (torch's dynamic-shape inference)
-        self.total = 0.0
-        self.extra: dict[str, float] = {}
+        self.tally = LossTally(n)
 
     def __call__(self, output: Any, index: torch.Tensor) -> torch.Tensor:
         if self.probes:
@@ -35,17 +36,11 @@ class Shares:
             return (output[0] if isinstance(output, tuple) else output).sum() * 0.0
         rows = index[keep]
         mb = {k: v[rows] for k, v in self.batch.items()}
-        if self.is_value:
-            out = ForwardOutput(values=output[keep])
-        elif isinstance(output, tuple):
-            out = ForwardOutput(log_probs=output[0][keep], entropy=output[1][keep])
-        else:
-            out = ForwardOutput(log_probs=output[keep])
+        parts = output if isinstance(output, tuple) else (output,)
+        out = self.options.unpack(tuple(p[keep] for p in parts), self.is_value)
         loss, metrics = self.loss_fn(out, mb, self.scale)
-        self.total += float(loss.detach())
-        for key, value in metrics.items():
-            self.extra[key] = self.extra.get(key, 0.0) + float(value) / self.n
+        self.tally.add(loss, metrics)
         return loss
 
     def metrics(self) -> dict[str, float]:
-        return {"loss": self.total, **self.extra}
+        return self.tally.metrics()

@@ -33,12 +33,14 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
+from hfrt.roles.losses import LossScale
 from hfrt.roles.models import ValueModel, transformer_blocks
 from hfrt.roles.training.engines.base import (
     Batch,
     EngineConfig,
     ForwardOutput,
     LossFn,
+    PassOptions,
     TrainEngine,
     _comm_device,
     batch_rows,
@@ -216,7 +218,7 @@ class TPEngine(TrainEngine):
             out[name] = stage_ranks // pieces * stages
         return out
 
-    # ---- forward and training through the pipeline (pp > 1); pp = 1 uses the base class
+    # ---- passes through the pipeline schedule (pp > 1); pp = 1 runs the base class's micro-batch loop
     def _pipeline_batch(self, batch: Batch) -> dict[str, torch.Tensor]:
         out = dict(batch)
         if "position_ids" not in out:
@@ -230,61 +232,42 @@ class TPEngine(TrainEngine):
         # one micro-batch per stage at least (a multiple of pp when interleaved): short ones are padded
         return pipeline.micro_batch_count(rows, size or self.config.micro_batch_size, self.pp_size, self.config.pp_schedule)
 
-    @torch.no_grad()
-    def forward(
-        self, batch: Batch, *, micro_batch_size: int | None = None, temperature: float = 1.0, with_entropy: bool = False
-    ) -> ForwardOutput:
+    def _pass_context(self) -> contextlib.AbstractContextManager[Any]:
+        return vocab.context(self.config.loss_parallel)  # the sharded head's forwards and backwards
+
+    def _forward_pass(self, batch: Batch, micro_batch_size: int | None, options: PassOptions) -> ForwardOutput:
         if self.stage is None:
-            with vocab.context(self.config.loss_parallel):
-                return super().forward(batch, micro_batch_size=micro_batch_size, temperature=temperature, with_entropy=with_entropy)
+            return super()._forward_pass(batch, micro_batch_size, options)
         for stage in self.stages:
             stage.eval()
-            stage.temperature, stage.with_entropy = temperature, with_entropy and not self.is_value
+            stage.options = options
         out = self._run(self._pipeline_batch(batch), micro_batch_size, None)
-        if self.is_value:
-            return ForwardOutput(values=out.cpu())
-        if isinstance(out, tuple):
-            return ForwardOutput(log_probs=out[0].cpu(), entropy=out[1].cpu())
-        return ForwardOutput(log_probs=out.cpu())
+        parts = out if isinstance(out, tuple) else (out,)
+        return options.unpack(tuple(p.cpu() for p in parts), self.is_value)
 
-    def _run(self, batch: Mapping[str, torch.Tensor], micro_batch_size: int | None, loss: Any) -> Any:
-        assert self.stage is not None
-        with vocab.context(self.config.loss_parallel):  # the schedule runs forwards and backwards
-            return pipeline.run_schedule(
-                self.stages, group=self.pp_group, device=self.device, schedule=self.config.pp_schedule, batch=batch,
-                micro_batches=self._micro_batches(batch_rows(batch), micro_batch_size), loss=loss, hidden=self._hidden,
-                seq_shards=self.seq_multiple,
-            )  # fmt: skip
-
-    def step(
-        self,
-        loss_fn: LossFn,
-        batch: Batch,
-        micro_batch_size: int | None = None,
-        *,
-        temperature: float = 1.0,
-        with_entropy: bool = False,
+    def _train_pass(
+        self, loss_fn: LossFn, batch: Batch, micro_batch_size: int | None, scale: LossScale, options: PassOptions
     ) -> dict[str, float]:
         if self.stage is None:
-            with vocab.context(self.config.loss_parallel):  # forward and backward
-                return super().step(loss_fn, batch, micro_batch_size, temperature=temperature, with_entropy=with_entropy)
-        if not self.config.trainable:
-            raise RuntimeError("this engine was built with trainable=False (no optimizer)")
-        scale = self.loss_scale(batch)
+            return super()._train_pass(loss_fn, batch, micro_batch_size, scale, options)
         full = {k: v.to(self.device) for k, v in self._pipeline_batch(batch).items()}
         for stage in self.stages:
             stage.train()
-            stage.temperature, stage.with_entropy = temperature, with_entropy and not self.is_value
-        self._zero_grad()
+            stage.options = options
         n = self._micro_batches(batch_rows(full), micro_batch_size)
         # without static shapes (bf16) torch infers the backward's shapes by calling the loss once
         # on the inference forward's output first (garbage): that call must not count
-        shares = Shares(loss_fn, full, scale, self.is_value, n, probes=1 if self._hidden is None else 0)
+        shares = Shares(loss_fn, full, scale, options, self.is_value, n, probes=1 if self._hidden is None else 0)
         self._run(full, micro_batch_size, shares)
-        metrics = self.from_last_stage(shares.metrics())
-        grad_norm = self._optimizer_step()
-        self.steps += 1
-        return self._reduce_metrics(metrics) | {"grad_norm": grad_norm, "lr": self.current_lr()}
+        return self.from_last_stage(shares.metrics())
+
+    def _run(self, batch: Mapping[str, torch.Tensor], micro_batch_size: int | None, loss: Any) -> Any:
+        assert self.stage is not None
+        return pipeline.run_schedule(
+            self.stages, group=self.pp_group, device=self.device, schedule=self.config.pp_schedule, batch=batch,
+            micro_batches=self._micro_batches(batch_rows(batch), micro_batch_size), loss=loss, hidden=self._hidden,
+            seq_shards=self.seq_multiple,
+        )  # fmt: skip
 
     def from_last_stage(self, value: Any) -> Any:
         """`value` as the last stage computed it (the loss, metrics, loss shares), on every stage."""

@@ -2,12 +2,13 @@
 
 `cut_stage` keeps one stage's decoder layers (parameter-free stand-ins keep the Hugging Face names
 of the rest), `StageModule` is what a `PipelineStage` runs (the first stage embeds `input_ids`,
-later stages take hidden states as `inputs_embeds`; the last one returns per-token log-probs
-(+ entropy) or values at the response positions), and `run_schedule` runs one batch through a
-named schedule (gpipe, 1f1b, or interleaved-1f1b with several stages per rank) for training or
-forward only. Stage boundaries follow `stages.stage_layers` (contiguous, the first stages one layer
-longer; stage s on rank s % pp). It knows nothing of
-losses beyond calling the one it is given, of tensor or data parallelism, or of optimizers.
+later stages take hidden states as `inputs_embeds`; the last one returns per-token log-probs (+
+entropy, + Σπ², as the pass's options ask: engines/model_pass) or values at the response
+positions), and `run_schedule` runs one batch through a named schedule (gpipe, 1f1b, or
+interleaved-1f1b with several stages per rank) for training or forward only. Stage boundaries
+follow `stages.stage_layers` (contiguous, the first stages one layer longer; stage s on rank
+s % pp). It knows nothing of losses beyond calling the one it is given, of tensor or data
+parallelism, or of optimizers.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hfrt.roles.losses import entropy_from_logits
 from hfrt.roles.models import ValueModel
+from hfrt.roles.training.engines.model_pass import PLAIN_PASS, PassOptions, from_logits
 from hfrt.roles.training.parallel.stages import stage_layers
 
 #: schedule names (default "1f1b"); "interleaved-1f1b" holds several stages per rank
@@ -129,8 +130,8 @@ def cut_stage(model: nn.Module, stages: int | list[int], num_stages: int) -> Non
 class StageModule(nn.Module):
     """Pipeline stage `stage` of `num_stages` of `model` (already cut to hold it): forward(x,
     attention_mask, position_ids, responses) → hidden states, or on the last stage log-probs
-    [B, R] (a tuple with entropy when `with_entropy`) or values [B, R]. `temperature` /
-    `with_entropy` are set per call.
+    [B, R] (a tuple with entropy and Σπ² when the options ask: PassOptions.pack) or values [B, R].
+    `options` (the engine's PassOptions) is set per pass.
 
     Several stages of one rank share `model` (interleaved schedules): each registers only its own
     parts — its decoder layers (the others stand-ins, in a list swapped into the decoder for the
@@ -148,8 +149,7 @@ class StageModule(nn.Module):
         self.stage, self.num_stages = stage, num_stages
         self.first, self.last = stage == 0, stage == num_stages - 1
         self.is_value = isinstance(model, ValueModel)
-        self.temperature = 1.0
-        self.with_entropy = False
+        self.options: PassOptions = PLAIN_PASS
         base = base_of(model)
         mine = stage_layers(len(base.layers), num_stages, stage)
         self.layers = nn.ModuleList([layer if i in mine else _Skip() for i, layer in enumerate(base.layers)])
@@ -168,8 +168,6 @@ class StageModule(nn.Module):
     def forward(
         self, x: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, responses: torch.Tensor
     ) -> Any:
-        from hfrt.roles.training.engines.base import token_log_probs
-
         base = base_of(self.lm)
         if not self.first and self.sequence_mesh is not None:
             from torch.distributed.tensor import DTensor, Shard
@@ -190,13 +188,7 @@ class StageModule(nn.Module):
         at = hidden[:, -width - 1 : -1]
         if self.is_value:
             return self.lm.value_head(at).squeeze(-1).float()
-        logits = self.lm.lm_head(at).float()
-        if self.temperature > 0 and self.temperature != 1.0:
-            logits = logits / self.temperature
-        log_probs = token_log_probs(logits, responses)
-        if self.with_entropy:
-            return log_probs, entropy_from_logits(logits)
-        return log_probs
+        return self.options.pack(from_logits(self.lm.lm_head(at).float(), responses, self.options), False)
 
 
 #: loss(output of the last stage for some rows, those rows' indices) → that share of the loss
@@ -272,7 +264,8 @@ def _stage_shapes(
     if not module.last:
         return {"input_args": inputs, "output_args": states, "output_grads": states, **grads_in}
     per_token = torch.empty(rows, width, dtype=torch.float32, device="meta")
-    outputs: Any = (per_token, per_token) if module.with_entropy and not module.is_value else per_token
+    count = len(module.options.fields(module.is_value))
+    outputs: Any = (per_token,) * count if count > 1 else per_token
     return {"input_args": inputs, "output_args": outputs, **grads_in}
 
 

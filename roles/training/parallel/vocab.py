@@ -2,7 +2,8 @@
 stay a DTensor split over the vocabulary on the tp ranks, and torch's `loss_parallel` computes
 log-softmax / cross-entropy from the shards with all-reduces of [tokens]-sized statistics, never
 gathering [tokens, vocab] logits. Chosen tokens' log-probs are -cross_entropy(reduction="none");
-the entropy is -Σ p·log p over the sharded log-softmax (a partial sum, reduced over tp).
+the entropy is -Σ p·log p and Σπ² is Σ exp(2·log p) over the sharded log-softmax (partial sums,
+reduced over tp).
 
 `loss_parallel()` must be active around the forward *and* the backward that use these (the engine
 enters it for a whole forward or step); outside it DTensor gathers the logits itself, which is
@@ -51,3 +52,9 @@ def entropy(logits: Any) -> torch.Tensor:
     """Entropy over the (sharded) vocabulary of DTensor logits [..., V], as a plain tensor."""
     log_p = torch.log_softmax(logits.float(), dim=-1)
     return _plain(-(log_p.exp() * log_p).sum(dim=-1))
+
+
+def sum_pi_squared(logits: Any) -> torch.Tensor:
+    """Σ_v π_v² over the (sharded) vocabulary of DTensor logits [..., V], as a plain tensor."""
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    return _plain((2 * log_p).exp().sum(dim=-1))
