@@ -121,9 +121,12 @@ def test_controller_writes_the_resolved_config(tmp_path: Path) -> None:
     assert saved["flow"] == {"rounds": 5} and saved["roles"]["echo"]["world_size"] == 2
 
 
-def test_docs_run_config_example(tmp_path: Path) -> None:
-    """docs/configuration.md's run.toml is a valid configuration for the ppo flow (its data file aside)."""
+def test_docs_run_config_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/configuration.md's run.toml is a valid configuration for the ppo flow, with the data
+    files its comment says how to write (bench/recipes/make_addition_data.py)."""
     import re
+
+    from hfrt.bench.recipes import make_addition_data
 
     readme = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
     [block] = [b for b in re.findall(r"```toml\n(.*?)```", readme.read_text(), re.S) if "# run.toml" in b]
@@ -133,7 +136,9 @@ def test_docs_run_config_example(tmp_path: Path) -> None:
     assert rc.flow["steps"] == 300 and rc.roles["actor"]["world_size"] == 2
     assert rc.roles["actor"]["options"]["engine"]["backend"] == "fsdp2"
     assert rc.roles["actor"]["options"]["engine"]["micro_batch_size"] == 32  # the flow's own setting kept
-    flow.check({k: v for k, v in rc.flow.items() if k != "data"})
+    make_addition_data.write(tmp_path / "data", train=64, val=8)
+    monkeypatch.chdir(tmp_path)
+    flow.check(dict(rc.flow))
 
 
 def test_role_options_are_checked_without_loading_models() -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import AsyncIterator, Generator
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from structlog.testing import capture_logs
 
 from hfrt.daemon.base import Daemon, DaemonContext
@@ -67,8 +68,13 @@ class FakeChannel:
         return False
 
 
-async def serving() -> tuple[DaemonServer, SlowDaemon, Wire]:
-    """A server for SlowDaemon whose incoming messages the test hands over itself."""
+Serving = tuple[DaemonServer, SlowDaemon, Wire]
+
+
+@pytest_asyncio.fixture
+async def serving() -> AsyncIterator[Serving]:
+    """A server for SlowDaemon whose incoming messages the test hands over itself. Its tensor
+    plane is started (a reply goes through it once torch is imported) and closed afterwards."""
     key = new_key()
     context = DaemonContext("slow")
     server = DaemonServer(SlowDaemon, context, ServeConfig("tcp://127.0.0.1:9"), key)
@@ -77,7 +83,11 @@ async def serving() -> tuple[DaemonServer, SlowDaemon, Wire]:
     daemon = SlowDaemon(context)
     server.daemon = daemon
     server._channel = FakeChannel()  # type: ignore[assignment]
-    return server, daemon, Wire(key)
+    server.tensors.start("tcp://127.0.0.1:9")
+    try:
+        yield server, daemon, Wire(key)
+    finally:
+        server.tensors.close()
 
 
 def replies(server: DaemonServer, wire: Wire) -> list[Any]:
@@ -86,8 +96,8 @@ def replies(server: DaemonServer, wire: Wire) -> list[Any]:
 
 
 @pytest.mark.parametrize("endpoint_name", ["wait_async", "wait_ordered", "count", "wait_threaded"])
-async def test_a_call_cancelled_before_its_first_step_leaves_no_running_entry(endpoint_name: str) -> None:
-    server, _, wire = await serving()
+async def test_a_call_cancelled_before_its_first_step_leaves_no_running_entry(endpoint_name: str, serving: Serving) -> None:
+    server, _, wire = serving
     args = [3] if endpoint_name == "count" else [0.2]
     server._on_call(Call(7, endpoint_name, args, {}, True))
     if endpoint_name == "wait_ordered":  # an ordered call starts from the pump, one loop turn later
@@ -97,12 +107,12 @@ async def test_a_call_cancelled_before_its_first_step_leaves_no_running_entry(en
     for _ in range(5):
         await asyncio.sleep(0)
     assert 7 not in server._calls.tasks, f"{endpoint_name}: a call cancelled before it started is still recorded as running"
-    assert 7 not in server._handle_calls and 7 not in server._calls.skip_reply
+    assert not server.tensors.remembers(7) and 7 not in server._calls.skip_reply
     assert replies(server, wire) == []  # a cancelled call answers nothing
 
 
-async def test_a_cancelled_call_that_started_leaves_no_entry_either() -> None:
-    server, _, _ = await serving()
+async def test_a_cancelled_call_that_started_leaves_no_entry_either(serving: Serving) -> None:
+    server, _, _ = serving
     server._on_call(Call(8, "wait_async", [5.0], {}, True))
     await asyncio.sleep(0.05)  # inside its sleep
     server._on_cancel(8)
@@ -110,8 +120,8 @@ async def test_a_cancelled_call_that_started_leaves_no_entry_either() -> None:
     assert 8 not in server._calls.tasks
 
 
-async def test_wind_down_waits_for_a_threaded_call_before_teardown() -> None:
-    server, daemon, wire = await serving()
+async def test_wind_down_waits_for_a_threaded_call_before_teardown(serving: Serving) -> None:
+    server, daemon, wire = serving
     server._on_call(Call(9, "wait_threaded", [0.4], {}, True))
     await asyncio.sleep(0.05)  # the endpoint is now inside its thread
     assert not daemon.threaded_finished.is_set()
@@ -120,12 +130,12 @@ async def test_wind_down_waits_for_a_threaded_call_before_teardown() -> None:
     start = time.monotonic()
     await server._wind_down()
     assert daemon.finished_before_teardown is True, "teardown ran while a threaded endpoint was still running"
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 4.0  # the call's 0.4 s, not the 5 s grace (slack for a loaded machine)
     assert [r.value for r in replies(server, wire)] == ["slept"]  # its reply went out before the bye
 
 
-async def test_wind_down_names_the_threaded_call_it_gave_up_on_past_the_grace_period() -> None:
-    server, daemon, _ = await serving()
+async def test_wind_down_names_the_threaded_call_it_gave_up_on_past_the_grace_period(serving: Serving) -> None:
+    server, daemon, _ = serving
     server._on_call(Call(10, "wait_threaded", [1.0], {}, True))
     await asyncio.sleep(0.05)
     server._grace_s = 0.1
@@ -133,7 +143,7 @@ async def test_wind_down_names_the_threaded_call_it_gave_up_on_past_the_grace_pe
     with capture_logs() as logs:
         await server._wind_down()
     took = time.monotonic() - start
-    assert took < 0.8, f"wind-down waited {took:.2f}s past a 0.1s grace period"
+    assert took < 1.5, f"wind-down waited {took:.2f}s past a 0.1s grace period"
     gave_up = [e for e in logs if e["event"] == "shutdown_gave_up"]
     assert gave_up and gave_up[0]["log_level"] == "error", logs
     assert "wait_threaded" in str(gave_up[0]["calls"]) and "10" in str(gave_up[0]["calls"])
