@@ -127,33 +127,41 @@ class EndpointRef:
 
     `ref(*a)` dispatches by the declared mode; `call` sends to every rank and gathers a list;
     `call_one(rank, *a)` sends to one rank; `broadcast` sends to every rank without waiting.
-    All take `timeout_s=` as a keyword; every returned future is already in flight. Each adverb
-    first checks the arguments against the parameters the daemons declared (`check`; None when
-    they declared none) and raises BadArguments there, before anything is sent.
+    All take `timeout_s=` as a keyword (untyped callers); `with_timeout(s)` gives the endpoint
+    with its own deadline for every call (what typed flows use: hfrt.wire.handles); without
+    either, the controller's default applies. Every returned future is already in flight. Each
+    adverb first checks the arguments against the parameters the daemons declared (`check`; None
+    when they declared none) and raises BadArguments there, before anything is sent.
     """
 
-    def __init__(self, group: RoleGroup, name: str, mode: Dispatch, check: CallCheck | None = None) -> None:
+    def __init__(self, group: RoleGroup, name: str, mode: Dispatch, check: CallCheck | None = None,
+                 timeout_s: float | None = None) -> None:
         self.group = group
         self.name = name
         self.mode = mode
         self.check = check
+        self.timeout_s = timeout_s  # this endpoint's deadline (None: the controller's default)
+
+    def with_timeout(self, timeout_s: float | None) -> EndpointRef:
+        """This endpoint with calls timing out after `timeout_s` seconds (None: the controller's default)."""
+        return EndpointRef(self.group, self.name, self.mode, self.check, timeout_s)
 
     def __call__(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
         if self.check is not None:
             self.check.check(args, kwargs)
-        return self._invoke(Delivery("dispatch", 0, timeout_s), args, kwargs)
+        return self._invoke(Delivery("dispatch", 0, self.timeout_s if timeout_s is None else timeout_s), args, kwargs)
 
     def call(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[list[Any]]:
         if self.check is not None:
             self.check.check(args, kwargs)
-        return self._invoke(Delivery("call", 0, timeout_s), args, kwargs)
+        return self._invoke(Delivery("call", 0, self.timeout_s if timeout_s is None else timeout_s), args, kwargs)
 
     def call_one(self, rank: int, /, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
         if self.check is not None:
             self.check.check(args, kwargs)
         if all(d.rank != rank for d in self.group.daemons):
             raise IndexError(f"role {self.group.name!r} has no rank {rank} (world_size {self.group.world_size})")
-        return self._invoke(Delivery("call_one", rank, timeout_s), args, kwargs)
+        return self._invoke(Delivery("call_one", rank, self.timeout_s if timeout_s is None else timeout_s), args, kwargs)
 
     def stream(self, rank: int, /, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """Call a streaming endpoint (`@endpoint(stream=True)`) on one rank: a CallStream of the
@@ -165,6 +173,7 @@ class EndpointRef:
         daemon = next((d for d in self.group.daemons if d.rank == rank), None)
         if daemon is None:
             raise IndexError(f"role {self.group.name!r} has no rank {rank} (world_size {self.group.world_size})")
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         return self.group._controller.submit_stream(daemon, self.name, list(args), kwargs, timeout_s=timeout_s)  # type: ignore[attr-defined]
 
     def resend(self, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
