@@ -7,7 +7,9 @@ torch and knows nothing of any algorithm or of how daemons were started (launche
 process they own exits, through `mark_gone`). After `record_calls()`, every settled call appends
 one span (daemon, endpoint, call id, sent, settled, status) to `trace` (hfrt.control.trace). Its
 liveness watcher and gone-listeners are supervised (hfrt.control.supervision): if one fails, the
-session fails loudly (pending calls, later calls and close() raise ControllerFailed).
+session fails loudly (pending calls, later calls and close() raise ControllerFailed). It owns its
+collaborators, each given what it needs (a send function, registry views, counters): the roster,
+the tensor plane, the open streams, the stray-reply count and the supervisor.
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ import zmq
 from hfrt.control import liveness
 from hfrt.control.daemons import DaemonInfo, GoneListener
 from hfrt.control.group import CallLayer, RoleGroup
-from hfrt.control.lifetimes import HandleTracker
 from hfrt.control.pending import Pending, fail_all, settle
-from hfrt.control.streams import StreamCalls
+from hfrt.control.roster import Roster
+from hfrt.control.streams import CallStream, StreamCalls
 from hfrt.control.strays import StrayReplies
 from hfrt.control.supervision import Supervisor
-from hfrt.control.tensor_plane import TensorPlaneControl
+from hfrt.control.tensor_plane import TensorPlane
 from hfrt.control.trace import MAX_SPANS, CallTrace
 from hfrt.log import get_logger
 from hfrt.protocols import (
@@ -52,10 +54,10 @@ from hfrt.protocols import (
 )
 from hfrt.wire import shm
 from hfrt.wire.channel import Channel
-from hfrt.wire.errors import CallTimeout, ControllerFailed, DaemonGone, ProtocolMismatch, RemoteError
+from hfrt.wire.errors import CallTimeout, ControllerFailed, DaemonGone, RemoteError
 
 
-class Controller(StreamCalls, TensorPlaneControl):
+class Controller:
     """Binds `address`, welcomes daemons, and turns endpoint calls into futures.
 
     Use as `async with Controller(address, key) as ctl: actor = await ctl.role("actor")`.
@@ -83,13 +85,9 @@ class Controller(StreamCalls, TensorPlaneControl):
         self.session = secrets.token_hex(8)
         self._wire = Wire(key, limits)
         self._limits = self._wire.limits
-        self._daemons: dict[str, DaemonInfo] = {}
-        self._hb_owner: dict[bytes, str] = {}
+        self._roster = Roster()  # every daemon that said hello, and what a hello means
         self._calls: dict[int, Pending] = {}
         self._next_id = 1
-        self._gone_before_hello: dict[str, str] = {}
-        self._rejected: dict[str, str] = {}
-        self._plane_ranks: dict[str, int] = {}
         self._changed: asyncio.Event | None = None
         self._channel: Channel | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -110,6 +108,8 @@ class Controller(StreamCalls, TensorPlaneControl):
         names = ("calls_sent", "replies", "errors", "dropped_frames", "dropped_replies", "controller_bulk_bytes", "keys_freed")
         self._stats: dict[str, int] = dict.fromkeys(names, 0)
         self._strays = StrayReplies(self._stats, self._log)  # late_replies, unmatched_replies
+        self._plane = TensorPlane(self._roster.all, self._roster.get, self.submit, self._stats)
+        self._streams = StreamCalls(self._send_call, self._calls.get, self._restart_deadline, self._stats, self._strays)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -130,11 +130,11 @@ class Controller(StreamCalls, TensorPlaneControl):
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_frame_bytes + 1024)  # strangers cannot balloon us
         sock.bind(self.requested_address)
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._handles = HandleTracker(self._loop, self._free_keys)
+        self._plane.start(self._loop)
         self._channel = Channel(sock, self._on_frames, self._loop, routed=True, limits=self._limits)
         self._channel.on_unroutable = self._on_unroutable
         self._channel.on_dropped = self._on_dropped
-        watch = liveness.watch(lambda: list(self._daemons.values()), self.heartbeat_s, self._read_waiting, self.mark_gone)
+        watch = liveness.watch(lambda: list(self._roster.all()), self.heartbeat_s, self._read_waiting, self.mark_gone)
         self._watcher = self._supervisor.own(self._loop.create_task(watch, name="hfrt-liveness"), "liveness watcher")
         self._log.info("controller_listening", address=self.address)
         return self
@@ -155,28 +155,28 @@ class Controller(StreamCalls, TensorPlaneControl):
     def _fail_session(self, failure: ControllerFailed) -> None:
         """The supervisor's verdict: fail every pending call with it, wake whoever waits for a role."""
         fail_all(self._calls, lambda p: self._supervisor.error(f"{p.where} did not finish"), self._span)
-        self._notify_change()
+        self.notify_change()
 
     async def shutdown_daemons(self, reason: str = "controller finished", *, grace_s: float = 5.0, wait_s: float = 10.0) -> None:
         """Tell every live daemon to exit and wait (up to wait_s) until each has said bye."""
-        for info in self._daemons.values():
+        for info in self._roster.all():
             if info.alive:
                 self._send_to(info, Shutdown(reason, grace_s))
         deadline = time.monotonic() + wait_s
-        while any(d.alive for d in self._daemons.values()) and time.monotonic() < deadline:
-            await self._wait_change(max(0.0, deadline - time.monotonic()))
+        while any(d.alive for d in self._roster.all()) and time.monotonic() < deadline:
+            await self.wait_change(max(0.0, deadline - time.monotonic()))
 
     # -- registry -----------------------------------------------------------------------------
 
     def daemons(self, role: str | None = None) -> list[DaemonInfo]:
-        infos = [d for d in self._daemons.values() if role is None or d.role == role]
-        return sorted(infos, key=lambda d: (d.role, d.rank))
+        return self._roster.of_role(role)
 
     async def role(self, name: str, *, timeout_s: float = 120.0) -> Any:
         """Wait until every rank of role `name` has said hello and return its RoleGroup."""
         deadline = time.monotonic() + timeout_s
         while True:
-            self._raise_if_failed(name)
+            self._supervisor.check(f"role {name!r}")
+            self._roster.check_role(name)  # refused, or gone before its hello: waiting is in vain
             ranks = [d for d in self.daemons(name) if d.alive]
             if ranks and len(ranks) == ranks[0].world_size:
                 return RoleGroup(self, name, ranks)
@@ -188,30 +188,14 @@ class Controller(StreamCalls, TensorPlaneControl):
                     f"role {name!r}: {len(have)} of {want} ranks said hello within {timeout_s:.0f}s "
                     f"(have ranks {have}) at {self.address}"
                 )
-            await self._wait_change(left)
-
-    def _raise_if_failed(self, role: str) -> None:
-        self._supervisor.check(f"role {role!r}")
-        for identity, reason in self._rejected.items():
-            if identity.startswith(role + ":"):
-                raise ProtocolMismatch(f"daemon {identity} was refused: {reason}")
-        for identity, reason in self._gone_before_hello.items():
-            if identity.startswith(role + ":"):
-                raise DaemonGone(f"daemon {identity} exited before saying hello: {reason}")
+            await self.wait_change(left)
 
     def daemon(self, identity: str) -> DaemonInfo | None:
         """The latest daemon that said hello as `identity` (alive or not), if any."""
-        return self._daemons.get(identity)
+        return self._roster.get(identity)
 
     async def wait_change(self, timeout: float) -> None:
         """Return when a daemon said hello or was declared gone, or after `timeout` seconds."""
-        await self._wait_change(timeout)
-
-    def notify_change(self) -> None:
-        """Wake whoever waits in wait_change (e.g. a launcher saw a process end)."""
-        self._notify_change()
-
-    async def _wait_change(self, timeout: float) -> None:
         assert self._changed is not None
         self._changed.clear()
         try:
@@ -219,7 +203,8 @@ class Controller(StreamCalls, TensorPlaneControl):
         except TimeoutError:
             pass
 
-    def _notify_change(self) -> None:
+    def notify_change(self) -> None:
+        """Wake whoever waits in wait_change (e.g. a launcher saw a process end)."""
         if self._changed is not None:
             self._changed.set()
 
@@ -228,14 +213,12 @@ class Controller(StreamCalls, TensorPlaneControl):
 
         expected: a clean exit (a Bye with code 0), logged at info rather than warning.
         """
-        info = self._daemons.get(identity)
-        if info is not None:  # a killed daemon's /dev/shm tensor files, once its process is gone
-            shm.remove_files_of(info.pid, str(info.meta.get("host", "")))
+        info = self._roster.get(identity)
         if info is None:
-            first = self._gone_before_hello.get(identity)  # a Bye's reason beats a later exit code
-            self._gone_before_hello[identity] = reason if first is None else f"{first}; {reason}"
-            self._notify_change()
+            self._roster.gone_before_hello(identity, reason)
+            self.notify_change()
             return
+        shm.remove_files_of(info.pid, str(info.meta.get("host", "")))  # a killed daemon's /dev/shm tensor files
         if not info.alive:
             return
         info.alive = False
@@ -243,14 +226,9 @@ class Controller(StreamCalls, TensorPlaneControl):
         (self._log.info if expected else self._log.warning)("daemon_gone", daemon=info.describe(), reason=reason)
         for listener in self.gone_listeners:  # one that raises fails the session (not this loop)
             self._supervisor.guarded("gone-listener", listener, info, reason, expected)
-        for call_id, pending in list(self._calls.items()):
-            if pending.daemon is info:
-                del self._calls[call_id]
-                self._span(call_id, pending, "gone")
-                if pending.timer is not None:
-                    pending.timer.cancel()
-                settle(pending.future, exc=DaemonGone(f"{info.describe()} is gone ({reason}); {pending.endpoint} did not finish"))
-        self._notify_change()
+        fail_all(self._calls, lambda p: DaemonGone(f"{info.describe()} is gone ({reason}); {p.endpoint} did not finish"),
+                 self._span, of=info)
+        self.notify_change()
 
     # -- calls --------------------------------------------------------------------------------
 
@@ -308,6 +286,24 @@ class Controller(StreamCalls, TensorPlaneControl):
         self._send_frames(info, frames)
         return future
 
+    def _send_call(self, info: DaemonInfo, endpoint: str, args: list[Any], kwargs: dict[str, Any],
+                   timeout_s: float | None) -> tuple[int, asyncio.Future[Any]]:
+        """submit(), also giving the call id it sends the call under (streams route partials by it)."""
+        call_id = self._next_id
+        return call_id, self.submit(info, endpoint, args, kwargs, timeout_s=timeout_s)
+
+    def submit_stream(self, info: DaemonInfo, endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
+                      timeout_s: float | None = None) -> CallStream:
+        """Send one Call of a streaming endpoint to one daemon now; its partials feed the stream.
+        `timeout_s` (else default_timeout_s) bounds each wait (hfrt.control.streams.StreamCalls.open)."""
+        return self._streams.open(info, endpoint, args, kwargs, self.default_timeout_s if timeout_s is None else timeout_s)
+
+    def _restart_deadline(self, call_id: int, pending: Pending, timeout: float) -> None:
+        """A pending call with a deadline gets `timeout` seconds from now (a stream's partial arrived)."""
+        if pending.timer is not None:
+            pending.timer.cancel()
+            pending.timer = self._loop.call_later(timeout, self._expire, call_id, timeout)
+
     def _expire(self, call_id: int, timeout: float) -> None:
         pending = self._calls.pop(call_id, None)
         if pending is None:
@@ -360,7 +356,7 @@ class Controller(StreamCalls, TensorPlaneControl):
         elif kind is Heartbeat:
             self._on_heartbeat(ident, msg)  # type: ignore[arg-type]
         elif kind is Partial:  # a streaming endpoint's yielded value (hfrt.control.streams)
-            self._on_partial(ident, msg)  # type: ignore[arg-type]
+            self._streams.partial(ident, msg)  # type: ignore[arg-type]
         elif kind is Hello:
             self._on_hello(ident, msg)  # type: ignore[arg-type]
         elif kind is Bye:
@@ -394,7 +390,7 @@ class Controller(StreamCalls, TensorPlaneControl):
             pending.timer.cancel()
         self._stats["replies"] += 1
         if self._wire.codec.records_seen:
-            self._handles.track(msg.value)
+            self._plane.track(msg.value)
         if not pending.future.done():
             pending.future.set_result(msg.value)
 
@@ -408,43 +404,33 @@ class Controller(StreamCalls, TensorPlaneControl):
         self._span(msg.call_id, pending, "error")
         if pending.timer is not None:
             pending.timer.cancel()
-        info = pending.daemon
-        where = f"{info.role}[{info.rank}].{pending.endpoint}"
-        settle(pending.future, exc=RemoteError(where, msg.type, msg.message, msg.traceback))
+        settle(pending.future, exc=RemoteError(pending.where, msg.type, msg.message, msg.traceback))
 
     def _on_heartbeat(self, ident: bytes, msg: Heartbeat) -> None:
-        owner = self._daemons.get(self._hb_owner.get(ident, ""))
+        owner = self._roster.of_heartbeat(ident)
         if owner is not None:
             owner.last_seen = self._loop.time()
         self._send_raw(ident, Heartbeat(self.session, msg.seq, time.time()))
 
     def _on_hello(self, ident: bytes, msg: Hello) -> None:
         identity = ident.decode("utf-8", "replace")
-        if msg.version != PROTOCOL_VERSION:
-            reason = f"daemon speaks protocol {msg.version}, controller speaks {PROTOCOL_VERSION}"
-            self._rejected[identity] = reason
-            self._log.error("protocol_mismatch", daemon=identity, reason=reason)
-            self._send_raw(ident, Error(0, "ProtocolMismatch", reason))
-            self._notify_change()
+        verdict = self._roster.judge_hello(identity, msg)
+        if verdict.refusal is not None:
+            kind, reason = verdict.refusal
+            if kind == "ProtocolMismatch":
+                self._log.error("protocol_mismatch", daemon=identity, reason=reason)
+            self._send_raw(ident, Error(0, kind, reason))
+            self.notify_change()
             return
-        if identity != f"{msg.role}:{msg.rank}":
-            self._send_raw(ident, Error(0, "BadHello", f"identity {identity!r} does not match {msg.role}:{msg.rank}"))
-            return
-        old = self._daemons.get(identity)
-        if old is not None and old.alive and old.pid != msg.pid:
+        if verdict.replaces is not None:
             self.mark_gone(identity, f"replaced by a new process (pid {msg.pid})")
-        if fresh := old is None or old.pid != msg.pid or not old.alive:
-            self._daemons[identity] = DaemonInfo(
-                identity, msg.role, msg.rank, msg.world_size, msg.dp_rank, msg.dp_size, msg.pid,
-                msg.host, msg.impl, msg.endpoints, self._loop.time(), meta=msg.meta,
-            )
-            self._hb_owner[f"{identity}/hb".encode()] = identity
-            self._gone_before_hello.pop(identity, None)
+        info = self._roster.register(identity, msg, self._loop.time()) if verdict.fresh else None
+        if info is not None:
             self._log.info("daemon_hello", daemon=identity, host=msg.host, pid=msg.pid, impl=msg.impl)
         self._send_raw(ident, Welcome(PROTOCOL_VERSION, self.session, self.heartbeat_s))
-        if fresh:  # not when the same live process says hello again: it has the directory already
-            self._push_directory()
-        self._notify_change()
+        if info is not None:  # not when the same live process says hello again: it has the directory already
+            self._plane.joined(info)
+        self.notify_change()
 
     def _on_bye(self, ident: bytes, msg: Bye) -> None:
         identity = ident.decode("utf-8", "replace")
@@ -473,7 +459,7 @@ class Controller(StreamCalls, TensorPlaneControl):
 
     def _on_unroutable(self, peer: bytes, exc: zmq.ZMQError) -> None:
         identity = peer.decode("utf-8", "replace")
-        if identity in self._daemons:
+        if self._roster.get(identity) is not None:
             self.mark_gone(identity, f"unreachable: {exc.strerror}")
         else:
             self._log.warning("send_failed", peer=identity, reason=exc.strerror)
@@ -484,10 +470,30 @@ class Controller(StreamCalls, TensorPlaneControl):
         """Counters since start; controller_bulk_bytes counts tensor payload that passed through here."""
         out: dict[str, Any] = dict(self._stats)
         out["pending_calls"] = len(self._calls)
-        out["daemons_alive"] = sum(d.alive for d in self._daemons.values())
-        out["live_tensor_keys"] = self._handles.live_keys if hasattr(self, "_handles") else 0
+        out["daemons_alive"] = sum(d.alive for d in self._roster.all())
+        out["live_tensor_keys"] = self._plane.live_keys
         return out
 
     def count_bulk_bytes(self, nbytes: int) -> None:
         """Record tensor payload bytes that were materialised in the controller on purpose."""
-        self._stats["controller_bulk_bytes"] += nbytes
+        self._plane.count_bulk_bytes(nbytes)
+
+    # -- the tensor plane (hfrt.control.tensor_plane.TensorPlane says more) ---------------------
+
+    async def fetch(self, value: Any) -> Any:
+        """Materialise a TensorHandle (→ torch.Tensor) or BatchHandle (→ Batch) here, the bytes
+        counted in stats()["controller_bulk_bytes"]; for debugging and small controller-side math."""
+        return await self._plane.fetch(value)
+
+    def free_now(self) -> None:
+        """Send the frees of handles dropped so far now (normally they go on the next loop turn)."""
+        self._plane.free_now()
+
+    async def daemon_stats(self, role: str | None = None) -> dict[str, Any]:
+        """Per-daemon tensor-plane figures: store size, bytes pulled per backend, bytes served."""
+        return await self._plane.daemon_stats(role)
+
+    async def form_data_plane(self, backend: str = "gloo", *, timeout_s: float = 120.0) -> dict[str, int]:
+        """Join every live daemon into one torch.distributed group (gloo on CPU, nccl on GPU) for
+        transfers between hosts. Returns the ranks."""
+        return await self._plane.form_data_plane(backend, timeout_s=timeout_s)

@@ -38,10 +38,11 @@ def settle(future: asyncio.Future[Any], *, exc: BaseException) -> None:
 
 
 def fail_all(calls: dict[int, Pending], error: Callable[[Pending], BaseException],
-             given_up: Callable[[int, Pending, str], None]) -> None:
-    """Empty `calls`, failing each with error(call) after stopping its timer; `given_up` records
-    each (call id, call, "gone") first, as the call trace and the stray-reply count want."""
-    for call_id in list(calls):
+             given_up: Callable[[int, Pending, str], None], *, of: DaemonInfo | None = None) -> None:
+    """Take out of `calls` every call (`of`: only those sent to that daemon), failing each with
+    error(call) after stopping its timer; `given_up` records each (call id, call, "gone") first,
+    as the call trace and the stray-reply count want."""
+    for call_id in [c for c, p in calls.items() if of is None or p.daemon is of]:
         pending = calls.pop(call_id)
         given_up(call_id, pending, "gone")
         if pending.timer is not None:

@@ -1,69 +1,139 @@
-"""The controller's side of the tensor plane, mixed into Controller: the peer directory, batched
-frees, fetching handles on purpose, per-daemon stats, and forming the distributed data-plane group.
+"""The controller's side of the tensor plane, an object the Controller owns: the peer directory
+(where each daemon's data plane is, and who is told when), freeing the daemon tensors of handles
+the flow dropped, fetching handles on purpose, per-daemon figures, and forming the distributed
+data-plane group.
 
-It uses the controller's submit() and registry; it never touches tensor bytes except in `fetch`.
+It is given a way to send one call to one daemon (`Submit`: the controller's submit), a view of
+the registry (every daemon that said hello, and one by identity) and the controller's counters.
+It never touches tensor bytes except in `fetch`; it knows nothing of sockets, nor of how calls
+are routed, answered or timed out.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+import gc
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
+from hfrt.control.lifetimes import HandleTracker
 from hfrt.wire.errors import DaemonGone
 
 if TYPE_CHECKING:
     from hfrt.control.daemons import DaemonInfo
-    from hfrt.control.lifetimes import HandleTracker
+
+#: what a daemon's hello declares (its meta) that the directory passes on: data-plane address, host, pid
+DIRECTORY_FIELDS = ("data", "host", "pid")
 
 
-class TensorPlaneControl:
-    """Needs from its host class: submit, daemons, count_bulk_bytes, _daemons, _plane_ranks,
-    _handles, _stats."""
+class Submit(Protocol):
+    """Send one call to one daemon now; the future resolves with its reply value (Controller.submit)."""
 
-    _daemons: dict[str, DaemonInfo]
-    _plane_ranks: dict[str, int]
-    _handles: HandleTracker
-    _stats: dict[str, int]
+    def __call__(self, info: DaemonInfo, endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
+                 timeout_s: float | None = None, reply: bool = True) -> asyncio.Future[Any]: ...
 
-    if TYPE_CHECKING:
-        def submit(self, info: DaemonInfo, endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
-                   timeout_s: float | None = None, reply: bool = True) -> asyncio.Future[Any]: ...
-        def daemons(self, role: str | None = None) -> list[DaemonInfo]: ...
-        def count_bulk_bytes(self, nbytes: int) -> None: ...
 
-    def _directory(self) -> dict[str, dict[str, Any]]:
+class PeerDirectory:
+    """Where every daemon's data plane is, and who is told when.
+
+    Each change — a daemon joins, the data-plane group is formed — pushes the whole directory to
+    every live daemon: per join N messages of N entries, so O(N²) bytes over a start-up of N
+    daemons. This class alone decides what goes to whom, so a change for scale (the newcomer told
+    everything and the others only the newcomer, or daemons asking on demand) is made here.
+
+    daemons: every daemon that said hello (alive or not), read at each push.
+    submit: sends one call (here: `_hfrt_peers`, without waiting for a reply).
+    """
+
+    def __init__(self, daemons: Callable[[], Iterable[DaemonInfo]], submit: Submit) -> None:
+        self._daemons = daemons
+        self._submit = submit
+        #: identity → rank in the distributed data-plane group (empty until one is formed)
+        self.plane_ranks: dict[str, int] = {}
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """identity → {data, host, pid, plane_rank} of every live daemon with a data plane
+        (plane_rank -1: not in a formed group)."""
         return {
-            d.identity: {**{k: d.meta.get(k) for k in ("data", "host", "pid")}, "plane_rank": self._plane_ranks.get(d.identity, -1)}
-            for d in self._daemons.values()
+            d.identity: {**{k: d.meta.get(k) for k in DIRECTORY_FIELDS}, "plane_rank": self.plane_ranks.get(d.identity, -1)}
+            for d in self._daemons()
             if d.alive and d.meta.get("data")
         }
 
-    def _push_directory(self) -> None:
-        """Tell every daemon where every daemon's data plane is (sent before any handle of a
-        newcomer can reach anyone, since it goes out as the newcomer is welcomed)."""
-        directory = self._directory()
-        for info in self._daemons.values():
+    def joined(self, info: DaemonInfo) -> None:
+        """`info` said hello as a new process. Called as it is welcomed, so the directory reaches
+        everyone before any handle of the newcomer can."""
+        self._push()
+
+    def formed(self, ranks: dict[str, int]) -> None:
+        """The data-plane group was formed with these ranks; every live daemon learns them."""
+        self.plane_ranks = dict(ranks)
+        self._push()
+
+    def _push(self) -> None:
+        directory = self.entries()
+        for info in self._daemons():
             if info.alive:
-                self.submit(info, "_hfrt_peers", [directory], {}, reply=False)
+                self._submit(info, "_hfrt_peers", [directory], {}, reply=False)
+
+
+class TensorPlane:
+    """The controller's tensor-plane calls (see the module docstring).
+
+    daemons: every daemon that said hello (alive or not); daemon: one by identity (None: unknown).
+    submit: sends one call to one daemon now. stats: the controller's counters, where this adds
+    `keys_freed` and `controller_bulk_bytes`.
+    """
+
+    def __init__(self, daemons: Callable[[], Iterable[DaemonInfo]], daemon: Callable[[str], DaemonInfo | None],
+                 submit: Submit, stats: dict[str, int]) -> None:
+        self.directory = PeerDirectory(daemons, submit)
+        self._daemons = daemons
+        self._daemon = daemon
+        self._submit = submit
+        self._stats = stats
+        self._handles: HandleTracker | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Begin tracking handles; frees are sent on `loop`."""
+        self._handles = HandleTracker(loop, self._free_keys)
+
+    def joined(self, info: DaemonInfo) -> None:
+        """A new daemon process said hello (see PeerDirectory.joined)."""
+        self.directory.joined(info)
+
+    def track(self, value: Any) -> None:
+        """Hold every handle in a freshly decoded reply value; when the flow drops the last one
+        naming a key, the key's owner is told to free it."""
+        assert self._handles is not None, "tensor plane not started"
+        self._handles.track(value)
+
+    @property
+    def live_keys(self) -> int:
+        """Daemon tensor keys some handle in this process still names."""
+        return self._handles.live_keys if self._handles is not None else 0
+
+    def count_bulk_bytes(self, nbytes: int) -> None:
+        """Record tensor payload bytes that were materialised in the controller on purpose."""
+        self._stats["controller_bulk_bytes"] += nbytes
 
     def _free_keys(self, owner: str, keys: list[str]) -> None:
-        info = self._daemons.get(owner)
+        info = self._daemon(owner)
         if info is not None and info.alive:
-            self.submit(info, "_hfrt_free", [keys], {}, reply=False)
+            self._submit(info, "_hfrt_free", [keys], {}, reply=False)
             self._stats["keys_freed"] += len(keys)
 
     def free_now(self) -> None:
         """Send the frees of handles dropped so far right away (normally they go on the next loop turn)."""
-        import gc
-
         gc.collect()
-        self._handles.flush()
+        if self._handles is not None:
+            self._handles.flush()
 
     async def fetch(self, value: Any) -> Any:
         """Materialise a TensorHandle (→ torch.Tensor) or BatchHandle (→ hfrt.daemon.batch.Batch) here.
 
         For debugging and small controller-side math: the bytes come through the controller and
-        are counted in stats()["controller_bulk_bytes"]. Imports torch on first use.
+        are counted as controller_bulk_bytes. Imports torch on first use.
         """
         from hfrt.control.fetch import batch_from, tensor_from
         from hfrt.protocols import BatchHandle, TensorHandle
@@ -80,29 +150,32 @@ class TensorPlaneControl:
         raise TypeError(f"fetch takes a TensorHandle or BatchHandle, not {type(value).__name__}")
 
     async def _fetch_bytes(self, owner: str, handles: list[Any]) -> list[Any]:
-        info = self._daemons.get(owner)
+        info = self._daemon(owner)
         if info is None:
             raise DaemonGone(f"no daemon {owner!r} holds these tensors")
-        buffers = await self.submit(info, "_hfrt_fetch", [handles], {})
+        buffers = await self._submit(info, "_hfrt_fetch", [handles], {})
         self.count_bulk_bytes(sum(len(b.buffer) for b in buffers))
         return list(buffers)
 
     async def daemon_stats(self, role: str | None = None) -> dict[str, Any]:
-        """Per-daemon tensor-plane figures: store size, bytes pulled per backend, bytes served."""
-        infos = [d for d in self.daemons(role) if d.alive]
-        results = await asyncio.gather(*(self.submit(d, "_hfrt_stats", [], {}) for d in infos))
+        """Per-daemon tensor-plane figures (store size, bytes pulled per backend, bytes served) of
+        the live daemons of `role` (None: all), by identity."""
+        infos = sorted((d for d in self._daemons() if d.alive and (role is None or d.role == role)),
+                       key=lambda d: (d.role, d.rank))
+        results = await asyncio.gather(*(self._submit(d, "_hfrt_stats", [], {}) for d in infos))
         return {d.identity: r for d, r in zip(infos, results, strict=True)}
 
     async def form_data_plane(self, backend: str = "gloo", *, timeout_s: float = 120.0) -> dict[str, int]:
         """Join every live daemon into one torch.distributed group for daemon-to-daemon transfers
         (gloo on CPU, nccl on GPU); afterwards pulls between hosts use it. Returns the ranks."""
-        infos = sorted((d for d in self._daemons.values() if d.alive), key=lambda d: d.identity)
+        infos = sorted((d for d in self._daemons() if d.alive), key=lambda d: d.identity)
         if not infos:
             raise RuntimeError("no daemons to form a data plane with")
         world = len(infos)
-        master = await self.submit(infos[0], "_hfrt_plane_open", [world], {}, timeout_s=timeout_s)
-        joins = [self.submit(d, "_hfrt_plane_join", [master, world, r, backend], {}, timeout_s=timeout_s) for r, d in enumerate(infos)]
+        master = await self._submit(infos[0], "_hfrt_plane_open", [world], {}, timeout_s=timeout_s)
+        joins = [self._submit(d, "_hfrt_plane_join", [master, world, r, backend], {}, timeout_s=timeout_s)
+                 for r, d in enumerate(infos)]
         await asyncio.gather(*joins)
-        self._plane_ranks = {d.identity: r for r, d in enumerate(infos)}
-        self._push_directory()
-        return dict(self._plane_ranks)
+        ranks = {d.identity: r for r, d in enumerate(infos)}
+        self.directory.formed(ranks)
+        return ranks

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,12 @@ class Daemon:
 
     def __init__(self, context: DaemonContext) -> None:
         self.context = context
-        self._plane: Any = None  # set by the server: returns the TensorRuntime
+        self._plane: Callable[[], Any] | None = None  # returns the TensorRuntime (use_tensor_plane)
+
+    def use_tensor_plane(self, runtime: Callable[[], Any]) -> None:
+        """The server that runs this daemon gives it its tensor runtime: `runtime()` returns it,
+        created on first use (hfrt.daemon.tensor_serving)."""
+        self._plane = runtime
 
     def tensor_plane(self) -> Any:
         """This daemon's tensor runtime (`.store`, `.peers.pull(handles)`), for raw_handles endpoints."""

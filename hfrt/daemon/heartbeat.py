@@ -1,10 +1,12 @@
 """The daemon's heartbeat thread: proves liveness to the controller and notices an absent one.
 
-It runs on its own thread and socket so a long synchronous endpoint never looks like death. It
-reports two events to the serving loop: "rehello" (a controller with a new session answered) and
-"orphaned" (no answer for orphan_timeout_s); if the loop does not stop within exit_grace_s after
-"orphaned", it ends the process itself so no daemon outlives its controller. It knows the wire
-protocol and zmq; it knows nothing of endpoints.
+It runs on its own thread and socket so a long synchronous endpoint never looks like death; the
+DaemonServer owns it and hears from it through one `notify(event, detail)` function. It reports
+two events (HeartbeatEvent): REHELLO (a controller with a new session answered) and ORPHANED (no
+answer for orphan_timeout_s); if the loop does not stop within exit_grace_s after ORPHANED, it
+ends the process itself so no daemon outlives its controller. What to do when is decided by a
+Vigil, on a clock it is given (so the decisions are tested without sockets or waiting). It knows
+the wire protocol and zmq; it knows nothing of endpoints.
 
 A daemon started for one run (`exit_with_controller`: launchers set it unless the daemons are kept
 for `--attach`) also ends when its controller is dead: the controller's echoes have stopped for
@@ -22,10 +24,12 @@ thread never dies of it.
 from __future__ import annotations
 
 import argparse
+import enum
 import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -42,6 +46,82 @@ SEND_HWM = 4
 CONTROLLER_DEAD_AFTER = 2.0
 
 
+class HeartbeatEvent(enum.StrEnum):
+    """What the heartbeat thread tells the serving loop (with a detail string)."""
+
+    #: a controller with a new session answered (detail: the session): say hello again
+    REHELLO = "rehello"
+    #: no word from the controller, or it is dead (detail: why): stop serving
+    ORPHANED = "orphaned"
+
+
+class Silence(enum.Enum):
+    """A Vigil's judgement of the controller's silence."""
+
+    FINE = "fine"  # heard from recently enough (or nothing to judge)
+    ORPHANED = "orphaned"  # newly orphaned: tell the serving loop
+    FORCE_EXIT = "force_exit"  # orphaned longer than exit_grace_s and still running: end the process
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """A Vigil's verdict, with what it rests on: seconds since the last echo, and whether the
+    controller is known dead (not only silent)."""
+
+    silence: Silence
+    silent_s: float = 0.0
+    controller_dead: bool = False
+
+    @property
+    def detail(self) -> str:
+        """Why the daemon is orphaned, as the ORPHANED event says it."""
+        why = "its controller is gone (connection closed), no echo" if self.controller_dead else "no word from the controller"
+        return f"{why} for {self.silent_s:.1f}s"
+
+
+class Vigil:
+    """The heartbeat thread's decisions, on the clock times it is given (time.monotonic()).
+
+    orphan_timeout_s: orphaned after this long without an echo (0: never, for silence alone).
+    exit_grace_s: how long after ORPHANED the process may still run before it is ended.
+    exit_with_controller: a run's daemon, orphaned as soon as its welcomed controller is dead.
+    """
+
+    def __init__(self, now: float, *, orphan_timeout_s: float, exit_grace_s: float, exit_with_controller: bool) -> None:
+        self.orphan_timeout_s = orphan_timeout_s
+        self.exit_grace_s = exit_grace_s
+        self.exit_with_controller = exit_with_controller
+        self.last_heard = now
+        self.orphaned_at: float | None = None
+        self._rehello_at: dict[str, float] = {}  # session → when we last said hello again for it
+
+    def echo(self, now: float, session: str, own_session: str, interval_s: float) -> bool:
+        """An echo of `session` arrived: the controller is there. True when the serving loop must
+        say hello again — another session than ours, not already asked for in 2 intervals."""
+        self.last_heard = now
+        self.orphaned_at = None
+        if session == own_session or now - self._rehello_at.get(session, -1e9) <= 2 * interval_s:
+            return False
+        self._rehello_at[session] = now
+        return True
+
+    def judge(self, now: float, *, welcomed: bool, connected: bool, interval_s: float) -> Judgement:
+        """The silence so far: ORPHANED once (a welcomed run's daemon whose controller's connection
+        is down and echoes stopped CONTROLLER_DEAD_AFTER intervals ago, or any daemon silent past
+        orphan_timeout_s), then FORCE_EXIT once exit_grace_s has passed since."""
+        silent = now - self.last_heard
+        dead = (self.exit_with_controller and welcomed and not connected
+                and silent > CONTROLLER_DEAD_AFTER * interval_s)
+        if not (dead or (self.orphan_timeout_s > 0 and silent > self.orphan_timeout_s)):
+            return Judgement(Silence.FINE, silent, dead)
+        if self.orphaned_at is None:
+            self.orphaned_at = now
+            return Judgement(Silence.ORPHANED, silent, dead)
+        if now - self.orphaned_at > self.exit_grace_s:
+            return Judgement(Silence.FORCE_EXIT, silent, dead)
+        return Judgement(Silence.FINE, silent, dead)
+
+
 def heartbeat_flag(text: str) -> float:
     """argparse type for --heartbeat: a number of seconds in the range both ends accept."""
     try:
@@ -51,6 +131,9 @@ def heartbeat_flag(text: str) -> float:
 
 
 class HeartbeatThread(threading.Thread):
+    """Beats to the controller at `address` as `identity`/hb until stop(); `notify(event, detail)`
+    is called on this thread (the serving loop hands it over to its own)."""
+
     def __init__(
         self,
         context: zmq.Context[Any],
@@ -60,7 +143,7 @@ class HeartbeatThread(threading.Thread):
         *,
         interval_s: float,
         orphan_timeout_s: float,
-        notify: Callable[[str, str], None],
+        notify: Callable[[HeartbeatEvent, str], None],
         limits: Limits | None = None,
         exit_grace_s: float = 10.0,
         exit_with_controller: bool = False,
@@ -111,11 +194,10 @@ class HeartbeatThread(threading.Thread):
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
-        last_heard = time.monotonic()
-        next_beat = last_heard
-        rehello_for: dict[str, float] = {}
+        vigil = Vigil(time.monotonic(), orphan_timeout_s=self.orphan_timeout_s, exit_grace_s=self._exit_grace_s,
+                      exit_with_controller=self.exit_with_controller)
+        next_beat = vigil.last_heard
         seq = 0
-        orphaned_at: float | None = None
         while not self._stopping.is_set():
             now = time.monotonic()
             if now >= next_beat:
@@ -126,36 +208,27 @@ class HeartbeatThread(threading.Thread):
             if monitor in ready:
                 self._read_monitor(monitor)
             if sock in ready:
-                while True:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    session = self._read_echo(frames)
-                    if session is None:
-                        continue
-                    last_heard = time.monotonic()
-                    orphaned_at = None
-                    if session != self.session and time.monotonic() - rehello_for.get(session, -1e9) > 2 * self.interval_s:
-                        rehello_for[session] = time.monotonic()
-                        self._notify("rehello", session)
-            silent = time.monotonic() - last_heard
-            dead = self._controller_dead(silent)
-            if dead or (self.orphan_timeout_s > 0 and silent > self.orphan_timeout_s):
-                if orphaned_at is None:
-                    orphaned_at = time.monotonic()
-                    why = "its controller is gone (connection closed), no echo" if dead else "no word from the controller"
-                    self._log.warning("orphaned", silent_s=round(silent, 1), controller_gone=dead)
-                    self._notify("orphaned", f"{why} for {silent:.1f}s")
-                elif time.monotonic() - orphaned_at > self._exit_grace_s:
-                    self._log.error("orphaned_forced_exit", grace_s=self._exit_grace_s)
-                    os._exit(3)
+                self._read_echoes(sock, vigil)
+            self._act_on(vigil.judge(time.monotonic(), welcomed=bool(self.session), connected=self.connected,
+                                     interval_s=self.interval_s))
 
-    def _controller_dead(self, silent: float) -> bool:
-        """A run's daemon (exit_with_controller) that was welcomed: no echo for CONTROLLER_DEAD_AFTER
-        intervals and no connection to the controller."""
-        return (self.exit_with_controller and bool(self.session) and not self.connected
-                and silent > CONTROLLER_DEAD_AFTER * self.interval_s)
+    def _read_echoes(self, sock: zmq.Socket[Any], vigil: Vigil) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            session = self._read_echo(frames)
+            if session is not None and vigil.echo(time.monotonic(), session, self.session, self.interval_s):
+                self._notify(HeartbeatEvent.REHELLO, session)
+
+    def _act_on(self, judgement: Judgement) -> None:
+        if judgement.silence is Silence.ORPHANED:
+            self._log.warning("orphaned", silent_s=round(judgement.silent_s, 1), controller_gone=judgement.controller_dead)
+            self._notify(HeartbeatEvent.ORPHANED, judgement.detail)
+        elif judgement.silence is Silence.FORCE_EXIT:
+            self._log.error("orphaned_forced_exit", grace_s=self._exit_grace_s)
+            os._exit(3)
 
     def _read_monitor(self, monitor: zmq.Socket[Any]) -> None:
         from zmq.utils.monitor import recv_monitor_message

@@ -6,9 +6,11 @@ as it arrives, so for it arrival order is only a start-order guarantee; a stream
 (`stream=True`) starts as it arrives and steps between other calls (hfrt.daemon.streaming). Synchronous endpoints run
 on the loop thread (no thread hop: that is what keeps a no-op call cheap); heartbeats run on their
 own thread, so a long endpoint never looks like death. Shutdown waits for every running call,
-threaded ones included, within its grace period before teardown, and names any it gave up on
-(hfrt.daemon.running keeps the records). It knows the protocol and the Daemon base class; it
-knows nothing of any particular role or of the algorithm.
+threaded ones included, within its grace period before teardown, and names any it gave up on.
+The server owns its collaborators and calls them through their interfaces, each given what it
+needs: the running-call records (hfrt.daemon.running), the outcome sender (replies), the stream
+runner (streaming), the tensor plane (tensor_serving) and the heartbeat thread (heartbeat). It
+knows the protocol and the Daemon base class; nothing of any particular role or of the algorithm.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import inspect
 import os
 import signal
 import socket
-import sys
 import time
 import traceback
 from collections import deque
@@ -30,11 +31,12 @@ from typing import Any
 import zmq
 
 from hfrt.daemon.base import Daemon, DaemonContext
-from hfrt.daemon.heartbeat import HeartbeatThread
+from hfrt.daemon.heartbeat import HeartbeatEvent, HeartbeatThread
+from hfrt.daemon.replies import Replies
 from hfrt.daemon.running import RunningCalls
-from hfrt.daemon.streaming import StreamServing
-from hfrt.daemon.tensor_serving import INTERNAL, TensorPlaneServing
-from hfrt.daemon.tensors.plane import DataPlaneServer, advertised_host, host_id
+from hfrt.daemon.streaming import StreamRunner
+from hfrt.daemon.tensor_serving import INTERNAL, TensorServing
+from hfrt.daemon.tensors.plane import host_id
 from hfrt.log import get_logger
 from hfrt.protocols import (
     PROTOCOL_VERSION,
@@ -45,7 +47,6 @@ from hfrt.protocols import (
     Hello,
     Limits,
     Message,
-    Reply,
     Shutdown,
     Undecodable,
     UnknownKind,
@@ -90,7 +91,7 @@ class _Queued:
         self.call, self.spec, self.fn = call, spec, fn
 
 
-class DaemonServer(StreamServing, TensorPlaneServing):
+class DaemonServer:
     """Runs `daemon_cls` for one role rank until shutdown, SIGTERM or orphaning; returns an exit code."""
 
     def __init__(self, daemon_cls: type[Daemon], context: DaemonContext, config: ServeConfig, key: bytes) -> None:
@@ -108,11 +109,11 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         self.daemon: Daemon | None = None
         self._channel: Channel | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._data: DataPlaneServer | None = None
-        self._tensors: Any = None  # TensorRuntime, created on first use (imports torch)
-        self._directory: dict[str, Any] = {}  # where every daemon's data plane is
-        self._handle_calls: set[int] = set()  # call ids whose arguments hold handles
-        self._calls = RunningCalls(self._log, self._handle_calls.discard)  # async, threaded, streaming
+        self._grace_s = 0.0  # how long running calls may take to finish, once stopping
+        self.tensors = TensorServing(context.identity, key, context.options, self._table)
+        self._calls = RunningCalls(self._log, self.tensors.forget)  # async, threaded, streaming
+        self._replies = Replies(self._wire, self._send_frames, self._calls, self.tensors.export, self._log)
+        self._streams = StreamRunner(self._track, self.tensors.arguments, self._replies)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -140,8 +141,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop, f"signal {signal.Signals(sig).name}", EXIT_OK)
         hb.start()
-        self._data = DataPlaneServer(self.context.identity, self._key, host=advertised_host(self.config.controller))
-        self._data.start()
+        self.tensors.start(self.config.controller)
         reason, code = "", EXIT_OK
         try:
             reason, code = await self._serve(sock)
@@ -150,10 +150,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
             self._say_bye(sock, reason, code)
             hb.stop()
             hb.join(timeout=2.0)
-            if self._tensors is not None:
-                self._tensors.close()
-            self._data.stop()
-            self._data.join(timeout=2.0)
+            self.tensors.close()
             linger = 0 if code == EXIT_ORPHANED else 1000  # nobody is left to read a Bye
             if self._channel is not None:
                 self._channel.close(linger_ms=linger)
@@ -165,13 +162,13 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         self._log.info("daemon_exit", reason=reason, exit_code=code)
         return code
 
-    def _notify_from_heartbeat_thread(self, event: str, detail: str) -> None:
+    def _notify_from_heartbeat_thread(self, event: HeartbeatEvent, detail: str) -> None:
         self._loop.call_soon_threadsafe(self._on_heartbeat_event, event, detail)
 
     async def _serve(self, sock: zmq.Socket[Any]) -> tuple[str, int]:
         try:
             self.daemon = self._daemon_cls(self.context)
-            self.daemon._plane = self.tensors
+            self.daemon.use_tensor_plane(self.tensors.runtime)
             await self.daemon.setup()
         except Exception as exc:
             self._log.error("setup_failed", error=f"{type(exc).__name__}: {exc}")
@@ -191,7 +188,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
 
     async def _wind_down(self) -> None:
         self._queue.clear()
-        grace_s = getattr(self, "_grace_s", 0.0)
+        grace_s = self._grace_s
         gave_up = await self._calls.settle(grace_s)  # threaded calls included
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -228,7 +225,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
             socket.gethostname(),
             ctx.impl,
             {name: spec.describe() for name, (spec, _) in self._table.items()},
-            {"data": self._data.address if self._data else "", "host": host_id(), "pid": os.getpid(), **self._axes()},
+            {"data": self.tensors.address, "host": host_id(), "pid": os.getpid(), **self._axes()},
         )
         self._send(hello)
 
@@ -255,7 +252,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         except Exception as exc:  # a bug here must cost one message, never the daemon or a hung call
             self._log.error("message_failed", kind=msg.NAME, error=f"{type(exc).__name__}: {exc}")
             if isinstance(msg, Call):
-                self._reply_error(msg, "InternalError", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+                self._replies.error(msg, "InternalError", f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
     def _on_dropped_batch(self, peer: bytes, reason: str) -> None:
         self._log.warning("dropped_frame", reason=reason, error="FrameTooLarge")
@@ -264,7 +261,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         kind = type(msg)
         if kind is Call:
             if self._wire.codec.records_seen:
-                self._handle_calls.add(msg.call_id)  # type: ignore[attr-defined]
+                self.tensors.note_handles(msg.call_id)  # type: ignore[attr-defined]
             self._on_call(msg)  # type: ignore[arg-type]
         elif kind is Cancel:
             self._on_cancel(msg.call_id)  # type: ignore[attr-defined]
@@ -299,11 +296,11 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         if msg.type == "ProtocolMismatch":
             self.stop(f"controller refused hello: {msg.message}", EXIT_PROTOCOL)
 
-    def _on_heartbeat_event(self, event: str, detail: str) -> None:
-        if event == "rehello":
+    def _on_heartbeat_event(self, event: HeartbeatEvent, detail: str) -> None:
+        if event is HeartbeatEvent.REHELLO:
             self._log.info("new_controller_session", session=detail)
             self._send_hello()
-        elif event == "orphaned":
+        elif event is HeartbeatEvent.ORPHANED:
             self.stop(f"orphaned: {detail}", EXIT_ORPHANED, 0.0)
 
     def _on_call(self, call: Call) -> None:
@@ -313,7 +310,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
             return
         if entry is None:
             known = ", ".join(sorted(self._table))
-            self._reply_error(
+            self._replies.error(
                 call, "UnknownEndpoint", f"role {self.context.role!r} has no endpoint {call.endpoint!r}; it has: {known}"
             )
             return
@@ -321,10 +318,10 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         try:
             spec.accepts(call.args, call.kwargs)
         except TypeError as exc:
-            self._reply_error(call, "BadArguments", f"{call.endpoint}{_public_signature(spec)}: {exc}")
+            self._replies.error(call, "BadArguments", f"{call.endpoint}{_public_signature(spec)}: {exc}")
             return
         if spec.stream:  # hfrt.daemon.streaming: starts now, one step per loop turn
-            self._start_stream(call, fn)
+            self._streams.start(call, fn, self.daemon)
         elif spec.concurrent:
             self._start_concurrent(call, spec, fn)
         elif (
@@ -346,7 +343,7 @@ class DaemonServer(StreamServing, TensorPlaneServing):
         for item in self._queue:
             if item.call.call_id == call_id:
                 self._queue.remove(item)
-                self._handle_calls.discard(call_id)
+                self.tensors.forget(call_id)
                 self._log.debug("cancelled_queued", call_id=call_id)
                 return
         if self._calls.cancel(call_id):  # a threaded one cannot be interrupted: its reply is dropped
@@ -398,63 +395,47 @@ class DaemonServer(StreamServing, TensorPlaneServing):
     def _run_sync(self, call: Call, fn: Any) -> None:
         start = time.perf_counter()
         try:
-            args, kwargs = self._arguments(call)
+            args, kwargs = self.tensors.arguments(call)
             value = fn(self.daemon, *args, **kwargs)
         except Exception as exc:
-            self._finish_error(call, exc)
+            self._replies.raised(call, exc)
         else:
-            self._finish(call, value, time.perf_counter() - start)
+            self._replies.result(call, value, time.perf_counter() - start)
 
     async def _run_async(self, call: Call, fn: Any) -> None:
         start = time.perf_counter()
         try:
-            args, kwargs = self._arguments(call)
+            args, kwargs = self.tensors.arguments(call)
             value = await fn(self.daemon, *args, **kwargs)
         except Exception as exc:
-            self._finish_error(call, exc)
+            self._replies.raised(call, exc)
         else:
-            self._finish(call, value, time.perf_counter() - start)
+            self._replies.result(call, value, time.perf_counter() - start)
 
     async def _run_threaded(self, call: Call, fn: Any) -> None:
         assert self._pool is not None
         start = time.perf_counter()
         self._calls.in_thread(call.call_id)
         try:
-            args, kwargs = self._arguments(call)
+            args, kwargs = self.tensors.arguments(call)
             job = functools.partial(fn, self.daemon, *args, **kwargs)
             value = await self._loop.run_in_executor(self._pool, job)
         except Exception as exc:
-            self._finish_error(call, exc)
+            self._replies.raised(call, exc)
         else:
-            self._finish(call, value, time.perf_counter() - start)
+            self._replies.result(call, value, time.perf_counter() - start)
 
-    def _finish(self, call: Call, value: Any, elapsed: float) -> None:
-        if not self._calls.finished(call.call_id) or not call.reply:
-            return
+    def _run_internal(self, call: Call) -> None:
+        """A tensor-plane call of the controller's (hfrt.daemon.tensor_serving.INTERNAL)."""
+        start = time.perf_counter()
         try:
-            if "torch" in sys.modules:  # only a daemon that imported torch can return tensors
-                value = self.tensors().export(value)
-            frames = self._wire.pack(Reply(call.call_id, value, elapsed))
-        except WireError as exc:
-            self._reply_error(call, "ResultTooLarge", str(exc))
-            return
-        except (TypeError, ValueError, OverflowError) as exc:
-            self._reply_error(call, "UnencodableResult", f"{call.endpoint} returned a value hfrt cannot send: {exc}")
-            return
-        except Exception as exc:  # storing a result tensor failed (e.g. /dev/shm full)
-            self._reply_error(call, "ResultNotStored", f"{call.endpoint}: {type(exc).__name__}: {exc}")
-            return
-        self._send_frames(frames)
-
-    def _finish_error(self, call: Call, exc: BaseException) -> None:
-        self._calls.finished(call.call_id)  # an error is sent even for a cancelled threaded call
-        self._log.warning("endpoint_raised", call_id=call.call_id, endpoint=call.endpoint, error=type(exc).__name__)
-        self._reply_error(call, type(exc).__name__, str(exc), traceback.format_exc())
+            value = self.tensors.internal(call)
+        except Exception as exc:
+            self._replies.raised(call, exc)
+        else:
+            self._replies.result(call, value, time.perf_counter() - start)
 
     # -- outgoing -----------------------------------------------------------------------------
-
-    def _reply_error(self, call: Call, type_name: str, message: str, tb: str = "") -> None:
-        self._send(Error(call.call_id, type_name, message, tb))
 
     def _send(self, msg: Message) -> None:
         self._send_frames(self._wire.pack(msg))

@@ -1,22 +1,27 @@
-"""The daemon server's side of the tensor plane, mixed into DaemonServer: the internal endpoints
-the controller calls (directory, frees, fetch, stats, data-plane group) and resolving handles in
-call arguments. The TensorRuntime (and so torch) is created only when first needed.
+"""The daemon's side of the tensor plane, an object the DaemonServer owns: its data-plane server
+(the socket other daemons pull bytes from), the internal endpoints the controller calls on every
+daemon (directory, frees, fetch, stats, data-plane group), and resolving the handles in a call's
+arguments. The TensorRuntime (and so torch) is created only when first needed.
 
-It knows the server's call records and the tensor runtime; it knows nothing of the role.
+It is given the daemon's identity, key and options and its endpoint table (which endpoints take
+raw handles); it knows nothing of the role, of replies or of the command socket.
 """
 
 from __future__ import annotations
 
-import time
+import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from hfrt.daemon.tensors.plane import DataPlaneServer, advertised_host
 from hfrt.protocols import Call
 
 if TYPE_CHECKING:
-    from hfrt.daemon.tensors.plane import DataPlaneServer
+    from hfrt.daemon.tensors.runtime import TensorRuntime
     from hfrt.wire.endpoints import EndpointSpec
 
-#: Calls the controller makes on every daemon for the tensor plane (never in the endpoint table).
+#: Calls the controller makes on every daemon for the tensor plane (never in the endpoint table),
+#: and the TensorRuntime method each runs.
 INTERNAL = {
     "_hfrt_peers": "peers_update",
     "_hfrt_free": "free",
@@ -25,36 +30,61 @@ INTERNAL = {
     "_hfrt_plane_open": "plane_open",
     "_hfrt_plane_join": "plane_join",
 }
+#: internal calls a daemon that never made a tensor answers without creating the runtime (and torch)
+WITHOUT_RUNTIME = frozenset({"_hfrt_peers", "_hfrt_free", "_hfrt_stats"})
 
 
+class TensorServing:
+    """One daemon's tensor plane (see the module docstring).
 
-class TensorPlaneServing:
-    """Needs from its host class: _data, _key, context, _table, _handle_calls, _tensors,
-    _directory, _finish, _finish_error."""
+    identity, key, options: the daemon's (the runtime reads transfer options from `options`).
+    table: the daemon's endpoint table; an endpoint declared `raw_handles` gets handles unresolved.
+    """
 
-    _data: DataPlaneServer | None
-    _key: bytes
-    _table: dict[str, tuple[EndpointSpec, Any]]
-    _handle_calls: set[int]
-    _tensors: Any
-    _directory: dict[str, Any]
-    context: Any
+    def __init__(self, identity: str, key: bytes, options: dict[str, Any],
+                 table: Mapping[str, tuple[EndpointSpec, Any]]) -> None:
+        self._identity = identity
+        self._key = key
+        self._options = options
+        self._table = table
+        self._data: DataPlaneServer | None = None
+        self._runtime: TensorRuntime | None = None
+        self._directory: dict[str, Any] = {}  # where every daemon's data plane is (the controller's latest)
+        self._handle_calls: set[int] = set()  # call ids whose arguments hold handles
 
-    if TYPE_CHECKING:
-        def _finish(self, call: Call, value: Any, elapsed: float) -> None: ...
-        def _finish_error(self, call: Call, exc: BaseException) -> None: ...
+    def start(self, controller: str) -> None:
+        """Open and start the data-plane server, on the interface that reaches `controller`."""
+        self._data = DataPlaneServer(self._identity, self._key, host=advertised_host(controller))
+        self._data.start()
 
-    def tensors(self) -> Any:
-        """This daemon's TensorRuntime (store, peers), created on first use."""
-        if self._tensors is None:
+    @property
+    def address(self) -> str:
+        """Where other daemons pull this one's tensors from ("" before start)."""
+        return self._data.address if self._data is not None else ""
+
+    def runtime(self) -> TensorRuntime:
+        """This daemon's TensorRuntime (store, peers), created on first use (imports torch)."""
+        if self._runtime is None:
             from hfrt.daemon.tensors.runtime import TensorRuntime
 
-            assert self._data is not None
-            self._tensors = TensorRuntime(self._data, self._key, self.context.options)
-            self._tensors.peers_update(self._directory)
-        return self._tensors
+            assert self._data is not None, "tensor serving not started"
+            self._runtime = TensorRuntime(self._data, self._key, self._options)
+            self._runtime.peers_update(self._directory)
+        return self._runtime
 
-    def _arguments(self, call: Call) -> tuple[list[Any], dict[str, Any]]:
+    def note_handles(self, call_id: int) -> None:
+        """The arguments of call `call_id` hold handles: `arguments` resolves them."""
+        self._handle_calls.add(call_id)
+
+    def forget(self, call_id: int) -> None:
+        """Call `call_id` ended (or never ran): drop what was recorded for it."""
+        self._handle_calls.discard(call_id)
+
+    def remembers(self, call_id: int) -> bool:
+        """Whether anything is still recorded for call `call_id`."""
+        return call_id in self._handle_calls
+
+    def arguments(self, call: Call) -> tuple[list[Any], dict[str, Any]]:
         """The call's arguments, with any handles resolved into tensors pulled from their owners."""
         if call.call_id not in self._handle_calls:
             return call.args, call.kwargs
@@ -62,19 +92,30 @@ class TensorPlaneServing:
         entry = self._table.get(call.endpoint)
         if entry is not None and entry[0].raw_handles:
             return call.args, call.kwargs
-        return self.tensors().resolve(call.args, call.kwargs)  # type: ignore[no-any-return]
+        return self.runtime().resolve(call.args, call.kwargs)
 
-    def _run_internal(self, call: Call) -> None:
+    def internal(self, call: Call) -> Any:
+        """Run the internal endpoint `call` names (one of INTERNAL) and return its value; raises
+        what it raises. A daemon that never made a tensor answers the directory, frees and stats
+        without creating the runtime."""
         self._handle_calls.discard(call.call_id)
-        start = time.perf_counter()
-        try:
-            if call.endpoint == "_hfrt_peers":
-                self._directory = call.args[0]  # kept here: a daemon without tensors needs no torch
-            if self._tensors is None and call.endpoint in ("_hfrt_peers", "_hfrt_free", "_hfrt_stats"):
-                value: Any = {"store_tensors": 0, "store_bytes": 0} if call.endpoint == "_hfrt_stats" else None
-            else:
-                value = getattr(self.tensors(), INTERNAL[call.endpoint])(*call.args, **call.kwargs)
-        except Exception as exc:
-            self._finish_error(call, exc)
-        else:
-            self._finish(call, value, time.perf_counter() - start)
+        if call.endpoint == "_hfrt_peers":
+            self._directory = call.args[0]  # kept here: a daemon without tensors needs no torch
+        if self._runtime is None and call.endpoint in WITHOUT_RUNTIME:
+            return {"store_tensors": 0, "store_bytes": 0} if call.endpoint == "_hfrt_stats" else None
+        return getattr(self.runtime(), INTERNAL[call.endpoint])(*call.args, **call.kwargs)
+
+    def export(self, value: Any) -> Any:
+        """A result value with its tensors stored here and replaced by handles (only a daemon that
+        imported torch can return tensors: otherwise `value` as it is)."""
+        if "torch" in sys.modules:
+            return self.runtime().export(value)
+        return value
+
+    def close(self) -> None:
+        """Close the runtime (its store's shared memory) and stop the data-plane server."""
+        if self._runtime is not None:
+            self._runtime.close()
+        if self._data is not None:
+            self._data.stop()
+            self._data.join(timeout=2.0)
