@@ -40,7 +40,7 @@ from hfrt.deploy import (
     run_command,
 )
 from hfrt.flows import Flow
-from hfrt.flows.config import FlowConfig
+from hfrt.flows.config import CALL_TIMEOUT_S, FlowConfig
 from hfrt.log import get_logger
 from hfrt.protocols import check_heartbeat_s, load_key, new_key, write_key_file
 from hfrt.wire.errors import DaemonGone, ProtocolMismatch
@@ -208,7 +208,8 @@ class Session:
         self._advertise, self._missing = advertise, missing
         # a launcher that started the daemons relaunches them (`attached` refuses recovery)
         self.recovery = Recovery(launcher, policy) if policy.enabled and launcher is not None else None  # type: ignore[arg-type]
-        self.controller = Controller(bind, key, heartbeat_s=heartbeat_s, recovery=self.recovery)
+        # the flows' calls give no timeout: the controller's default is theirs
+        self.controller = Controller(bind, key, heartbeat_s=heartbeat_s, recovery=self.recovery, default_timeout_s=CALL_TIMEOUT_S)
         self.address = ""  # what daemons dial (the bound address, as they can reach it)
         self.attach_file: Path | None = None
         self._log = get_logger(part="run")

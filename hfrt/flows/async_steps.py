@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from hfrt.flows.pipeline import STALE_POLICIES, RolloutPipeline, StalenessPolicy, WeightSync
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import Stage, StageTimer
 from hfrt.flows.trainer import Trainer
 from hfrt.protocols import BatchHandle
 
@@ -78,7 +79,7 @@ class PipelinedSteps:
         if recovery is not None:
             recovery.on_restart("rollout", self._rollout_restarted)
 
-    async def _generate(self, step: int, prompts: BatchHandle) -> BatchHandle:
+    def _generate(self, step: int, prompts: BatchHandle) -> Awaitable[BatchHandle]:
         raise NotImplementedError
 
     def _next_prompts(self) -> BatchHandle:
@@ -95,13 +96,13 @@ class PipelinedSteps:
         if not self._started:
             self._started = True
             await self.pipeline.start(step)
-        return await t.one("generate", self.pipeline.take(step))
+        return await t.one(Stage.GENERATE, self.pipeline.take(step))
 
     async def _publish(self, t: StageTimer, step: int) -> dict[str, Any]:
         """Publish version step + 1 and start the next rollouts (stage `sync`; the publish itself
         goes on in a task); sync/* of the loads finished so far."""
         start = time.perf_counter()
-        info = await t.one("sync", self.pipeline.trained(step + 1))
+        info = await t.one(Stage.SYNC, self.pipeline.trained(step + 1))
         info["timing/sync_s"] = time.perf_counter() - start
         return info
 

@@ -58,7 +58,7 @@ def checkpoint_root(run_dir: str | Path) -> Path:
 
 
 async def save_checkpoint(
-    run_dir: str | Path, step: int, roles: Mapping[str, Any], state: dict[str, Any], *, timeout_s: float
+    run_dir: str | Path, step: int, roles: Mapping[str, Any], state: dict[str, Any], *, timeout_s: float | None = None
 ) -> Path:
     """Have each role save itself under a staging folder (all at once), add state.json, rename the
     folder into place and point `latest` at it. `step` is the number of steps completed."""
@@ -221,7 +221,7 @@ def _check_parts(path: Path, state: dict[str, Any]) -> None:
             raise CheckpointError(f"checkpoint {path}: {key!r} must be an object, got {state[key]!r:.80}")
 
 
-async def load_checkpoint(ckpt: Checkpoint, roles: Mapping[str, Any], *, timeout_s: float) -> None:
+async def load_checkpoint(ckpt: Checkpoint, roles: Mapping[str, Any], *, timeout_s: float | None = None) -> None:
     """Load every saved role's weights and optimizer state back into its daemons (all at once)."""
     missing = sorted(set(ckpt.state["roles"]) - set(roles))
     if missing:
@@ -229,7 +229,7 @@ async def load_checkpoint(ckpt: Checkpoint, roles: Mapping[str, Any], *, timeout
     await asyncio.gather(*(roles[name].load(str(ckpt.path / name), timeout_s=timeout_s) for name in ckpt.state["roles"]))
 
 
-async def save_weights(folder: Path, roles: Mapping[str, Any], *, timeout_s: float) -> Path:
+async def save_weights(folder: Path, roles: Mapping[str, Any], *, timeout_s: float | None = None) -> Path:
     """Have each role save itself under `folder/<role>` (replacing what was there), then write
     `folder/roles.json` last: a folder without it is not whole (a daemon's starting weights,
     which `reset_weights` loads back; see hfrt/flows/checkpoint_manager.py)."""
@@ -240,7 +240,7 @@ async def save_weights(folder: Path, roles: Mapping[str, Any], *, timeout_s: flo
     return folder
 
 
-async def load_weights(folder: Path, roles: Mapping[str, Any], *, timeout_s: float) -> None:
+async def load_weights(folder: Path, roles: Mapping[str, Any], *, timeout_s: float | None = None) -> None:
     """Load what save_weights wrote into every role of `roles`; CheckpointError when the folder
     is not whole or lacks one of them."""
     try:

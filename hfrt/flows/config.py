@@ -16,13 +16,17 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from hfrt.control.recovery import RecoveryPolicy
+from hfrt.flows.gym_data import gym_task
 from hfrt.wire.loss_options import TOKEN_BASELINE_ESTIMATORS, check_advantage_options, check_update_options
+from hfrt.wire.reasoning_gym_tasks import GymTaskError, is_gym
 
 C = TypeVar("C", bound="FlowConfig")
 #: actor_loss options that are another spelling of a setting: (table, option) → the setting it sets.
 #: Resolved in one place, FlowConfig.__post_init__ (giving both with different values is an error).
 ALIASES: dict[tuple[str, str], str] = {("actor_loss", "policy_loss_mode"): "policy_loss_mode"}
-#: how long one call of a flow may take before the flow gives up (a step on CPU takes seconds)
+#: how long one call of a flow may take before the flow gives up (a step on CPU takes seconds): the
+#: default timeout of the controller a run's session builds (hfrt.session), so a flow's calls give
+#: none; a call that needs another deadline says so (`endpoint.with_timeout(s)`)
 CALL_TIMEOUT_S = 300.0
 #: the defaults a data file brings in place of the addition task's (a real model's answers are
 #: sentences, not one digit; a pretrained policy needs no entropy bonus to keep exploring); a
@@ -75,9 +79,14 @@ class FlowConfig:
     advantage: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: whether the flow runs a critic (gae's values); PPO-family configs set it
     CRITIC: ClassVar[bool] = False
-    #: a JSONL / JSON / Parquet file of prompts (hfrt/flows/data.py), checked before launch; ""
-    #: uses the built-in addition task
+    #: a JSONL / JSON / Parquet file of prompts (hfrt/flows/data.py), or `reasoning_gym:TASK` (a
+    #: reasoning-gym task, `composite`, or a composite's YAML file; hfrt/flows/gym_data.py), checked
+    #: before launch; "" uses the built-in addition task
     data: str = ""
+    #: the options of `data = "reasoning_gym:TASK"`: the task's own config keys (size, seed — default
+    #: the run's seed —, and the task's; a composite's `datasets`), plus `system_prompt` (a
+    #: reasoning-gym prompt name, default "default", "" for none, or the text)
+    data_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the validation prompts' file ("": data's first rows, or held-out addition prompts)
     val_data: str = ""
     #: a greedy validation pass every N steps and after the last (0: none); the summary shows the
@@ -148,13 +157,29 @@ class FlowConfig:
             raise ValueError(f"config progress={self.progress!r}: use auto, on or off")
         if self.wandb_project and importlib.util.find_spec("wandb") is None:
             raise ValueError(f"config wandb_project={self.wandb_project!r}: W&B logging needs wandb (pip install wandb)")
+        self._check_gym_data()
         for name in ("data", "val_data"):
             path = getattr(self, name)
+            if name == "data" and is_gym(path):
+                continue
             if path and not Path(path).is_file():
                 raise ValueError(f"config {name}={path!r}: no such file")
             if path:  # rows of the wrong shape, or none, refused before any daemon starts
                 from hfrt.flows.data import check_data_file
                 check_data_file(path, f"config {name}")
+
+    def _check_gym_data(self) -> None:
+        """A reasoning-gym `data` and its `data_options`, checked by building the task once (the
+        rows' scorer is the task's own); data_options without one is an error naming both keys."""
+        if not is_gym(self.data):
+            if self.data_options:
+                raise ValueError(f"config data_options={self.data_options!r}: read only with data = \"reasoning_gym:TASK\" "
+                                 f"(data is {self.data!r})")
+            return
+        try:
+            gym_task(self.data, self.data_options, seed=self.seed)
+        except GymTaskError as exc:
+            raise ValueError(f"config {exc}") from None
 
     def _resolve_aliases(self) -> None:
         """Move each ALIASES option out of its table into the setting it spells (the only place

@@ -13,20 +13,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hfrt.flows.config import CALL_TIMEOUT_S, FlowConfig
+from hfrt.flows.config import FlowConfig
 from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
 from hfrt.flows.ppo_family import PPO_ROLES
 from hfrt.flows.streaming import check_stream_chunks
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import Stage, StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
 from hfrt.wire.loss_options import GROUP_ESTIMATORS as GROUP_ESTIMATORS  # estimators that need n >= 2
+from hfrt.wire.role_views import Actor, Reference, Reward
 
 #: The embedded default: PPO's roles without the critic (actor, reference, reward).
 GRPO_ROLES: dict[str, dict[str, Any]] = {name: s for name, s in PPO_ROLES.items() if name != "critic"}
 #: A generation-only rollout daemon with the actor's model and sampling (asynchronous and agent flows).
 ROLLOUT_ROLE: dict[str, Any] = {"impl": "rollout", "options": {"model": "tiny", "sampling": {"top_k": 0}}}
-KW = {"timeout_s": CALL_TIMEOUT_S}
 StepFn = Callable[..., Awaitable[dict[str, Any]]]
 
 
@@ -131,55 +131,55 @@ async def train(ctl: Any, cfg: RLOOConfig, step_fn: StepFn) -> dict[str, Any]:
     return await Trainer(ctl, cfg, roles).run(lambda step, prompts: step_fn(cfg, step, prompts, **roles))
 
 
-async def rloo_step(cfg: RLOOConfig, step: int, prompts: BatchHandle, *, actor: Any, reference: Any, reward: Any) -> dict[str, Any]:
+async def rloo_step(
+    cfg: RLOOConfig, step: int, prompts: BatchHandle, *, actor: Actor, reference: Reference, reward: Reward
+) -> dict[str, Any]:
     """One RLOO step on a batch of prompts; returns its metrics. REINFORCE++ runs the same stages:
     its config names another estimator (`cfg.advantage_options()`)."""
     t = StageTimer()
     # Stage 1: n responses per prompt (samples of a prompt share its uid); stage 2: prepare
     # experience — the reference and the reward at once
     rollout, ref, scores = await experience(t, sample(actor, cfg, step, prompts), reference=reference, reward=reward)
-    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **KW))
+    old = await t.one(Stage.OLD_LOG_PROB, actor.compute_log_prob(rollout, **cfg.log_prob_options()))
     # rewards = scores − β·KL, then each sample against the mean of its prompt's other samples
-    adv = await t.one("advantages", actor.compute_advantages(
-        rollout, scores, old, ref, **cfg.advantage_call(**cfg.advantage_options()), **KW))
+    adv = await t.one(Stage.ADVANTAGES, actor.compute_advantages(
+        rollout, scores, old, ref, **cfg.advantage_call(**cfg.advantage_options())))
     # Stage 3: actor training (no critic)
-    actor_ranks = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **KW))
+    actor_ranks = await t.one(Stage.UPDATE, actor.update(rollout, old, ref, adv, **actor_loss_options(cfg)))
     return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))
 
 
-def sample(actor: Any, cfg: RLOOConfig, step: int, prompts: BatchHandle) -> Awaitable[BatchHandle]:
+def sample(actor: Actor, cfg: RLOOConfig, step: int, prompts: BatchHandle) -> Awaitable[BatchHandle]:
     """Send the step's sampling call (n responses per prompt, the step's seed); returns its future."""
     return actor.generate(
-        prompts, n=cfg.n, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-        seed=sampling_seed(cfg, step), **KW)
+        prompts, n=cfg.n, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=sampling_seed(cfg, step))
 
 
 async def experience(
-    t: StageTimer, samples: Awaitable[BatchHandle], *, reference: Any, reward: Any
+    t: StageTimer, samples: Awaitable[BatchHandle], *, reference: Reference, reward: Reward
 ) -> tuple[BatchHandle, BatchHandle, BatchHandle]:
     """(rollout, reference log-probs, scores): the sampled rollout once it arrives
     (`timing/generate_s`), then its reference and reward calls at once (`timing/stage2_s`)."""
-    rollout = await t.one("generate", samples)
+    rollout = await t.one(Stage.GENERATE, samples)
     ref, scores = await t.together(
-        "stage2", ref_log_prob=reference.compute_log_prob(rollout, **KW), reward=reward.score(rollout, **KW))
+        Stage.STAGE2, ref_log_prob=reference.compute_log_prob(rollout), reward=reward.score(rollout))
     return rollout, ref, scores
 
 
 async def train_on(
-    cfg: GRPOConfig, t: StageTimer, rollout: BatchHandle, *, actor: Any, reference: Any, reward: Any,
+    cfg: GRPOConfig, t: StageTimer, rollout: BatchHandle, *, actor: Actor, reference: Reference, reward: Reward,
     early: tuple[Awaitable[BatchHandle], Awaitable[BatchHandle]] | None = None,
 ) -> dict[str, Any]:
     """grpo's stages after generation, on a rollout made elsewhere (grpo_async's rollout role,
     agent_calc's agents); the step's metrics. `early`: the rollout's (reference log-probs, reward
     scores) calls, already started."""
-    kw = {"timeout_s": CALL_TIMEOUT_S}
-    ref_call, score_call = early or (reference.compute_log_prob(rollout, **kw), reward.score(rollout, **kw))
-    ref, scores = await t.together("stage2", ref_log_prob=ref_call, reward=score_call)
+    ref_call, score_call = early or (reference.compute_log_prob(rollout), reward.score(rollout))
+    ref, scores = await t.together(Stage.STAGE2, ref_log_prob=ref_call, reward=score_call)
     # as in grpo: one optimizer step takes the actor's current log-probs as the old ones (the
     # proximal policy); the rollout engine's own log-probs enter through tis_cap
     old = [] if cfg.on_policy(len(rollout)) else [
-        await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **kw))]
-    adv = await t.one("advantages", actor.compute_advantages(
-        rollout, scores, *old, ref, **cfg.advantage_call(estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std), **kw))
-    actor_ranks = await t.one("update", actor.update(rollout, *old, ref, adv, **actor_loss_options(cfg), **kw))
+        await t.one(Stage.OLD_LOG_PROB, actor.compute_log_prob(rollout, **cfg.log_prob_options()))]
+    adv = await t.one(Stage.ADVANTAGES, actor.compute_advantages(
+        rollout, scores, *old, ref, **cfg.advantage_call(estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std)))
+    actor_ranks = await t.one(Stage.UPDATE, actor.update(rollout, *old, ref, adv, **actor_loss_options(cfg)))
     return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))

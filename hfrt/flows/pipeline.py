@@ -22,11 +22,11 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from hfrt.flows.batches import non_tensor
-from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.protocols import BatchHandle
+from hfrt.wire.role_views import Actor, Rollout, Sampling
 
 #: start one rollout for a step from its prompts: `rollout.generate(prompts, ...)` with the step's seed
 GenerateFn = Callable[[int, BatchHandle], Awaitable[BatchHandle]]
@@ -80,8 +80,8 @@ class WeightSync:
     load on the rollout daemons) and sends the load without waiting; `finished()` collects the
     loads that completed: sync/version, time_s (publish start to load end), bytes, buckets."""
 
-    def __init__(self, actor: Any, rollout: Any, *, bucket_mb: float = 64.0, timeout_s: float = CALL_TIMEOUT_S) -> None:
-        self.actor, self.rollout, self.bucket_mb, self.timeout_s = actor, rollout, bucket_mb, timeout_s
+    def __init__(self, actor: Actor, rollout: Rollout, *, bucket_mb: float = 64.0) -> None:
+        self.actor, self.rollout, self.bucket_mb = actor, rollout, bucket_mb
         self.sent = -1  # the newest version whose load has been sent
         self._loads: collections.deque[tuple[int, float, dict[str, Any], asyncio.Future[Any]]] = collections.deque()
         self._ended: dict[int, float] = {}
@@ -90,11 +90,11 @@ class WeightSync:
         """Publish `version` on the actor and send its load to the rollout role; the load's future."""
         start = time.perf_counter()
         try:
-            per_rank = await self.actor.publish_weights(version, bucket_mb=self.bucket_mb, timeout_s=self.timeout_s)
+            per_rank = await self.actor.publish_weights(version, bucket_mb=self.bucket_mb)
         except Exception as exc:
             raise RolloutError(f"weight sync to version {version}: the actor could not publish: {exc}") from exc
         record = per_rank[0]  # rank 0 holds the buckets; the others only took part in gathering
-        load = asyncio.ensure_future(self.rollout.load_weights(record, timeout_s=self.timeout_s))
+        load = asyncio.ensure_future(self.rollout.load_weights(record))
         load.add_done_callback(lambda _: self._ended.setdefault(version, time.perf_counter()))
         # the record holds the buckets' handles: kept until the load is done, or the actor frees them
         self._loads.append((version, start, record, load))
@@ -137,7 +137,7 @@ class WeightSync:
         self._loads.clear()
 
 
-async def partial_rollout(rollout: Any, prompts: BatchHandle, *, segment_tokens: int, **sampling: Any) -> BatchHandle:
+async def partial_rollout(rollout: Rollout, prompts: BatchHandle, *, segment_tokens: int, **sampling: Unpack[Sampling]) -> BatchHandle:
     """One rollout generated in segments of at most `segment_tokens` new tokens
     (`rollout.generate_partial`, roles/partial_rollout.py): each segment call is sent when the
     previous one returned, so a weight load sent meanwhile reaches the rollout daemons first and

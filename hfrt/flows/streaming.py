@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
 from hfrt.flows.batches import concat_rollouts
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import Stage, StageTimer
 from hfrt.protocols import BatchHandle
 
 #: the scoring calls of one chunk of rollout, by timing name: {"ref_log_prob": reference.compute_log_prob(chunk), ...}
@@ -74,7 +74,7 @@ async def streamed_experience(
             for name, call in scorers(part).items():
                 started.setdefault(name, []).append(asyncio.ensure_future(call))
         generated = time.perf_counter()
-        t.timings["timing/generate_s"] = generated - start
+        t.record(Stage.GENERATE, generated - start)
 
         async def finish(name: str, calls: list[asyncio.Future[BatchHandle]]) -> BatchHandle:
             done = await asyncio.gather(*calls)
@@ -88,7 +88,7 @@ async def streamed_experience(
         for call in everything:
             call.cancel()
         raise
-    t.timings["timing/stage2_s"] = time.perf_counter() - generated
+    t.record(Stage.STAGE2, time.perf_counter() - generated)
     t.timings["timing/stage2_streamed_s"] = generated - first_score if chunks > 1 and first_score else 0.0
     t.timings["stream/chunks"] = float(chunks)
     rollout = parts[0] if len(parts) == 1 else concat_rollouts(parts)

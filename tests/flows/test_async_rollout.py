@@ -53,7 +53,7 @@ class FakeRollout:
         self.queue.put_nowait((kind, arg, fut))
         return fut
 
-    def load_weights(self, record: dict[str, Any], timeout_s: float) -> asyncio.Future[Any]:
+    def load_weights(self, record: dict[str, Any]) -> asyncio.Future[Any]:
         return self._call("load", record)
 
     def generate(self, step: int) -> asyncio.Future[Any]:
@@ -61,7 +61,7 @@ class FakeRollout:
 
 
 class FakeActor:
-    async def publish_weights(self, version: int, bucket_mb: float, timeout_s: float) -> list[dict[str, Any]]:
+    async def publish_weights(self, version: int, bucket_mb: float) -> list[dict[str, Any]]:
         return [{"version": version, "buckets": [], "timing/publish_s": 0.0}]
 
 
@@ -114,7 +114,7 @@ def test_staleness_histogram_and_config_checks() -> None:
 
 
 class FailingLoads(FakeRollout):
-    def load_weights(self, record: dict[str, Any], timeout_s: float) -> asyncio.Future[Any]:
+    def load_weights(self, record: dict[str, Any]) -> asyncio.Future[Any]:
         fut = asyncio.get_running_loop().create_future()
         fut.set_exception(RuntimeError("rollout[0] (vm pid 1) is gone (killed); load_weights did not finish"))
         return fut

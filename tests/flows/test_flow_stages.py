@@ -5,7 +5,9 @@ groups answer every endpoint with a batch of the right shape and record (stage, 
 stage is the StageTimer name the call was awaited under and the op is what `hfrt plan` calls it
 (generate, forward, train; *_greedy for a greedy generation and what is computed on it). A second
 run with ppo_epochs=2 shows which forward passes the recipe skips when the update is on-policy:
-those are STAGES' forward_offpolicy. No daemon, no torch.
+those are STAGES' forward_offpolicy. The stage names every StageTimer of the step recorded are
+STAGES' names plus the unpriced ones (hfrt.flows.timing.UNPRICED), all of them Stage members: a
+stage renamed on one side only, or timed under a string of its own, fails here. No daemon, no torch.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import pytest
 
 from hfrt.flows import load_flow
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import UNPRICED, Stage, StageTimer
 from hfrt.protocols import BatchHandle
 
 #: the RL recipes that declare STAGES (ping runs no RL step; agent_calc's turns are not planned)
@@ -31,6 +33,8 @@ QUIET = {"steps": 1, "prompts_per_step": 2, "val_every": 0, "progress": "off", "
 OPS = {"generate": "generate", "generate_partial": "generate", "compute_log_prob": "forward",
        "compute_values": "forward", "score": "forward", "update": "train"}
 Call = tuple[str | None, str, str]  # (stage, role, op)
+#: every StageTimer made since the last one_step began (the stages it recorded: `timer.stages`)
+TIMERS: list[StageTimer] = []
 
 
 class Recorded:
@@ -127,14 +131,22 @@ def stage_of_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
             mark(call, stage)
         return await together(self, stage, **calls)
 
+    init = StageTimer.__init__
+
+    def init_kept(self: StageTimer) -> None:
+        init(self)
+        TIMERS.append(self)
+
     monkeypatch.setattr(StageTimer, "one", one_marked)
     monkeypatch.setattr(StageTimer, "together", together_marked)
+    monkeypatch.setattr(StageTimer, "__init__", init_kept)
 
 
 def one_step(name: str, **settings: Any) -> tuple[Counter[Call], list[str | None]]:
     """(stage, role, op) of every priced call one step of the recipe makes, and their stages in
     the order the calls were sent."""
     ctl = RecordingController()
+    TIMERS.clear()
     asyncio.run(asyncio.wait_for(load_flow(name).run(ctl, QUIET | settings), timeout=30))
     priced = [c for c in ctl.calls if c.op is not None]
     return Counter((c.stage, c.role, c.op) for c in priced), [c.stage for c in priced]
@@ -168,6 +180,35 @@ def test_stages_match_the_calls_of_one_step(name: str) -> None:
     # the declared stages come in the order the step first calls into them
     seen = list(dict.fromkeys(stage for stage in order if stage in names))
     assert seen == [stage for stage in names if stage in seen], f"{name}: stages called in the order {seen}"
+
+
+def timed_stages(name: str, **settings: Any) -> list[str]:
+    """The stage names the StageTimers of one step recorded, in the order they first began."""
+    one_step(name, **settings)
+    return list(dict.fromkeys(stage for timer in TIMERS for stage in timer.stages))
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_the_timer_records_exactly_the_declared_stages(name: str) -> None:
+    declared = [stage for stage, _ in importlib.import_module(f"hfrt.flows.recipes.{name}").STAGES]
+    assert all(isinstance(stage, Stage) for stage in declared), declared
+    assert not set(declared) & UNPRICED, f"{name}: an unpriced stage is declared"
+    timed = timed_stages(name) + timed_stages(name, ppo_epochs=2)  # off-policy: the old log-probs pass too
+    strays = [stage for stage in timed if not isinstance(stage, Stage)]
+    assert strays == [], f"{name}: stages timed under names of their own, not Stage members: {strays}"
+    assert set(timed) - UNPRICED == set(declared), f"{name}: timed {sorted(set(timed))}, STAGES {declared}"
+
+
+def test_a_stage_renamed_on_one_side_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check itself: rloo timing its stage 2 under a name of its own fails it."""
+    together = StageTimer.together
+
+    async def renamed(self: StageTimer, stage: str, **calls: Any) -> list[Any]:
+        return await together(self, "experience" if stage == Stage.STAGE2 else stage, **calls)
+
+    monkeypatch.setattr(StageTimer, "together", renamed)
+    with pytest.raises(AssertionError, match=r"rloo: stages timed under names of their own.*experience"):
+        test_the_timer_records_exactly_the_declared_stages("rloo")
 
 
 def test_every_rl_recipe_with_stages_is_checked() -> None:

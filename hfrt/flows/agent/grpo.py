@@ -23,12 +23,12 @@ from typing import Any
 from hfrt.flows.agent.loop import AGENT_COLUMNS, AgentConfig, AgentFn, Trajectory, agent_metrics, assemble, run_agents
 from hfrt.flows.async_steps import PipelinedSteps, check_pipeline_settings, run_and_close
 from hfrt.flows.batches import non_tensor
-from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.grpo_family import GRPO_ROLES, ROLLOUT_ROLE, GRPOFlowConfig, train_on
 from hfrt.flows.pipeline import StalenessPolicy, WeightSync
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import Stage, StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
+from hfrt.wire.role_views import Actor, Reference, Reward, Rollout, Turns
 
 #: where the agent loop's turns run: a separate rollout role (weights synced to it every step), or
 #: the actor's own generation engine (colocated)
@@ -140,13 +140,16 @@ class AgentSteps:
 
     def __init__(self, cfg: AgentGRPOConfig, roles: dict[str, Any], agent: AgentFn) -> None:
         self.cfg, self.agent = cfg, agent
-        self.train = {k: roles[k] for k in ("actor", "reference", "reward")}
-        self.generator = roles["actor"] if cfg.agent_on == "actor" else roles["rollout"]
+        self.actor: Actor = roles["actor"]
+        self.reference: Reference = roles["reference"]
+        self.reward: Reward = roles["reward"]
+        self.generator: Turns = roles["actor"] if cfg.agent_on == "actor" else roles["rollout"]
         self.sync = None if cfg.agent_on == "actor" else WeightSync(roles["actor"], roles["rollout"])
         self.pushes = PushCounter(roles["actor"]) if cfg.agent_on == "actor" else None
 
     async def __call__(self, step: int, prompts: BatchHandle) -> dict[str, Any]:
-        return await agent_step(self.cfg, step, prompts, self.generator, self.agent, self.sync, self.pushes, **self.train)
+        return await agent_step(self.cfg, step, prompts, self.generator, self.agent, self.sync, self.pushes,
+                                actor=self.actor, reference=self.reference, reward=self.reward)
 
     async def close(self, *, abort: bool = False) -> None:
         """Nothing runs between steps."""
@@ -156,17 +159,18 @@ class PushCounter:
     """agent/weight_pushes for a step on the actor: how many times the actor pushed its weights into
     its generation engine since the previous step (1 per step however many turns it ran)."""
 
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: Actor) -> None:
         self.actor, self.seen = actor, 0
 
     async def since_last(self) -> dict[str, float]:
-        [first, *_] = await self.actor.hybrid_phase(timeout_s=CALL_TIMEOUT_S)
+        [first, *_] = await self.actor.hybrid_phase()
         count, self.seen = int(first["to_generate"]) - self.seen, int(first["to_generate"])
         return {"agent/weight_pushes": float(count), "agent/weight_version": float(first["weight_version"])}
 
 
-async def agent_step(cfg: AgentGRPOConfig, step: int, prompts: Any, generator: Any, agent: AgentFn, sync: WeightSync | None,
-                     pushes: PushCounter | None, *, actor: Any, reference: Any, reward: Any) -> dict[str, Any]:
+async def agent_step(cfg: AgentGRPOConfig, step: int, prompts: BatchHandle, generator: Turns, agent: AgentFn,
+                     sync: WeightSync | None, pushes: PushCounter | None, *,
+                     actor: Actor, reference: Reference, reward: Reward) -> dict[str, Any]:
     """One step on a batch of prompts (each row sampled n times, a sample dict of its columns
     and a `uid` per prompt); its metrics, agent/* included (agent/tool_calls_mean from the
     samples' `tool_calls` where the agent sets it). `generator`: the role the turns and the
@@ -175,10 +179,10 @@ async def agent_step(cfg: AgentGRPOConfig, step: int, prompts: Any, generator: A
     info: dict[str, Any] = {}
     if sync is not None:
         await sync.publish(step)
-        info = await t.one("sync", sync.drain())
+        info = await t.one(Stage.SYNC, sync.drain())
     names = prompt_columns(prompts)
-    trajectories = await t.one("generate", run_agents(generator, agent, agent_samples(cfg, step, prompts), cfg.agent(step)))
-    batch = await t.one("assemble", assemble(generator, trajectories, carry=(*names, "uid", "tool_calls")))
+    trajectories = await t.one(Stage.GENERATE, run_agents(generator, agent, agent_samples(cfg, step, prompts), cfg.agent(step)))
+    batch = await t.one(Stage.ASSEMBLE, assemble(generator, trajectories, carry=(*names, "uid", "tool_calls")))
     if pushes is not None:
         info |= await pushes.since_last()
     record = await train_on(cfg, t, batch, actor=actor, reference=reference, reward=reward)
@@ -224,6 +228,10 @@ class AsyncAgentSteps(PipelinedSteps):
     def __init__(self, cfg: AgentGRPOConfig, roles: dict[str, Any], trainer: Trainer, agent: AgentFn) -> None:
         self.cfg, self.agent = cfg, agent
         self._trajectories: dict[int, list[Trajectory]] = {}  # step → the trajectories of its rollouts
+        self.actor: Actor = roles["actor"]
+        self.rollout: Rollout = roles["rollout"]
+        self.reference: Reference = roles["reference"]
+        self.reward: Reward = roles["reward"]
         super().__init__(cfg, roles, trainer)
 
     async def _generate(self, step: int, prompts: BatchHandle) -> BatchHandle:
@@ -231,9 +239,8 @@ class AsyncAgentSteps(PipelinedSteps):
         done = self._trajectories.setdefault(step, [])
         tag = f"r{len(done)}-" if done else ""  # a top-up's prompts: uids apart from the kept groups'
         start = time.perf_counter()
-        rollout = self.roles["rollout"]
-        trajectories = await run_agents(rollout, self.agent, agent_samples(self.cfg, step, prompts, tag), self.cfg.agent(step))
-        batch = await assemble(rollout, trajectories, carry=(*prompt_columns(prompts), "uid", "tool_calls"))
+        trajectories = await run_agents(self.rollout, self.agent, agent_samples(self.cfg, step, prompts, tag), self.cfg.agent(step))
+        batch = await assemble(self.rollout, trajectories, carry=(*prompt_columns(prompts), "uid", "tool_calls"))
         done.extend(trajectories)
         # what the pipeline reads as the rollout side's busy time and tokens/s
         batch.meta["timing/generate_s"] = time.perf_counter() - start
@@ -246,8 +253,7 @@ class AsyncAgentSteps(PipelinedSteps):
         if info.get("async/dropped_groups"):  # agent/* of the samples trained on only
             kept = set(non_tensor(batch, "uid"))
             trajectories = [tr for tr in trajectories if tr.sample.get("uid") in kept]
-        roles = {k: self.roles[k] for k in ("actor", "reference", "reward")}
-        record = await train_on(self.cfg, t, batch, **roles)
+        record = await train_on(self.cfg, t, batch, actor=self.actor, reference=self.reference, reward=self.reward)
         info |= await self._publish(t, step)
         info["async/rows_spanning_versions"] = spanning_share(trajectories)
         return record | trajectory_metrics(trajectories) | info | {"timing/step_s": t.step_s()}

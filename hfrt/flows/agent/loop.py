@@ -19,9 +19,9 @@ from typing import Any
 
 from hfrt.flows.agent.sandbox import SandboxLimits, SandboxResult, ToolError, call_tool, run_python
 from hfrt.flows.batches import prompts_handle
-from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.protocols import BatchHandle
 from hfrt.serve.turns import AgentGenerationError, Trajectory, TurnBatcher
+from hfrt.wire.role_views import Turns
 
 AgentFn = Callable[["Conversation", dict[str, Any]], Awaitable[float]]
 
@@ -116,7 +116,7 @@ class Conversation:
         return result
 
 
-async def run_agents(rollout: Any, agent: AgentFn, samples: Sequence[dict[str, Any]], cfg: AgentConfig | None = None) -> list[Trajectory]:
+async def run_agents(rollout: Turns, agent: AgentFn, samples: Sequence[dict[str, Any]], cfg: AgentConfig | None = None) -> list[Trajectory]:
     """Run `agent` once per sample (each needs a `prompt`), concurrently, turns batched; the
     trajectories in sample order. Errors of a sample's own (tools, limits, its code) end that
     sample only; a failed generation call raises AgentGenerationError."""
@@ -167,13 +167,13 @@ def trajectory_columns(trajectories: Sequence[Trajectory], carry: Sequence[str] 
     return columns
 
 
-async def assemble(rollout: Any, trajectories: Sequence[Trajectory], carry: Sequence[str] = (), *, timeout_s: float = CALL_TIMEOUT_S) -> BatchHandle:
+async def assemble(rollout: Turns, trajectories: Sequence[Trajectory], carry: Sequence[str] = ()) -> BatchHandle:
     """The trajectories as a rollout batch (roles/rollout.py layout, response_mask 0 on appended
     text) made on the rollout daemons; the actor trains on the handle."""
     columns = trajectory_columns(trajectories, carry)
     if not columns["prompt_ids"]:
         raise ValueError("no trajectory reached its first turn: nothing to train on")
-    return await rollout.assemble_trajectories(prompts_handle(columns), timeout_s=timeout_s)
+    return await rollout.assemble_trajectories(prompts_handle(columns))
 
 
 def agent_reward(response: str, ground_truth: Any, agent_reward: float) -> float:

@@ -21,15 +21,16 @@ from typing import Any
 from hfrt.flows.agent.external import DRIVERS, DriverCall, Episode, dump_trajectories, episode_metrics, load_callable, run_external
 from hfrt.flows.agent.grpo import ROLES, AgentGRPOConfig, PushCounter, agent_samples, prompt_columns, roles_for
 from hfrt.flows.agent.loop import agent_metrics, assemble
-from hfrt.serve.server import OpenAIServer, ServerLimits
-from hfrt.serve.tools import parser_for
 from hfrt.flows.async_steps import run_and_close
 from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.grpo_family import train_on
 from hfrt.flows.pipeline import WeightSync
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import Stage, StageTimer
 from hfrt.flows.trainer import Trainer, get_roles
 from hfrt.protocols import BatchHandle
+from hfrt.serve.server import OpenAIServer, ServerLimits
+from hfrt.serve.tools import parser_for
+from hfrt.wire.role_views import Actor, Reference, Reward, Turns
 
 __all__ = ["ROLES", "AgentOpenAIConfig", "Config", "OpenAISteps", "flow", "roles_for"]
 
@@ -90,8 +91,10 @@ class OpenAISteps:
     def __init__(self, cfg: AgentOpenAIConfig, roles: dict[str, Any], server: OpenAIServer) -> None:
         self.cfg, self.server = cfg, server
         self.driver, self.reward = load_callable(cfg.agent_driver, "agent_driver", DRIVERS), load_callable(cfg.agent_reward, "agent_reward")
-        self.train = {k: roles[k] for k in ("actor", "reference", "reward")}
-        self.generator = roles["actor"] if cfg.agent_on == "actor" else roles["rollout"]
+        self.actor: Actor = roles["actor"]
+        self.reference: Reference = roles["reference"]
+        self.reward_role: Reward = roles["reward"]
+        self.generator: Turns = roles["actor"] if cfg.agent_on == "actor" else roles["rollout"]
         self.sync = None if cfg.agent_on == "actor" else WeightSync(roles["actor"], roles["rollout"])
         self.pushes = PushCounter(roles["actor"]) if cfg.agent_on == "actor" else None
         self.last: list[Episode] = []
@@ -101,11 +104,11 @@ class OpenAISteps:
         info: dict[str, Any] = {}
         if self.sync is not None:
             await self.sync.publish(step)
-            info = await t.one("sync", self.sync.drain())
+            info = await t.one(Stage.SYNC, self.sync.drain())
         samples = agent_samples(cfg, step, prompts)
         call = DriverCall(**{**vars(cfg.call()), "base_url": self.server.url, "api_key": self.server.api_key or ""})
         threads = cfg.agent_threads or len(samples)
-        episodes = await t.one("generate", run_external(self.server, self.driver, self.reward, samples, call,
+        episodes = await t.one(Stage.GENERATE, run_external(self.server, self.driver, self.reward, samples, call,
                                                         tag=f"step{step}-", threads=threads))
         self.last = episodes
         trajectories = [tr for e in episodes for tr in e.trajectories or []]
@@ -114,10 +117,10 @@ class OpenAISteps:
         if not trajectories:
             errors = sorted({e.error for e in episodes if e.error})[:3]
             raise RuntimeError(f"step {step}: no conversation made a single call to the endpoint (errors: {errors})")
-        batch = await t.one("assemble", assemble(self.generator, trajectories, carry=(*prompt_columns(prompts), "uid")))
+        batch = await t.one(Stage.ASSEMBLE, assemble(self.generator, trajectories, carry=(*prompt_columns(prompts), "uid")))
         if self.pushes is not None:
             info |= await self.pushes.since_last()
-        record = await train_on(cfg, t, batch, **self.train)
+        record = await train_on(cfg, t, batch, actor=self.actor, reference=self.reference, reward=self.reward_role)
         rows = {f"agent/rows_{k.removeprefix('agent/')}": v for k, v in agent_metrics(trajectories).items()}
         return record | rows | episode_metrics(episodes) | info
 

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfrt.flows.batches import non_tensor
-from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.grpo_family import GRPO_ROLES, GRPOConfig, actor_loss_options
 from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import Stage, StageTable, StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
+from hfrt.wire.role_views import Actor, Reference, Reward
 
 #: The embedded default: GRPO's roles. DAPO drops the KL term (kl_loss_coef 0); the reference is
 #: still there so every step logs kl/mean — how far the policy has moved — beside the reward.
@@ -40,11 +40,11 @@ ROLES: dict[str, dict[str, Any]] = dict(GRPO_ROLES)
 #: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
 #: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
 #: One sampling round: DAPO repeats generate and stage2 until enough groups vary.
-STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
-    ("generate", {"actor": ("generate",)}),
-    ("stage2", {"reward": ("forward",), "reference": ("forward",)}),
-    ("old_log_prob", {"actor": ("forward",)}),
-    ("update", {"actor": ("train",)}),
+STAGES: StageTable = (
+    (Stage.GENERATE, {"actor": ("generate",)}),
+    (Stage.STAGE2, {"reward": ("forward",), "reference": ("forward",)}),
+    (Stage.OLD_LOG_PROB, {"actor": ("forward",)}),
+    (Stage.UPDATE, {"actor": ("train",)}),
 )
 Rows = tuple[int, int]
 
@@ -155,31 +155,30 @@ class Round:
 
 
 async def sample_round(cfg: DAPOConfig, step: int, index: int, prompts: BatchHandle, t: StageTimer,
-                       actor: Any, reward: Any, reference: Any | None) -> Round:
+                       actor: Actor, reward: Reward, reference: Reference | None) -> Round:
     """Generate n samples per prompt, score them (reference log-probs alongside when there is a
     KL term) and find the groups with varied scores; stage times add up over rounds."""
-    kw = {"timeout_s": CALL_TIMEOUT_S}
     rt = StageTimer()
-    rollout = await rt.one("generate", actor.generate(
+    rollout = await rt.one(Stage.GENERATE, actor.generate(
         prompts, n=cfg.n, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-        seed=sampling_seed(cfg, step) + index * 7_919_993, **kw))
-    calls = {"reward": reward.score(rollout, **kw)}
+        seed=sampling_seed(cfg, step) + index * 7_919_993))
+    calls = {"reward": reward.score(rollout)}
     if reference is not None:
-        calls["ref_log_prob"] = reference.compute_log_prob(rollout, **kw)
-    scores, *ref = await rt.together("stage2", **calls)
+        calls["ref_log_prob"] = reference.compute_log_prob(rollout)
+    scores, *ref = await rt.together(Stage.STAGE2, **calls)
     for name, seconds in rt.timings.items():
         t.timings[name] = t.timings.get(name, 0.0) + seconds
+    t.stages += [stage for stage in rt.stages if stage not in t.stages]
     groups = group_ranges(non_tensor(rollout, "uid"))
     kept = varied_groups([float(s) for s in non_tensor(scores, "score")], groups)
     return Round(rollout, scores, ref[0] if ref else None, kept)
 
 
 async def dapo_step(cfg: DAPOConfig, step: int, prompts: BatchHandle, more_prompts: Callable[[int], BatchHandle], *,
-                    actor: Any, reward: Any, reference: Any | None = None) -> dict[str, Any]:
+                    actor: Actor, reward: Reward, reference: Reference | None = None) -> dict[str, Any]:
     """One DAPO step: dynamic sampling over up to max_gen_batches rounds, then training on the
     kept groups (at most prompts_per_step); returns its metrics."""
     t = StageTimer()
-    kw = {"timeout_s": CALL_TIMEOUT_S}
     # Stage 1 + 2, repeated: sample and score until enough groups have varied rewards
     rounds: list[Round] = []
     kept = 0
@@ -199,12 +198,12 @@ async def dapo_step(cfg: DAPOConfig, step: int, prompts: BatchHandle, more_promp
     rollout, scores = BatchHandle.concat([p[0] for p in parts]), BatchHandle.concat([p[1] for p in parts])
     ref = [BatchHandle.concat([p[2] for p in parts if p[2] is not None])] if reference is not None else []
     # Stage 3: old log-probs, advantages (GRPO + overlong penalty), actor update on the kept groups
-    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **kw))
-    adv = await t.one("advantages", actor.compute_advantages(rollout, scores, old, *ref, **cfg.advantage_call(
+    old = await t.one(Stage.OLD_LOG_PROB, actor.compute_log_prob(rollout, **cfg.log_prob_options()))
+    adv = await t.one(Stage.ADVANTAGES, actor.compute_advantages(rollout, scores, old, *ref, **cfg.advantage_call(
         estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std, overlong_buffer_len=cfg.overlong_buffer_len,
-        overlong_penalty_factor=cfg.overlong_penalty_factor, max_response_len=cfg.max_new_tokens), **kw))
+        overlong_penalty_factor=cfg.overlong_penalty_factor, max_response_len=cfg.max_new_tokens)))
     loss = actor_loss_options(cfg)  # with DAPO's clip-higher ratios (DAPOConfig.flow_actor_options)
-    actor_ranks = await t.one("update", actor.update(rollout, old, *ref, adv, **loss, **kw))
+    actor_ranks = await t.one(Stage.UPDATE, actor.update(rollout, old, *ref, adv, **loss))
     adv_m = dict(adv.meta["metrics"])
     metrics["dapo/overlong_penalty_mean"] = adv_m.pop("overlong/penalty_mean", 0.0)
     metrics["dapo/kept_reward_mean"] = statistics.fmean(float(s) for s in non_tensor(scores, "score"))

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.grpo_family import GRPO_ROLES, GRPOConfig, GRPOFlowConfig, actor_loss_options
 from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
 from hfrt.flows.streaming import streamed_experience
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import Stage, StageTable, StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
+from hfrt.wire.role_views import Actor, Reference, Reward
 
 #: re-exported: GRPO's configs and loss options (hfrt.flows.grpo_family) were defined here once
 __all__ = ["ROLES", "STAGES", "Config", "GRPOConfig", "GRPOFlowConfig", "actor_loss_options", "flow", "grpo_step"]
@@ -25,11 +25,11 @@ __all__ = ["ROLES", "STAGES", "Config", "GRPOConfig", "GRPOFlowConfig", "actor_l
 ROLES: dict[str, dict[str, Any]] = GRPO_ROLES
 #: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
 #: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
-STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
-    ("generate", {"actor": ("generate",)}),
-    ("stage2", {"reference": ("forward",), "reward": ("forward",)}),
-    ("old_log_prob", {"actor": ("forward_offpolicy",)}),  # skipped when on-policy
-    ("update", {"actor": ("train",)}),
+STAGES: StageTable = (
+    (Stage.GENERATE, {"actor": ("generate",)}),
+    (Stage.STAGE2, {"reference": ("forward",), "reward": ("forward",)}),
+    (Stage.OLD_LOG_PROB, {"actor": ("forward_offpolicy",)}),  # skipped when on-policy
+    (Stage.UPDATE, {"actor": ("train",)}),
 )
 
 
@@ -42,26 +42,27 @@ async def flow(ctl: Any, config: GRPOFlowConfig | dict[str, Any]) -> dict[str, A
     return await Trainer(ctl, cfg, roles).run(lambda step, prompts: grpo_step(cfg, step, prompts, **roles))
 
 
-async def grpo_step(cfg: GRPOConfig, step: int, prompts: BatchHandle, *, actor: Any, reference: Any, reward: Any) -> dict[str, Any]:
+async def grpo_step(
+    cfg: GRPOConfig, step: int, prompts: BatchHandle, *, actor: Actor, reference: Reference, reward: Reward
+) -> dict[str, Any]:
     """One GRPO step on a batch of prompts; returns its metrics."""
     t = StageTimer()
-    kw = {"timeout_s": CALL_TIMEOUT_S}
     # Stage 1: generate n responses per prompt (samples of a prompt share its uid), in
     # cfg.stream_chunks calls; stage 2: prepare experience — the reference and the reward at once,
     # on each chunk as it arrives (hfrt/flows/streaming.py)
     rollout, stage2 = await streamed_experience(
         t, lambda chunk, chunks: actor.generate(
             prompts, n=cfg.n, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-            seed=sampling_seed(cfg, step), chunk=chunk, chunks=chunks, **kw),
+            seed=sampling_seed(cfg, step), chunk=chunk, chunks=chunks),
         cfg.stream_chunks,
-        lambda part: {"ref_log_prob": reference.compute_log_prob(part, **kw), "reward": reward.score(part, **kw)})
+        lambda part: {"ref_log_prob": reference.compute_log_prob(part), "reward": reward.score(part)})
     ref, scores = stage2["ref_log_prob"], stage2["reward"]
     # Old log-probs: skipped when the update is one optimizer step (the actor then takes its
     # current log-probs, detached, as TRL does): a forward pass fewer, the same update.
     old = [] if cfg.on_policy(len(prompts) * cfg.n) else [
-        await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **kw))]
-    adv = await t.one("advantages", actor.compute_advantages(
-        rollout, scores, *old, ref, **cfg.advantage_call(estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std), **kw))
+        await t.one(Stage.OLD_LOG_PROB, actor.compute_log_prob(rollout, **cfg.log_prob_options()))]
+    adv = await t.one(Stage.ADVANTAGES, actor.compute_advantages(
+        rollout, scores, *old, ref, **cfg.advantage_call(estimator="grpo", norm_adv_by_std=cfg.norm_adv_by_std)))
     # Stage 3: actor training (no critic)
-    actor_ranks = await t.one("update", actor.update(rollout, *old, ref, adv, **actor_loss_options(cfg), **kw))
+    actor_ranks = await t.one(Stage.UPDATE, actor.update(rollout, *old, ref, adv, **actor_loss_options(cfg)))
     return step_metrics(t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks))

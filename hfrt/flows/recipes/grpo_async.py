@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfrt.flows.async_steps import PipelineConfig, PipelinedSteps, check_pipeline_settings, run_and_close
-from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.grpo_family import GRPO_ROLES, ROLLOUT_ROLE, GRPOFlowConfig, train_on
 from hfrt.flows.pipeline import StalenessPolicy, partial_rollout
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import Stage, StageTable, StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
+from hfrt.wire.role_views import Actor, Reference, Reward, Rollout, Sampling
 
 #: re-exported: the pipelined-step machinery (hfrt.flows.async_steps) and grpo's stages after
 #: generation (hfrt.flows.grpo_family) were defined here once
@@ -36,12 +36,15 @@ ROLES: dict[str, dict[str, Any]] = {**GRPO_ROLES, "rollout": ROLLOUT_ROLE}
 
 #: The step's stages for `hfrt plan`, as in grpo with generation on the rollout role (the weight
 #: sync is not priced); tests/flows/test_flow_stages.py checks them against the real calls.
-STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
-    ("generate", {"rollout": ("generate",)}),
-    ("stage2", {"reference": ("forward",), "reward": ("forward",)}),
-    ("old_log_prob", {"actor": ("forward_offpolicy",)}),  # skipped when on-policy
-    ("update", {"actor": ("train",)}),
+STAGES: StageTable = (
+    (Stage.GENERATE, {"rollout": ("generate",)}),
+    (Stage.STAGE2, {"reference": ("forward",), "reward": ("forward",)}),
+    (Stage.OLD_LOG_PROB, {"actor": ("forward_offpolicy",)}),  # skipped when on-policy
+    (Stage.UPDATE, {"actor": ("train",)}),
 )
+
+#: a reference or reward call started as soon as its rollout arrived (early_stage2)
+Started = asyncio.Future[BatchHandle]
 
 
 @dataclass(frozen=True)
@@ -96,17 +99,21 @@ class AsyncGRPO(PipelinedSteps):
 
     def __init__(self, cfg: GRPOAsyncConfig, roles: dict[str, Any], trainer: Trainer) -> None:
         self.cfg = cfg
-        self._stage2: dict[int, list[tuple[BatchHandle, Any, Any]]] = {}  # step → (rollout, ref, scores) started early
+        self._stage2: dict[int, list[tuple[BatchHandle, Started, Started]]] = {}  # step → (rollout, ref, scores) started early
+        self.actor: Actor = roles["actor"]
+        self.rollout: Rollout = roles["rollout"]
+        self.reference: Reference = roles["reference"]
+        self.reward: Reward = roles["reward"]
         super().__init__(cfg, roles, trainer)
 
-    def _generate(self, step: int, prompts: BatchHandle) -> Any:
+    def _generate(self, step: int, prompts: BatchHandle) -> Awaitable[BatchHandle]:
         cfg = self.cfg
-        sampling = {"n": cfg.n, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
-                    "seed": sampling_seed(cfg, step), "timeout_s": CALL_TIMEOUT_S}
+        sampling = Sampling(n=cfg.n, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=sampling_seed(cfg, step))
+        call: Awaitable[BatchHandle]
         if cfg.partial_rollout_tokens:
-            call = partial_rollout(self.roles["rollout"], prompts, segment_tokens=cfg.partial_rollout_tokens, **sampling)
+            call = partial_rollout(self.rollout, prompts, segment_tokens=cfg.partial_rollout_tokens, **sampling)
         else:
-            call = self.roles["rollout"].generate(prompts, **sampling)
+            call = self.rollout.generate(prompts, **sampling)
         return self._then_stage2(step, call)
 
     async def _then_stage2(self, step: int, call: Awaitable[BatchHandle]) -> BatchHandle:
@@ -116,9 +123,8 @@ class AsyncGRPO(PipelinedSteps):
         rollout = await call
         if not self.cfg.early_stage2:
             return rollout
-        kw = {"timeout_s": CALL_TIMEOUT_S}
-        ref = asyncio.ensure_future(self.roles["reference"].compute_log_prob(rollout, **kw))
-        scores = asyncio.ensure_future(self.roles["reward"].score(rollout, **kw))
+        ref = asyncio.ensure_future(self.reference.compute_log_prob(rollout))
+        scores = asyncio.ensure_future(self.reward.score(rollout))
         for future in (ref, scores):  # an unused pair's error is not "never retrieved"
             future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._stage2.setdefault(step, []).append((rollout, ref, scores))
@@ -128,7 +134,7 @@ class AsyncGRPO(PipelinedSteps):
         t = StageTimer()
         rollout, info = await self._take(t, step, prompts)
         early = next(((ref, scores) for batch, ref, scores in self._stage2.pop(step, []) if batch is rollout), None)
-        record = await train_on(self.cfg, t, rollout, early=early, **{k: self.roles[k] for k in ("actor", "reference", "reward")})
+        record = await train_on(self.cfg, t, rollout, early=early, actor=self.actor, reference=self.reference, reward=self.reward)
         info |= await self._publish(t, step)
         trained_s = max(t.step_s() - info["async/train_wait_s"], 1e-9)
         info["perf/train_tokens_per_s"] = float(record.get("response_tokens", 0.0)) / trained_s

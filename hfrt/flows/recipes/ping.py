@@ -14,38 +14,42 @@ import statistics
 import time
 from typing import Any
 
+from hfrt.control.typed_roles import typed
 from hfrt.wire.errors import RemoteError
+from hfrt.wire.role_views import Echo
 
 ROLES: dict[str, dict[str, Any]] = {"echo": {"impl": "echo", "world_size": 2}}
-#: every call here is tiny; a reply that never comes is a bug to report, not to wait for
+#: every call here is tiny; a reply that never comes is a bug to report, not to wait for (the
+#: echo endpoints are used with this deadline instead of the controller's default)
 TIMEOUT_S = 30.0
 #: what the summary says of stats.errors: the one echo.fail call made on purpose
 INTENDED = "1: echo.fail raises on purpose, to show that a remote error comes back typed (remote_error)"
 
 
 async def flow(ctl: Any, config: dict[str, Any]) -> dict[str, Any]:
-    echo = await ctl.role("echo")
+    echo = typed(await ctl.role("echo"), Echo)
     rounds = int(config.get("rounds", 200))
     rtts = []
+    ping = echo.ping.with_timeout(TIMEOUT_S)
     for _ in range(rounds):
         start = time.perf_counter()
-        await echo.ping.call_one(0, timeout_s=TIMEOUT_S)
+        await ping.call_one(0)
         rtts.append(time.perf_counter() - start)
 
-    rows = await echo.tag_rows(list(range(8)), timeout_s=TIMEOUT_S)  # split across ranks, concatenated in order
+    rows = await echo.tag_rows.with_timeout(TIMEOUT_S)(list(range(8)))  # split across ranks, concatenated in order
 
     start = time.perf_counter()
-    await asyncio.gather(*(echo.sleep.call_one(r, 0.2, timeout_s=TIMEOUT_S) for r in range(echo.world_size)))
+    await asyncio.gather(*(echo.sleep.with_timeout(TIMEOUT_S).call_one(r, 0.2) for r in range(echo.world_size)))
     overlap_s = time.perf_counter() - start
 
     intended = 1  # echo.fail's reply, counted in stats.errors
     try:
-        await echo.fail.call_one(0, "expected", timeout_s=TIMEOUT_S)
+        await echo.fail.with_timeout(TIMEOUT_S).call_one(0, "expected")
         error, intended = "no error raised", 0
     except RemoteError as exc:
         error = f"{exc.where}: {exc.type_name}"
 
-    daemons = [d["role"] + f"[{d['rank']}] pid {d['pid']}" for d in await echo.describe.call(timeout_s=TIMEOUT_S)]
+    daemons = [d["role"] + f"[{d['rank']}] pid {d['pid']}" for d in await echo.describe.with_timeout(TIMEOUT_S).call()]
     stats = ctl.stats()
     return {
         "daemons": daemons,

@@ -17,16 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfrt.flows.grpo_family import GRPO_ROLES, RLOOConfig, rloo_step, train
+from hfrt.flows.timing import Stage, StageTable
 
 #: The embedded default: actor, reference and reward (no critic).
 ROLES: dict[str, dict[str, Any]] = GRPO_ROLES
 #: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
 #: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
-STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
-    ("generate", {"actor": ("generate",)}),
-    ("stage2", {"reference": ("forward",), "reward": ("forward",)}),
-    ("old_log_prob", {"actor": ("forward",)}),
-    ("update", {"actor": ("train",)}),
+STAGES: StageTable = (
+    (Stage.GENERATE, {"actor": ("generate",)}),
+    (Stage.STAGE2, {"reference": ("forward",), "reward": ("forward",)}),
+    (Stage.OLD_LOG_PROB, {"actor": ("forward",)}),
+    (Stage.UPDATE, {"actor": ("train",)}),
 )
 
 

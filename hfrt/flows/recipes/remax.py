@@ -17,25 +17,26 @@ knows role endpoints and column names, nothing of engines.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Hashable, Sequence
+from collections.abc import Awaitable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hfrt.flows.batches import non_tensor, prompts_handle
-from hfrt.flows.grpo_family import GRPO_ROLES, KW, RLOOConfig, actor_loss_options, experience, sample, train
+from hfrt.flows.grpo_family import GRPO_ROLES, RLOOConfig, actor_loss_options, experience, sample, train
 from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import Stage, StageTable, StageTimer
 from hfrt.protocols import BatchHandle
+from hfrt.wire.role_views import Actor, Reference, Reward
 
 #: The embedded default: actor, reference and reward (no critic).
 ROLES: dict[str, dict[str, Any]] = GRPO_ROLES
 #: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
 #: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
-STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
-    ("generate", {"actor": ("generate", "generate_greedy")}),
-    ("stage2", {"reference": ("forward",), "reward": ("forward", "forward_greedy")}),
-    ("old_log_prob", {"actor": ("forward",)}),
-    ("update", {"actor": ("train",)}),
+STAGES: StageTable = (
+    (Stage.GENERATE, {"actor": ("generate", "generate_greedy")}),
+    (Stage.STAGE2, {"reference": ("forward",), "reward": ("forward", "forward_greedy")}),
+    (Stage.OLD_LOG_PROB, {"actor": ("forward",)}),
+    (Stage.UPDATE, {"actor": ("train",)}),
 )
 #: The baseline column compute_advantages(estimator="remax") reads.
 BASELINE = "baseline_score"
@@ -60,35 +61,37 @@ async def flow(ctl: Any, config: ReMaxConfig | dict[str, Any]) -> dict[str, Any]
     return await train(ctl, ReMaxConfig.read(config), remax_step)
 
 
-async def remax_step(cfg: ReMaxConfig, step: int, prompts: BatchHandle, *, actor: Any, reference: Any, reward: Any) -> dict[str, Any]:
+async def remax_step(
+    cfg: ReMaxConfig, step: int, prompts: BatchHandle, *, actor: Actor, reference: Reference, reward: Reward
+) -> dict[str, Any]:
     """One ReMax step on a batch of prompts; returns its metrics."""
     t = StageTimer()
     prompts = keyed_prompts(prompts, step)
     # Stage 1: n sampled responses and one greedy response per prompt, both sent now
     samples = sample(actor, cfg, step, prompts)
-    greedy = actor.generate(prompts, temperature=0.0, max_new_tokens=cfg.max_new_tokens, **KW)
+    greedy = actor.generate(prompts, temperature=0.0, max_new_tokens=cfg.max_new_tokens)
     # Stage 2, as each arrives: the samples' reference log-probs ∥ reward; the greedy responses' reward
     (rollout, ref, scores), (greedy_rollout, greedy_scores) = await t.together(
-        "rollout", samples=experience(t, samples, reference=reference, reward=reward),
+        Stage.ROLLOUT, samples=experience(t, samples, reference=reference, reward=reward),
         greedy=scored(t, greedy, reward=reward))
     # Each sample's baseline: the greedy score of its prompt
     baseline = baseline_handle(rollout, greedy_rollout, greedy_scores)
-    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **KW))
+    old = await t.one(Stage.OLD_LOG_PROB, actor.compute_log_prob(rollout, **cfg.log_prob_options()))
     # rewards = scores − β·KL; advantages = reward-to-go − baseline
-    adv = await t.one("advantages", actor.compute_advantages(
-        rollout, scores, old, ref, baseline, **cfg.advantage_call(**cfg.advantage_options()), **KW))
+    adv = await t.one(Stage.ADVANTAGES, actor.compute_advantages(
+        rollout, scores, old, ref, baseline, **cfg.advantage_call(**cfg.advantage_options())))
     # Stage 3: actor training (no critic)
-    actor_ranks = await t.one("update", actor.update(rollout, old, ref, adv, **actor_loss_options(cfg), **KW))
+    actor_ranks = await t.one(Stage.UPDATE, actor.update(rollout, old, ref, adv, **actor_loss_options(cfg)))
     baseline_mean = statistics.fmean(float(s) for s in non_tensor(greedy_scores, "score"))
     return step_metrics(
         t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(actor_ranks), {"remax/baseline_mean": baseline_mean})
 
 
-async def scored(t: StageTimer, greedy: Any, *, reward: Any) -> tuple[BatchHandle, BatchHandle]:
+async def scored(t: StageTimer, greedy: Awaitable[BatchHandle], *, reward: Reward) -> tuple[BatchHandle, BatchHandle]:
     """(greedy rollout, its scores): `timing/greedy_generate_s` counts from when the greedy call
     was sent, so it includes its wait behind the sampled generation on the actor."""
-    rollout = await t.one("greedy_generate", greedy)
-    return rollout, await t.one("greedy_reward", reward.score(rollout, **KW))
+    rollout = await t.one(Stage.GREEDY_GENERATE, greedy)
+    return rollout, await t.one(Stage.GREEDY_REWARD, reward.score(rollout))
 
 
 def keyed_prompts(prompts: BatchHandle, step: int) -> BatchHandle:

@@ -19,7 +19,6 @@ from typing import Any
 from hfrt.flows.grpo_family import (
     GROUP_ESTIMATORS,
     GRPO_ROLES,
-    KW,
     RLOOConfig,
     StepFn,
     experience,
@@ -27,11 +26,12 @@ from hfrt.flows.grpo_family import (
     sample,
     train,
 )
+from hfrt.flows.timing import Stage, StageTable
 
 #: re-exported: RLOOConfig and the RLOO step, which REINFORCE++ and ReMax share, live in
 #: hfrt.flows.grpo_family; they were defined here once
 __all__ = [
-    "GROUP_ESTIMATORS", "KW", "ROLES", "STAGES", "Config", "RLOOConfig", "StepFn", "experience", "flow", "rloo_step",
+    "GROUP_ESTIMATORS", "ROLES", "STAGES", "Config", "RLOOConfig", "StepFn", "experience", "flow", "rloo_step",
     "sample", "train",
 ]
 
@@ -39,11 +39,11 @@ __all__ = [
 ROLES: dict[str, dict[str, Any]] = GRPO_ROLES
 #: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
 #: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
-STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
-    ("generate", {"actor": ("generate",)}),
-    ("stage2", {"reference": ("forward",), "reward": ("forward",)}),
-    ("old_log_prob", {"actor": ("forward",)}),
-    ("update", {"actor": ("train",)}),
+STAGES: StageTable = (
+    (Stage.GENERATE, {"actor": ("generate",)}),
+    (Stage.STAGE2, {"reference": ("forward",), "reward": ("forward",)}),
+    (Stage.OLD_LOG_PROB, {"actor": ("forward",)}),
+    (Stage.UPDATE, {"actor": ("train",)}),
 )
 
 Config = RLOOConfig

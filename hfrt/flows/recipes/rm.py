@@ -19,12 +19,13 @@ from typing import Any
 
 from hfrt.flows.batches import prompts_handle
 from hfrt.flows.checkpoint import load_checkpoint, resumable_checkpoint, save_checkpoint
-from hfrt.flows.config import CALL_TIMEOUT_S, did_you_mean
+from hfrt.flows.config import did_you_mean
 from hfrt.flows.metrics import reduce_rank_metrics
 from hfrt.flows.pairs import PairDataError, addition_pairs, columns, read_pairs, split_pairs, step_rows
 from hfrt.flows.report import MetricsLog
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import Stage, StageTimer
 from hfrt.flows.trainer import due, get_roles
+from hfrt.wire.role_views import RewardModel
 
 ROLE = "reward_model"
 #: The embedded default: one local trainer on the `tiny` preset (AdamW at 1e-3: a tiny random
@@ -137,19 +138,18 @@ Config = RMConfig
 async def flow(ctl: Any, config: RMConfig | dict[str, Any]) -> dict[str, Any]:
     cfg = RMConfig.read(config)
     train, val = cfg.pairs()
-    rm = (await get_roles(ctl, ROLE))[ROLE]
+    rm: RewardModel = (await get_roles(ctl, ROLE))[ROLE]
     steps, start = cfg.steps_for(len(train)), 0
     val_handle = prompts_handle(columns(val))
-    kw = {"timeout_s": CALL_TIMEOUT_S}
 
     async def validate() -> dict[str, float]:
-        return reduce_rank_metrics(await rm.evaluate(val_handle, **kw))
+        return reduce_rank_metrics(await rm.evaluate(val_handle))
 
     with MetricsLog(cfg.run_dir, tensorboard=cfg.tensorboard, wandb_project=cfg.wandb_project,
                     progress=cfg.progress, total_steps=steps) as log:
         found = resumable_checkpoint(cfg.run_dir, max_step=steps) if cfg.resume and cfg.run_dir else None
         if found is not None and found.checkpoint is not None:
-            await load_checkpoint(found.checkpoint, {ROLE: rm}, **kw)
+            await load_checkpoint(found.checkpoint, {ROLE: rm})
             start = found.checkpoint.step
             log.truncate(start)
         before: dict[str, float] = {}
@@ -159,7 +159,7 @@ async def flow(ctl: Any, config: RMConfig | dict[str, Any]) -> dict[str, Any]:
         for step in range(start, steps):
             t = StageTimer()
             batch = prompts_handle(columns(step_rows(train, step, cfg.pairs_per_step, cfg.seed)))
-            metrics = reduce_rank_metrics(await t.one("update", rm.update(batch, **kw)))
+            metrics = reduce_rank_metrics(await t.one(Stage.UPDATE, rm.update(batch)))
             record = {"step": step, **before, **metrics, **t.timings, "timing/step_s": t.step_s()}
             before = {}
             if due(cfg.val_every or steps, step, steps):
@@ -167,7 +167,7 @@ async def flow(ctl: Any, config: RMConfig | dict[str, Any]) -> dict[str, Any]:
                 record |= last_val
             log.write(record)
             if due(cfg.checkpoint_every, step, steps) and cfg.run_dir:
-                await save_checkpoint(cfg.run_dir, step + 1, {ROLE: rm}, {"data": {"step": step + 1, "seed": cfg.seed}}, **kw)
+                await save_checkpoint(cfg.run_dir, step + 1, {ROLE: rm}, {"data": {"step": step + 1, "seed": cfg.seed}})
         if not last_val:  # resumed at the end, or no steps: the export's mean / std need one pass
             last_val = await validate()
     summary: dict[str, Any] = {
@@ -182,8 +182,7 @@ async def flow(ctl: Any, config: RMConfig | dict[str, Any]) -> dict[str, Any]:
     if start:
         summary["resumed_from_step"] = start
     if cfg.export_hf and cfg.run_dir:
-        summary["hf_export"] = await rm.export_hf(str(Path(cfg.run_dir) / "hf"), **kw)
-        summary["hf_export"] = summary["hf_export"][0] if isinstance(summary["hf_export"], list) else summary["hf_export"]
+        summary["hf_export"] = (await rm.export_hf(str(Path(cfg.run_dir) / "hf")))[0]  # every rank names the folder
     return summary
 
 

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfrt.flows.batches import non_tensor
-from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
 from hfrt.flows.ppo_family import PPO_ROLES, PPOConfig
 from hfrt.flows.tasks import COST
-from hfrt.flows.timing import StageTimer
+from hfrt.flows.timing import Stage, StageTable, StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
+from hfrt.wire.role_views import Actor, Critic, Reference, Reward
 
 #: The cost model's output columns (the reward daemon's token_column / score_column options).
 COST_TOKENS, COST_SCORE = "token_level_costs", "cost"
@@ -39,11 +39,11 @@ ROLES: dict[str, dict[str, Any]] = PPO_ROLES | {
 }
 #: The step's stages for `hfrt plan` (torch-free): each stage's name (its timing/<name>_s metric)
 #: and the calls made in it, role → ops (generate, forward, train; *_greedy: one per prompt).
-STAGES: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
-    ("generate", {"actor": ("generate",)}),
-    ("stage2", {"critic": ("forward",), "reference": ("forward",), "reward": ("forward",), "cost": ("forward",)}),
-    ("old_log_prob", {"actor": ("forward",)}),
-    ("update", {"critic": ("train",), "actor": ("train",)}),
+STAGES: StageTable = (
+    (Stage.GENERATE, {"actor": ("generate",)}),
+    (Stage.STAGE2, {"critic": ("forward",), "reference": ("forward",), "reward": ("forward",), "cost": ("forward",)}),
+    (Stage.OLD_LOG_PROB, {"actor": ("forward",)}),
+    (Stage.UPDATE, {"critic": ("train",), "actor": ("train",)}),
 )
 
 
@@ -99,30 +99,29 @@ async def flow(ctl: Any, config: SafeRLHFConfig | dict[str, Any]) -> dict[str, A
 
 async def safe_rlhf_step(
     cfg: SafeRLHFConfig, lam: LagrangeMultiplier, step: int, prompts: BatchHandle, *,
-    actor: Any, critic: Any, reference: Any, reward: Any, cost: Any,
+    actor: Actor, critic: Critic, reference: Reference, reward: Reward, cost: Reward,
 ) -> dict[str, Any]:
     """One PPO-Lagrangian step on a batch of prompts; updates `lam`; returns the step's metrics."""
     t = StageTimer()
-    kw = {"timeout_s": CALL_TIMEOUT_S}
     # Stage 1: generate responses
-    rollout = await t.one("generate", actor.generate(
-        prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=sampling_seed(cfg, step), **kw))
+    rollout = await t.one(Stage.GENERATE, actor.generate(
+        prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=sampling_seed(cfg, step)))
     # Stage 2: prepare experience — four roles at once
     values, ref, scores, costs = await t.together(
-        "stage2", values=critic.compute_values(rollout, **kw), ref_log_prob=reference.compute_log_prob(rollout, **kw),
-        reward=reward.score(rollout, **kw), cost=cost.score(rollout, **kw))
+        Stage.STAGE2, values=critic.compute_values(rollout), ref_log_prob=reference.compute_log_prob(rollout),
+        reward=reward.score(rollout), cost=cost.score(rollout))
     # The multiplier: dual ascent on this step's episode costs
     mean_cost = statistics.fmean(non_tensor(costs, COST_SCORE))
     coef = lam.update(mean_cost)
-    old = await t.one("old_log_prob", actor.compute_log_prob(rollout, **cfg.log_prob_options(), **kw))
-    adv = await t.one("advantages", actor.compute_advantages(rollout, scores, costs, values, old, ref, **cfg.advantage_call(
+    old = await t.one(Stage.OLD_LOG_PROB, actor.compute_log_prob(rollout, **cfg.log_prob_options()))
+    adv = await t.one(Stage.ADVANTAGES, actor.compute_advantages(rollout, scores, costs, values, old, ref, **cfg.advantage_call(
         estimator="gae", gamma=cfg.gamma, lam=cfg.lam, cost_column=COST_TOKENS, cost_coef=coef,
         use_kl_in_reward=cfg.kl_coef > 0, kl_coef=cfg.kl_coef, kl_ctrl=cfg.kl_ctrl, target_kl=cfg.target_kl,
-        horizon=cfg.kl_horizon), **kw))
+        horizon=cfg.kl_horizon)))
     # Stage 3: actor and critic training, at once
     critic_ranks, actor_ranks = await t.together(
-        "update", critic_update=critic.update(rollout, values, adv, **cfg.critic_update_options(), **kw),
-        actor_update=actor.update(rollout, old, adv, **cfg.actor_update_options(), **kw))
+        Stage.UPDATE, critic_update=critic.update(rollout, values, adv, **cfg.critic_update_options()),
+        actor_update=actor.update(rollout, old, adv, **cfg.actor_update_options()))
     safe = {"safe/lambda": coef, "cost/mean": mean_cost, "cost/limit": cfg.cost_limit}
     return step_metrics(
         t, scores, rollout, adv.meta["metrics"], reduce_rank_metrics(critic_ranks), reduce_rank_metrics(actor_ranks), safe)
