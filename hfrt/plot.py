@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hfrt.flows.timing import Stage
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 #: the stages of a step, in the order they run (stacked bottom to top)
-STAGES = ("generate", "stage2", "old_log_prob", "advantages", "update")
+STAGES = (Stage.GENERATE, Stage.STAGE2, Stage.OLD_LOG_PROB, Stage.ADVANTAGES, Stage.UPDATE)
 #: a KL metric: `kl` as a whole word of the name (kl/mean, actor/kl_loss, actor/ppo_kl, actor/reward_kl_penalty)
 KL_NAME = re.compile(r"(^|[/_])kl($|[/_])")
 #: KL settings logged beside the KL figures (a coefficient is not a divergence)

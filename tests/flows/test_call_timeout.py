@@ -1,6 +1,6 @@
 """One default call timeout: the controller a run's session builds carries the flows' CALL_TIMEOUT_S,
 so the built-in flows' calls give none (a call that needs another deadline uses
-`endpoint.with_timeout(s)`, as the ping flow does). No daemon is started."""
+`endpoint.with_timeout(s)`, as the ping flow does). docs/flows.md states the 300 s. No daemon is started."""
 
 from __future__ import annotations
 
