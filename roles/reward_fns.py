@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from hfrt.wire.reasoning_gym_tasks import score as gym_score
+
 RewardFn = Callable[..., float]
 
 REGISTRY: dict[str, RewardFn] = {}
@@ -103,6 +105,13 @@ def format_check(response: str, ground_truth: Any = None) -> float:
 def boxed_format(response: str, ground_truth: Any = None) -> float:
     """1 when the response puts a final answer in \\boxed{...}."""
     return float(bool(_BOXED.search(response)))
+
+
+@register("reasoning_gym")
+def reasoning_gym(response: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None) -> float:
+    """A reasoning-gym task's own `score_answer` of the response's last `<answer>...</answer>`,
+    against the entry the row's extra_info names (rows of `data = "reasoning_gym:TASK"` carry it)."""
+    return gym_score(response, ground_truth, extra_info or {})
 
 
 # ------------------------------------------------------------------------------------- lookup

@@ -6,19 +6,23 @@ A row's `prompt` is a string or a chat (a list of {"role", "content"} messages).
 may also sit where verl's preprocessed data puts it, `reward_model.ground_truth`; `data_source`
 defaults to the file's stem, and a dict `extra_info` column is passed through. A `Task` bundles a
 flow's prompts, its validation rows and what counts as a right validation answer (the built-in
-addition task and a data file's task are its two implementations here). Nothing here imports
-torch or knows of roles: a source hands out plain columns.
+addition task and a data file's task are its implementations here; a reasoning-gym task's is
+hfrt.flows.gym_data's). Nothing here imports torch or knows of roles: a source hands out plain
+columns.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from hfrt.flows.gym_data import gym_task
 from hfrt.flows.tasks import AdditionTask
+from hfrt.wire.reasoning_gym_tasks import is_gym
 
 COLUMNS = ("prompt", "ground_truth", "data_source", "extra_info")
 
@@ -302,9 +306,13 @@ class DataFileTask:
         return score >= self.threshold
 
 
-def config_task(*, data: str, val_data: str, seed: int, max_operand: int) -> Task:
-    """The task a flow's settings name (FlowConfig's data, val_data, seed, max_operand): the data
-    file's when `data` is given, else the built-in addition task."""
+def config_task(*, data: str, val_data: str, seed: int, max_operand: int, data_options: Mapping[str, Any] | None = None) -> Task:
+    """The task a flow's settings name (FlowConfig's data, val_data, seed, max_operand, data_options):
+    a reasoning-gym task for `data = "reasoning_gym:TASK"` (hfrt.flows.gym_data), the data file's
+    when `data` is another string, else the built-in addition task."""
+    if is_gym(data):
+        held = None if not val_data else (lambda count: validation_rows(val_data, seed=seed, max_operand=0, count=count))
+        return gym_task(data, data_options or {}, seed=seed, val_rows=held)
     if data:
         return DataFileTask(data, seed, val_data)
     return BuiltinAddition(seed, max_operand, val_data)

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hfrt.wire.reasoning_gym_tasks import carries_entry
+from hfrt.wire.reasoning_gym_tasks import score as gym_score
+
 #: What a reward role's `function` option names by default: this task's rule reward on its own
-#: rows, the generic numeric reward on a data file's rows (see task_reward).
+#: rows, a reasoning-gym task's own scorer on its rows, the generic numeric reward on a data file's
+#: rows (see task_reward).
 REWARD = "hfrt.flows.tasks:task_reward"
 #: What a cost role's `function` option names to score this task (Safe-RLHF's cost).
 COST = "hfrt.flows.tasks:addition_cost"
@@ -120,9 +125,12 @@ def numeric_reward(response: str, ground_truth: Any) -> float:
     return float(got is not None and abs(got - want) <= 1e-6 * max(1.0, abs(want)))
 
 
-def task_reward(response: str, ground_truth: Any, data_source: str = "addition") -> float:
+def task_reward(response: str, ground_truth: Any, data_source: str = "addition", extra_info: Mapping[str, Any] | None = None) -> float:
     """The default reward: addition_reward on the built-in task's rows (data_source "addition"),
+    the task's own scorer on a reasoning-gym task's rows (hfrt.wire.reasoning_gym_tasks.score),
     numeric_reward on any other row (a data file's)."""
     if data_source == "addition":
         return addition_reward(response, ground_truth)
+    if carries_entry(extra_info):
+        return gym_score(response, ground_truth, extra_info or {})
     return numeric_reward(response, ground_truth)

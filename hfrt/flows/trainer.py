@@ -6,8 +6,8 @@ recovery replaced an actor or critic daemon (hfrt.flows.checkpoint_manager, hfrt
 and the actor's export as a Hugging Face folder at the end (hfrt.flows.export).
 
 A flow gets its role groups with `get_roles` and supplies `step(step_index, prompts) -> metrics`;
-the loop supplies everything around it. The task is the one the settings name (a data file, else
-the addition task) unless the flow passes its own.
+the loop supplies everything around it. The task is the one the settings name (a reasoning-gym
+task, a data file, else the addition task) unless the flow passes its own.
 It knows role groups by name ("actor" for validation, the advantage state and the export, "reward"
 for validation scores), the FlowConfig fields and when each component is due; it knows nothing of
 what a step computes, and each component's insides stay behind its methods.
@@ -77,7 +77,7 @@ class Trainer:
         self.trained = {name: self.roles[name] for name in trained}
         self.state = state
         self.task = task if task is not None else config_task(
-            data=cfg.data, val_data=cfg.val_data, seed=cfg.seed, max_operand=cfg.max_operand)
+            data=cfg.data, val_data=cfg.val_data, seed=cfg.seed, max_operand=cfg.max_operand, data_options=cfg.data_options)
         self.source = self.task.prompts()
         self.start_step = 0
         self.resumed_from = 0  # the checkpoint step a resumed run started from
