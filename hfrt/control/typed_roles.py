@@ -7,6 +7,7 @@ It knows the group's endpoint table and the view's declarations; nothing of send
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from hfrt.control.call_check import did_you_mean
@@ -26,7 +27,7 @@ class Group(Protocol):
     name: str
 
     @property
-    def endpoints(self) -> dict[str, dict[str, Any]]: ...
+    def endpoints(self) -> Mapping[str, Any]: ...
 
 
 def typed(group: Group, view: type[H]) -> H:

@@ -13,6 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from hfrt.control.typed_roles import typed
+from hfrt.wire.handles import Endpoint, RoleHandle
+from hfrt.wire.role_views import Reference
+
 SETTING = "reference_from_actor"
 
 
@@ -35,25 +39,28 @@ def without_reference(config: Mapping[str, Any], roles: dict[str, dict[str, Any]
 
 class ActorReference:
     """The reference role's face over a LoRA actor: compute_log_prob(rollout, ...) is the actor's
-    compute_ref_log_prob (adapters off), same dispatch and arguments, same `ref_log_prob` column."""
+    compute_ref_log_prob (adapters off), same dispatch and arguments, same `ref_log_prob` column;
+    `describe` is the actor's."""
 
     name = "reference"
 
-    def __init__(self, actor: Any) -> None:
+    def __init__(self, actor: RoleHandle) -> None:
         self.actor = actor
-        self.compute_log_prob = actor.endpoint("compute_ref_log_prob")
+        self.compute_log_prob: Endpoint[..., Any] = actor.endpoint("compute_ref_log_prob")
+        self.describe: Endpoint[..., Any] = actor.endpoint("describe")
 
     @property
     def endpoints(self) -> dict[str, Any]:
-        return {"compute_log_prob": self.compute_log_prob}
+        return {"compute_log_prob": self.compute_log_prob, "describe": self.describe}
 
     def __repr__(self) -> str:
         return f"ActorReference({self.actor!r})"
 
 
-def reference_role(ctl: Any, actor: Any) -> Any:
-    """The reference a flow calls: the reference daemons when any said hello, else the actor (a
-    run without a reference role launches none; the actor refuses clearly if it has no LoRA)."""
+def reference_role(ctl: Any, actor: RoleHandle) -> Reference | None:
+    """The reference a flow calls: None when reference daemons said hello (use them), else the
+    actor standing in, typed as the Reference view (a run without a reference role launches none;
+    the actor refuses clearly if it has no LoRA)."""
     if ctl.daemons("reference"):
         return None
-    return ActorReference(actor)
+    return typed(ActorReference(actor), Reference)
