@@ -107,6 +107,42 @@ def boxed_format(response: str, ground_truth: Any = None) -> float:
     return float(bool(_BOXED.search(response)))
 
 
+#: math-verify's own defaults, in seconds (its `parse(parsing_timeout=5)` and `verify(timeout_seconds=5)`);
+#: the reward role's settings `parsing_timeout` / `verify_timeout` change them
+MATH_VERIFY_TIMEOUTS = {"parsing_timeout": 5, "verify_timeout": 5}
+
+
+@register("math_verify")
+def math_verify(response: str, ground_truth: Any, settings: Mapping[str, Any] | None = None) -> float:
+    """1 when math-verify finds the response's final answer equal to the ground truth: both parsed
+    to SymPy (LaTeX, `\\boxed{}` at any depth, fractions, decimals, units dropped, plain expressions)
+    and compared symbolically and numerically — what TRL's, open-r1's and verl's math rewards use.
+    A ground truth without `$` or `\\boxed` is read as LaTeX math (`$...$`); one math-verify cannot
+    parse is an error naming it. Runs math-verify's signal-based timeouts (MATH_VERIFY_TIMEOUTS,
+    from the role's `settings`), so it must run on the daemon's main thread, as `score` does."""
+    from math_verify import parse, verify
+
+    parsing_timeout, verify_timeout = _timeouts(settings or {})
+    text = str(ground_truth)
+    gold = parse(text if ("$" in text or "\\boxed" in text) else f"${text}$", fallback_mode="no_fallback",
+                 parsing_timeout=parsing_timeout)
+    if not gold:
+        raise ValueError(f"math_verify cannot parse the ground truth {text!r} as math")
+    answer = parse(response, parsing_timeout=parsing_timeout)
+    return float(bool(answer) and verify(gold, answer, timeout_seconds=verify_timeout))
+
+
+def _timeouts(settings: Mapping[str, Any]) -> tuple[int, int]:
+    """math_verify's (parsing, verification) timeouts: whole seconds, at least 1 (signal.alarm's unit)."""
+    out = []
+    for key, default in MATH_VERIFY_TIMEOUTS.items():
+        value = settings.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"math_verify: settings.{key}={value!r} must be a whole number of seconds, at least 1")
+        out.append(value)
+    return out[0], out[1]
+
+
 @register("reasoning_gym")
 def reasoning_gym(response: str, ground_truth: Any, extra_info: Mapping[str, Any] | None = None) -> float:
     """A reasoning-gym task's own `score_answer` of the response's last `<answer>...</answer>`,
