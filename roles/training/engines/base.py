@@ -140,7 +140,6 @@ class LossTally:
 CONTRACT = frozenset({"forward", "step"})
 
 
-
 class TrainEngine(ABC):
     """One training backend over one model. Every rank of a data-parallel group runs the same
     calls in the same order (they contain collectives); each rank passes its own rows.
@@ -221,11 +220,12 @@ class TrainEngine(ABC):
         temperature: float = 1.0,
         with_entropy: bool = False,
         with_sum_pi_squared: bool = False,
+        with_top1: bool = False,
     ) -> ForwardOutput:
         """Evaluation-mode forward over the whole batch in micro-batches; results on CPU, [rows, R]:
-        a causal LM's log-probs of `responses` at `temperature`, with the entropy and Σ_v π_v² of
-        each position when asked; a value model's values."""
-        options = PassOptions(temperature, with_entropy, with_sum_pi_squared)
+        a causal LM's log-probs of `responses` at `temperature`, with the entropy, Σ_v π_v² and
+        whether the token is the top-1 choice of each position when asked; a value model's values."""
+        options = PassOptions(temperature, with_entropy, with_sum_pi_squared, with_top1)
         with self._pass_context():
             return self._forward_pass(batch, micro_batch_size, options)
 
@@ -319,9 +319,11 @@ class TrainEngine(ABC):
         *,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        with_top1: bool = False,
     ) -> dict[str, float]:
         """One optimizer step over this rank's `batch`, accumulated over micro-batches, the loss
-        reading log-probs at `temperature` (and the entropy with with_entropy).
+        reading log-probs at `temperature` (and the entropy with with_entropy, the top-1 flags
+        with with_top1).
 
         loss_fn returns each micro-batch's share of the global loss (hfrt.roles.losses.agg_loss with
         the given LossScale does this); the engine sums shares and backends average gradients
@@ -329,7 +331,7 @@ class TrainEngine(ABC):
         """
         if not self.config.trainable:
             raise RuntimeError("this engine was built with trainable=False (no optimizer)")
-        options = PassOptions(temperature, with_entropy)
+        options = PassOptions(temperature, with_entropy, with_top1=with_top1)
         scale = self.loss_scale(batch)
         self._zero_grad()
         with self._pass_context():
