@@ -35,7 +35,7 @@ def forward_equal(engine: TrainEngine, tensors: Tensors, endpoint: str, **kwargs
     with a process group) and cut back after; outputs on CPU, [rows, R]."""
     padded, pad = equal_rows(tensors, endpoint)
     out = engine.forward(padded, **kwargs)
-    parts = (out.log_probs, out.entropy, out.values, out.sum_pi_squared)
+    parts = (out.log_probs, out.entropy, out.values, out.sum_pi_squared, out.top1)
     return ForwardOutput(*(None if t is None else unpad(t, pad) for t in parts))
 
 
@@ -68,6 +68,7 @@ def run_updates(
     endpoint: str,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    with_top1: bool = False,
 ) -> dict[str, float]:
     """Every optimizer step of one update call; metrics averaged over steps, equal on every rank."""
     start = time.perf_counter()
@@ -88,7 +89,7 @@ def run_updates(
             shares: dict[str, float] = {}
             metrics = engine.step(
                 make_loss(scale, shares), mini, schedule.micro_batch_size,
-                temperature=temperature, with_entropy=with_entropy,
+                temperature=temperature, with_entropy=with_entropy, with_top1=with_top1,
             )
             shares = engine.from_last_stage(shares)  # with pipeline stages only the last computed them
             if shares:  # same keys on every rank: every rank ran the same micro-batches

@@ -2,7 +2,7 @@
 (ForwardOutput), and the per-token outputs from a causal LM's logits or a value model's values.
 
 Every engine and every pipeline stage computes its outputs here, so a setting of a pass (the
-temperature, entropy, Σπ²) means the same on every backend. It knows nothing of ranks, optimizers,
+temperature, entropy, Σπ², whether each token was the top-1 choice) means the same on every backend. It knows nothing of ranks, optimizers,
 micro-batch planning (training/batching.py) or losses beyond the entropy it reports.
 """
 
@@ -30,6 +30,8 @@ class ForwardOutput:
     values: torch.Tensor | None = None
     #: Σ_v π_v² per position (the optimal token baseline's input), when asked for
     sum_pi_squared: torch.Tensor | None = None
+    #: 1.0 where the response token is the most likely one at its position (token accuracy), when asked for
+    top1: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -44,13 +46,16 @@ class PassOptions:
     with_entropy: bool = False
     #: Σ_v π_v² of each position's distribution
     with_sum_pi_squared: bool = False
+    #: whether each response token is its position's most likely one (1.0 / 0.0; SFT's token accuracy)
+    with_top1: bool = False
 
     def fields(self, is_value: bool) -> tuple[str, ...]:
         """The ForwardOutput fields a pass fills, in the order a pipeline stage returns them."""
         if is_value:
             return ("values",)
         return ("log_probs", *(("entropy",) if self.with_entropy else ()),
-                *(("sum_pi_squared",) if self.with_sum_pi_squared else ()))  # fmt: skip
+                *(("sum_pi_squared",) if self.with_sum_pi_squared else ()),
+                *(("top1",) if self.with_top1 else ()))  # fmt: skip
 
     def pack(self, out: ForwardOutput, is_value: bool) -> Any:
         """`out`'s filled fields as one tensor (when one) or a tuple: what a pipeline stage sends."""
@@ -109,9 +114,23 @@ def sum_pi_squared(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits.float(), dim=-1).square().sum(dim=-1)
 
 
+def top1(logits: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+    """1.0 where `responses` holds the arg-max of `logits` [.., V] (a tie counts), else 0.0."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(logits, DTensor):  # a vocabulary-sharded head (tp loss_parallel)
+        from hfrt.roles.training.parallel import vocab
+
+        return vocab.top1(logits, responses)
+    with torch.no_grad():
+        logits = logits.float()
+        picked = logits.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+        return (picked >= logits.amax(dim=-1)).float()
+
+
 def from_logits(logits: torch.Tensor, responses: torch.Tensor, options: PassOptions) -> ForwardOutput:
-    """Log-probs of `responses` (+ entropy, + Σπ², as `options` asks) from the logits that predict
-    them, [.., R, V], at options.temperature."""
+    """Log-probs of `responses` (+ entropy, + Σπ², + top-1, as `options` asks) from the logits
+    that predict them, [.., R, V], at options.temperature."""
     if options.temperature > 0 and options.temperature != 1.0:
         logits = logits / options.temperature
     out = ForwardOutput(log_probs=token_log_probs(logits, responses))
@@ -119,6 +138,8 @@ def from_logits(logits: torch.Tensor, responses: torch.Tensor, options: PassOpti
         out.entropy = entropy_from_logits(logits)
     if options.with_sum_pi_squared:
         out.sum_pi_squared = sum_pi_squared(logits)
+    if options.with_top1:
+        out.top1 = top1(logits, responses)
     return out
 
 
@@ -150,7 +171,7 @@ def model_forward(
 def expanded(micro: batching.Micro, out: ForwardOutput, cpu: bool = False) -> ForwardOutput:
     """`out` of a trimmed or packed micro-batch at the batch's full width [rows, R] (zeros where
     the rows had no real column), on the CPU when asked."""
-    parts = [micro.expand(t) for t in (out.log_probs, out.entropy, out.values, out.sum_pi_squared)]
+    parts = [micro.expand(t) for t in (out.log_probs, out.entropy, out.values, out.sum_pi_squared, out.top1)]
     return ForwardOutput(*(t.cpu() if cpu and t is not None else t for t in parts))
 
 
@@ -161,4 +182,5 @@ def in_row_order(micros: list[batching.Micro], outs: list[ForwardOutput]) -> For
         entropy=batching.in_row_order(micros, [o.entropy for o in outs]),
         values=batching.in_row_order(micros, [o.values for o in outs]),
         sum_pi_squared=batching.in_row_order(micros, [o.sum_pi_squared for o in outs]),
+        top1=batching.in_row_order(micros, [o.top1 for o in outs]),
     )

@@ -3,7 +3,7 @@ stay a DTensor split over the vocabulary on the tp ranks, and torch's `loss_para
 log-softmax / cross-entropy from the shards with all-reduces of [tokens]-sized statistics, never
 gathering [tokens, vocab] logits. Chosen tokens' log-probs are -cross_entropy(reduction="none");
 the entropy is -Σ p·log p and Σπ² is Σ exp(2·log p) over the sharded log-softmax (partial sums,
-reduced over tp).
+reduced over tp); a token is top-1 where its log-prob is the largest over the shards.
 
 `loss_parallel()` must be active around the forward *and* the backward that use these (the engine
 enters it for a whole forward or step); outside it DTensor gathers the logits itself, which is
@@ -58,3 +58,12 @@ def sum_pi_squared(logits: Any) -> torch.Tensor:
     """Σ_v π_v² over the (sharded) vocabulary of DTensor logits [..., V], as a plain tensor."""
     log_p = torch.log_softmax(logits.float(), dim=-1)
     return _plain((2 * log_p).exp().sum(dim=-1))
+
+
+def top1(logits: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """1.0 where `tokens` [...] holds the arg-max of the (sharded) DTensor logits [..., V], as a
+    plain tensor: the token's log-prob against the largest over the vocabulary (max over tp)."""
+    with torch.no_grad():
+        picked = token_log_probs(logits, tokens)
+        best = _plain(torch.log_softmax(logits.float(), dim=-1).amax(dim=-1))
+        return (picked >= best - 1e-5).float()  # the two are computed apart: rounding, not a rival token
