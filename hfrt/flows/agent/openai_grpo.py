@@ -1,5 +1,6 @@
 """The `agent_openai` flow: GRPO on the conversations of an external agent framework (smolagents by
-default) that drives the policy through hfrt's OpenAI-compatible endpoint.
+default), or of an agent program in its own virtualenv (`agent_command`, run once per
+conversation), that drives the policy through hfrt's OpenAI-compatible endpoint.
 
 The run serves its rollout role (or, with agent_on = "actor", the actor's own generation engine)
 on a loopback OpenAIServer with a fresh API key for its whole length. A step: push the actor's
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hfrt.flows.agent.command import KILL_GRACE_S, SESSION_ENV, SESSION_HEADER, CommandDriver, failure_column, program_reward
 from hfrt.flows.agent.external import DRIVERS, DriverCall, Episode, dump_trajectories, episode_metrics, load_callable, run_external
 from hfrt.flows.agent.grpo import ROLES, AgentGRPOConfig, PushCounter, agent_samples, prompt_columns, roles_for
 from hfrt.flows.agent.loop import agent_metrics, assemble
@@ -25,6 +27,7 @@ from hfrt.flows.async_steps import run_and_close
 from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.grpo_family import train_on
 from hfrt.flows.pipeline import WeightSync
+from hfrt.flows.reward_errors import RewardErrors
 from hfrt.flows.timing import Stage, StageTimer
 from hfrt.flows.trainer import Trainer, get_roles
 from hfrt.protocols import BatchHandle
@@ -32,7 +35,7 @@ from hfrt.serve.server import OpenAIServer, ServerLimits
 from hfrt.serve.tools import parser_for
 from hfrt.wire.role_views import Actor, Reference, Reward, Turns
 
-__all__ = ["ROLES", "AgentOpenAIConfig", "Config", "OpenAISteps", "flow", "roles_for"]
+__all__ = ["ROLES", "AgentOpenAIConfig", "Config", "OpenAISteps", "driver_and_reward", "flow", "roles_for"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,12 @@ class AgentOpenAIConfig(AgentGRPOConfig):
     max_turns: int = 3
     #: `smolagents`, or module:function taking a DriverCall and returning the final answer
     agent_driver: str = "smolagents"
+    #: a program to run once per conversation instead of agent_driver (`/bin/sh -c`, e.g. "python3
+    #: my_agent.py" or "/path/to/its/venv/bin/python agent.py"): OPENAI_BASE_URL, OPENAI_API_KEY and
+    #: HFRT_SESSION_ID (sent as header X-Session-Id) in its environment, sample_timeout_s to run,
+    #: agent_threads at a time; its last stdout line is the reward when it is a number, else
+    #: agent_reward's; stdout / stderr kept in RUN_DIR/agent_logs (hfrt/flows/agent/command.py)
+    agent_command: str = ""
     #: module:function (answer, sample) -> float
     agent_reward: str = "hfrt.flows.agent.smolagents_calc:calc_reward"
     #: conversations at once (0: all of a step's)
@@ -72,13 +81,18 @@ class AgentOpenAIConfig(AgentGRPOConfig):
             parser_for(self.tool_parser)
         except ValueError as exc:
             raise ValueError(f"config tool_parser={self.tool_parser!r}: {exc}") from exc
-        load_callable(self.agent_driver, "agent_driver", DRIVERS)
+        if not self.agent_command:
+            load_callable(self.agent_driver, "agent_driver", DRIVERS)
+        elif not self.agent_command.strip():
+            raise ValueError(f"config agent_command={self.agent_command!r}: give the program to run, e.g. \"python3 my_agent.py\"")
         load_callable(self.agent_reward, "agent_reward")
 
     def call(self) -> DriverCall:
-        """The DriverCall every conversation starts from (server address and session filled in later)."""
+        """The DriverCall every conversation starts from (server address and session filled in later);
+        an agent_command is killed at sample_timeout_s, and waited for KILL_GRACE_S more."""
+        wait_s = self.sample_timeout_s + (KILL_GRACE_S if self.agent_command else 0.0)
         return DriverCall(base_url="", api_key="", model="policy", session="", sample={}, max_tokens=self.max_new_tokens,
-                          temperature=self.temperature, max_steps=self.max_turns, timeout_s=self.sample_timeout_s,
+                          temperature=self.temperature, max_steps=self.max_turns, timeout_s=wait_s,
                           stop=(self.agent_stop,) if self.agent_stop else ())
 
 
@@ -88,9 +102,10 @@ Config = AgentOpenAIConfig
 class OpenAISteps:
     """The step function: the driver's conversations through `server`, trained on as agent_grpo's."""
 
-    def __init__(self, cfg: AgentOpenAIConfig, roles: dict[str, Any], server: OpenAIServer) -> None:
+    def __init__(self, cfg: AgentOpenAIConfig, roles: dict[str, Any], server: OpenAIServer, errors: RewardErrors | None = None) -> None:
         self.cfg, self.server = cfg, server
-        self.driver, self.reward = load_callable(cfg.agent_driver, "agent_driver", DRIVERS), load_callable(cfg.agent_reward, "agent_reward")
+        self.driver, self.reward = driver_and_reward(cfg, server)
+        self.errors = errors if errors is not None else RewardErrors(cfg.reward_error_limit)
         self.actor: Actor = roles["actor"]
         self.reference: Reference = roles["reference"]
         self.reward_role: Reward = roles["reward"]
@@ -111,12 +126,15 @@ class OpenAISteps:
         episodes = await t.one(Stage.GENERATE, run_external(self.server, self.driver, self.reward, samples, call,
                                                         tag=f"step{step}-", threads=threads))
         self.last = episodes
+        if cfg.agent_command:  # a failed program counts as a failed reward: logged per kind, limited
+            self.errors.observe(failure_column([e.error for e in episodes]), step=step)
         trajectories = [tr for e in episodes for tr in e.trajectories or []]
         if cfg.save_trajectories and cfg.run_dir:
             dump_trajectories(Path(cfg.run_dir) / "trajectories" / f"step-{step}.jsonl", episodes)
         if not trajectories:
             errors = sorted({e.error for e in episodes if e.error})[:3]
-            raise RuntimeError(f"step {step}: no conversation made a single call to the endpoint (errors: {errors})")
+            hint = f" (an agent_command sends header {SESSION_HEADER}: ${SESSION_ENV} on every request)" if cfg.agent_command else ""
+            raise RuntimeError(f"step {step}: no conversation made a single call to the endpoint{hint} (errors: {errors})")
         batch = await t.one(Stage.ASSEMBLE, assemble(self.generator, trajectories, carry=(*prompt_columns(prompts), "uid")))
         if self.pushes is not None:
             info |= await self.pushes.since_last()
@@ -140,4 +158,14 @@ async def flow(ctl: Any, config: AgentOpenAIConfig | dict[str, Any]) -> dict[str
     async with OpenAIServer(generator, model="policy", batch_size=batch, flush_after_s=0.1, limits=limits,
                             api_key=secrets.token_urlsafe(16), tool_parser=cfg.tool_parser,
                             timeout_s=max(CALL_TIMEOUT_S, cfg.sample_timeout_s)) as server:  # a round may be slow on a busy CPU
-        return await run_and_close(trainer, OpenAISteps(cfg, roles, server))
+        return await run_and_close(trainer, OpenAISteps(cfg, roles, server, trainer.reward_errors))
+
+
+def driver_and_reward(cfg: AgentOpenAIConfig, server: OpenAIServer) -> tuple[Any, Any]:
+    """The conversations' driver and reward: agent_command's program (hfrt.flows.agent.command) with
+    its stated reward, else the agent_driver function with agent_reward."""
+    reward = load_callable(cfg.agent_reward, "agent_reward")
+    if not cfg.agent_command:
+        return load_callable(cfg.agent_driver, "agent_driver", DRIVERS), reward
+    logs = Path(cfg.run_dir) / "agent_logs" if cfg.run_dir else None
+    return CommandDriver(cfg.agent_command, timeout_s=cfg.sample_timeout_s, log_dir=logs, server=server), program_reward(reward)
