@@ -271,7 +271,7 @@ def _launch(args: argparse.Namespace) -> int:
 def _serve_openai(args: argparse.Namespace) -> int:
     from hfrt import log
     from hfrt.flows import Flow
-    from hfrt.serve.server import serve_flow
+    from hfrt.serve.command import serve_flow
     from hfrt.session import run_flow
     from hfrt.signals import Stopped, run_stoppable
     from hfrt.wire.errors import HfrtError
@@ -279,10 +279,12 @@ def _serve_openai(args: argparse.Namespace) -> int:
     log.configure(args.log_level, "console")
     options = {"model": args.model, "seed": args.seed, "generator": args.generator}
     roles = {"rollout": {"impl": "rollout", "world_size": args.ranks, "options": options}}
-    from hfrt.serve.server import ServerLimits, api_key_from
+    from hfrt.serve.command import api_key_from
+    from hfrt.serve.server import ServerLimits
 
     limits = ServerLimits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_tokens=args.max_tokens,
                           max_concurrent_requests=args.max_concurrent_requests, request_timeout_s=args.request_timeout_s,
+                          header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
                           max_prompt_tokens=args.max_prompt_tokens or None, token_stream=not args.stream_chunks)
     try:
         api_key = api_key_from(args.api_key, args.api_key_file)
@@ -294,7 +296,7 @@ def _serve_openai(args: argparse.Namespace) -> int:
                        limits=limits, api_key=api_key, tool_parser=args.tool_parser)
     run_dir = Path(args.run_dir or Path("runs") / time.strftime("serve-openai-%Y%m%d-%H%M%S"))
     try:
-        run_stoppable(run_flow(Flow("serve-openai", serve, roles), run_dir=run_dir, config={"trace": False}, roles=roles),
+        run_stoppable(run_flow(Flow("serve-openai", serve, roles), run_dir=run_dir, config={"trace": False, "recovery": "on"}, roles=roles),
                       who="hfrt serve-openai")
     except Stopped as exc:  # the rollout daemons were shut down (the signal's line said so)
         return exc.exit_code
@@ -462,6 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--max-concurrent-requests", type=int, default=512, help="requests in progress at once (more get 429)")
     so.add_argument("--request-timeout-s", type=float, default=600.0, help="one request's time limit (408 past it)")
     so.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body (413 past it)")
+    so.add_argument("--header-timeout-s", type=float, default=10.0,
+                    help="a request's headers must arrive within this many seconds of its first byte (408 and the connection closed past it)")
+    so.add_argument("--body-timeout-s", type=float, default=30.0,
+                    help="a request's body must arrive within this many seconds of its headers (408 and the connection closed past it)")
     so.add_argument("--stream-chunks", action="store_true",
                     help="stream turns 4 tokens per generate_turn call instead of token by token (vLLM daemons always do)")
 

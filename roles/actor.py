@@ -108,8 +108,9 @@ class ActorDaemon(AgentTurns, Daemon):
     #: round trip; the RANK0 endpoints (advantages) touch no engine and never change phase
     GENERATION_SIDE = frozenset({"generate_turn", "assemble_trajectories"})
     #: generate_turn_stream refuses on the actor before touching its engine (no token stream here:
-    #: OpenAI streams of agent_on=actor go in generate_turn chunks); turn_streams reads counters
-    PHASE_FREE = frozenset({"generate", "describe", "weight_version", "hybrid_phase", "generate_turn_stream", "turn_streams"})
+    #: OpenAI streams of agent_on=actor go in generate_turn chunks); turn_streams reads counters,
+    #: serving_info the model's context and vocabulary
+    PHASE_FREE = frozenset({"generate", "describe", "weight_version", "hybrid_phase", "generate_turn_stream", "turn_streams", "serving_info"})
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:

@@ -81,7 +81,7 @@ class TurnRequest:
     options: dict[str, Any] = field(default_factory=dict)
     logprobs: bool = False
     text_prompt: str | None = None
-    user: str | None = None
+    user: str | None = None  # attribution only: sessions are keyed by the X-Session-Id header
     stream: bool = False
     stream_usage: bool = False  # stream_options.include_usage
     n: int = 1
@@ -90,6 +90,14 @@ class TurnRequest:
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str | None = None  # "auto" | "none" | "required" | a function's name; None without tools
     prefill: str = ""  # text put after the generation prompt so a required call opens (tool_choice)
+
+    @property
+    def text_bytes(self) -> int:
+        """UTF-8 bytes of the request's own text (its text prompt, or its messages' contents): the
+        prompt is at least this many bytes whatever a template adds."""
+        if self.text_prompt is not None:
+            return len(self.text_prompt.encode("utf-8", "surrogatepass"))
+        return sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in self.messages if isinstance(m.get("content"), str))
 
 
 def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float, *, lo_open: bool = False) -> float:

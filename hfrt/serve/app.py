@@ -1,6 +1,7 @@
 """The HTTP side of the OpenAI-compatible endpoint: a Starlette app on uvicorn (in the caller's
-event loop) that checks the API key, the body size, the number of requests in progress and each
-request's time limit, and hands checked JSON to OpenAIServer. Every error is OpenAI's JSON error
+event loop) that checks the API key (on every route, /openapi.json included), the body size and
+its deadline, the number of requests in progress and each request's time limit, and hands checked
+JSON to OpenAIServer (a large body is parsed in a worker thread). Every error is OpenAI's JSON error
 shape naming the field or the limit; a client that goes away mid-request is a debug line.
 
 It knows HTTP, the ServerLimits and the routes; nothing of sampling, sessions or tokenizers.
@@ -37,7 +38,13 @@ ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/openapi.jso
 
 
 def _error(exc: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(exc), status_code=exc.status, headers=headers)
+    return JSONResponse(error_body(exc), status_code=exc.status, headers={**(exc.headers or {}), **(headers or {})})
+
+
+def bearer_key(header: str) -> str | None:
+    """The credentials of an `Authorization: Bearer <key>` header, the scheme in any case (RFC 7235)."""
+    scheme, _, key = header.strip().partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
 
 
 def is_loopback(host: str) -> bool:
@@ -50,18 +57,39 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as its announced or received size passes `limit`."""
+#: bodies larger than this are parsed as JSON in a worker thread, not on the event loop
+THREAD_PARSE_BYTES = 256 << 10
+CLOSE = {"Connection": "close"}
+
+
+async def read_body(request: Request, limit: int, timeout_s: float = 30.0) -> bytes:
+    """The body, refused with 413 as soon as its announced or received size passes `limit`, and
+    with 408 when it is not whole within `timeout_s` of the headers (both close the connection:
+    the rest of the body is not read)."""
     announced = request.headers.get("content-length")
     if announced is not None and announced.isdigit() and int(announced) > limit:
-        raise ApiError(413, f"the body is {announced} bytes, more than the max_body_bytes limit of {limit}", code="max_body_bytes")
+        raise ApiError(413, f"the body is {announced} bytes, more than the max_body_bytes limit of {limit}", code="max_body_bytes",
+                       headers=CLOSE)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the body is more than the max_body_bytes limit of {limit} bytes", code="max_body_bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"the body is more than the max_body_bytes limit of {limit} bytes", code="max_body_bytes",
+                                   headers=CLOSE)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"the body did not arrive within the body_timeout_s limit of {timeout_s:g} s ({size} bytes came)",
+                       code="body_timeout_s", headers=CLOSE) from None
     return b"".join(chunks)
+
+
+async def read_json(request: Request, limits: Any) -> Any:
+    """The body read (read_body) and parsed (api.parse_body); a large one is parsed in a worker
+    thread, so a multi-megabyte body does not hold the event loop (and every other client)."""
+    raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+    return await asyncio.to_thread(parse_body, raw) if len(raw) > THREAD_PARSE_BYTES else parse_body(raw)
 
 
 def build_app(server: OpenAIServer) -> Starlette:
@@ -73,11 +101,9 @@ def build_app(server: OpenAIServer) -> Starlette:
     def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             nonlocal in_progress
-            if server.api_key is not None:
-                sent = request.headers.get("authorization", "")
-                if not (sent.startswith("Bearer ") and hmac.compare_digest(sent[7:].encode(), server.api_key.encode())):
-                    why = "no API key sent (header Authorization: Bearer <key>)" if not sent else "the API key is not valid"
-                    return _error(ApiError(401, why, code="invalid_api_key"), {"WWW-Authenticate": "Bearer"})
+            refused = _unauthorized(server.api_key, request)
+            if refused is not None:
+                return refused
             if in_progress >= limits.max_concurrent_requests:
                 return _error(ApiError(429, f"more than the max_concurrent_requests limit of {limits.max_concurrent_requests} "
                                             "requests in progress: retry later", code="max_concurrent_requests"))
@@ -105,7 +131,7 @@ def build_app(server: OpenAIServer) -> Starlette:
         return JSONResponse(models_body(server.model, server.created))
 
     async def sample(request: Request, kind: str) -> Response:
-        body = parse_body(await read_body(request, limits.max_body_bytes))
+        body = await read_json(request, limits)
         turn = server.chat_turn(body) if kind == "chat" else server.completion_turn(body)
         if turn.stream:  # the first events before the 200: a refused request still gets its JSON error
             events = server.stream(turn, request.headers.get("x-session-id"))
@@ -121,7 +147,8 @@ def build_app(server: OpenAIServer) -> Starlette:
         return await sample(request, "chat")
 
     async def schema(request: Request) -> Response:
-        return JSONResponse(openapi_schema(server.model, limits))
+        refused = _unauthorized(server.api_key, request)
+        return refused or JSONResponse(openapi_schema(server.model, limits))
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return _error(ApiError(404, f"no route {request.method} {request.url.path}: serving {', '.join(ROUTES)}"))
@@ -134,6 +161,18 @@ def build_app(server: OpenAIServer) -> Starlette:
               Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
               Route("/openapi.json", schema, methods=["GET"])]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+
+
+def _unauthorized(api_key: str | None, request: Request) -> Response | None:
+    """401 unless `api_key` is None or the request carries it as a bearer key (compared in constant time)."""
+    if api_key is None:
+        return None
+    sent = request.headers.get("authorization", "")
+    key = bearer_key(sent)
+    if key is not None and hmac.compare_digest(key.encode(), api_key.encode()):
+        return None
+    why = "no API key sent (header Authorization: Bearer <key>)" if not sent else "the API key is not valid"
+    return _error(ApiError(401, why, code="invalid_api_key"), {"WWW-Authenticate": "Bearer"})
 
 
 async def _events(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -164,6 +203,7 @@ class HttpServer:
     def __init__(self, server: OpenAIServer, host: str, port: int) -> None:
         self.host, self.port = host, port
         self._app = build_app(server)
+        self._header_timeout_s = float(server.limits.header_timeout_s)
         self._uvicorn: _Uvicorn | None = None
         self._task: asyncio.Task[None] | None = None
         if server.api_key is None and not is_loopback(host):
@@ -182,7 +222,7 @@ class HttpServer:
             raise
         self.port = int(sock.getsockname()[1])
         http = "httptools" if _has("httptools") else "h11"
-        config = uvicorn.Config(self._app, http=protocol(http), lifespan="off", log_config=None, access_log=False, server_header=False,
+        config = uvicorn.Config(self._app, http=protocol(http, self._header_timeout_s), lifespan="off", log_config=None, access_log=False, server_header=False,
                                 timeout_keep_alive=60, timeout_graceful_shutdown=5)
         self._uvicorn = _Uvicorn(config)
         self._task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]))
@@ -208,4 +248,4 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-__all__ = ["BadRequest", "HttpServer", "build_app", "is_loopback", "read_body"]
+__all__ = ["BadRequest", "HttpServer", "bearer_key", "build_app", "is_loopback", "read_body", "read_json"]

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 class ApiError(Exception):
     """A request that cannot be served: the HTTP status, a message for the client (never server
-    paths or logs), OpenAI's `param` (the field at fault) and `code`."""
+    paths or logs), OpenAI's `param` (the field at fault), `code`, and headers the reply carries
+    (Retry-After on a 503 while a daemon is being replaced)."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
 
 class BadRequest(ApiError):

@@ -17,7 +17,7 @@ _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 
 def _sampling(limits: Any) -> dict[str, Any]:
     return {
-        "model": _STRING, "user": {**_STRING, "description": "a session id (as header X-Session-Id)"},
+        "model": _STRING, "user": {**_STRING, "description": "the end user, for attribution only (sessions are keyed by the header X-Session-Id)"},
         "max_tokens": {"type": "integer", "minimum": 1, "maximum": limits.max_tokens, "default": 16},
         "temperature": {**_NUMBER, "minimum": 0, "maximum": 2, "default": 1},
         "top_p": {**_NUMBER, "exclusiveMinimum": 0, "maximum": 1, "default": 1},
@@ -46,7 +46,11 @@ def _request(name: str, properties: dict[str, Any], required: list[str]) -> dict
                                                           "prompt_token_ids, per-choice token_ids and weight_version"},
                                    "400": {"$ref": "#/components/responses/error"}, "401": {"$ref": "#/components/responses/error"},
                                    "408": {"$ref": "#/components/responses/error"}, "413": {"$ref": "#/components/responses/error"},
-                                   "429": {"$ref": "#/components/responses/error"}}}}
+                                   "429": {"$ref": "#/components/responses/error"},
+                                   "503": {"description": "the rollout role is unavailable; with a Retry-After header while a "
+                                                          "daemon that stopped is being replaced",
+                                           "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+                                           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/error"}}}}}}}
 
 
 def openapi_schema(model: str, limits: Any) -> dict[str, Any]:
@@ -67,14 +71,15 @@ def openapi_schema(model: str, limits: Any) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {"title": "hfrt OpenAI-compatible endpoint", "version": "1",
                  "description": f"samples {model!r} on hfrt's rollout role; max_body_bytes {limits.max_body_bytes}, "
-                                f"max_concurrent_requests {limits.max_concurrent_requests}, request_timeout_s {limits.request_timeout_s}"},
+                                f"max_concurrent_requests {limits.max_concurrent_requests}, request_timeout_s {limits.request_timeout_s}, "
+                                f"header_timeout_s {limits.header_timeout_s}, body_timeout_s {limits.body_timeout_s}"},
         "paths": {
             "/v1/models": {"get": {"operationId": "listModels", "security": [{"bearer": []}],
                                    "responses": {"200": {"description": "the one model served"}}}},
             "/v1/completions": _request("createCompletion", completion, ["prompt"]),
             "/v1/chat/completions": _request("createChatCompletion", chat, ["messages"]),
         },
-        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": {"error": error},
                        "responses": {"error": {"description": "OpenAI's error shape; param names the field, code the limit",
                                                "content": {"application/json": {"schema": error}}}}},
     }

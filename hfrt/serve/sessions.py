@@ -2,7 +2,7 @@
 sampled ids, log-probs, weight version), and the Trajectory they make when every call's prompt
 extends the previous call's prompt and output token for token.
 
-Pure logic: it knows hfrt.serve.turns.Trajectory and nothing of HTTP, OpenAI fields or rewards.
+It knows hfrt.serve.turns.Trajectory and nothing of HTTP, OpenAI fields or rewards.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hfrt.log import get_logger
 from hfrt.serve.turns import Trajectory
 
 
@@ -102,3 +103,75 @@ def build_trajectories(name: str, session: Session) -> list[Trajectory]:
         runs[-1].append(call)
         held = call.prompt_ids + call.output_ids
     return [build_trajectory(name if i == 0 else f"{name}/{i}", Session(run)) for i, run in enumerate(runs)]
+
+
+class SessionStore:
+    """The sessions of one server by name, in the order they were opened: at most `max_sessions`
+    (the oldest is dropped to make room, counted in `dropped` and logged), each kept until ended.
+
+    It knows the TurnRequest fields a session continues from (text prompt, chat messages and
+    tools) and what a call leaves (its prompt ids, sampled ids, log-probs and the text or reply
+    as returned); nothing of HTTP or the rollout role."""
+
+    def __init__(self, max_sessions: int = 10_000) -> None:
+        self.sessions: dict[str, Session] = {}
+        self.max_sessions, self.dropped = max_sessions, 0
+
+    def held(self, name: str | None) -> Session | None:
+        return self.sessions.get(name) if name else None
+
+    def trajectory(self, name: str) -> Trajectory:
+        """The session's calls as one Trajectory (gen_mask 1 exactly on sampled tokens); KeyError
+        for an unknown session, SessionDrift when a call's prompt does not extend the previous ids."""
+        return build_trajectory(name, self._known(name))
+
+    def trajectories(self, name: str) -> list[Trajectory]:
+        """The session as exact trajectories even when its client re-renders its history (an agent
+        framework that rewrites earlier turns): see build_trajectories."""
+        return build_trajectories(name, self._known(name))
+
+    def end(self, name: str) -> Trajectory:
+        """trajectory(name), then forget the session."""
+        t = self.trajectory(name)
+        del self.sessions[name]
+        return t
+
+    def _known(self, name: str) -> Session:
+        if name not in self.sessions:
+            raise KeyError(f"no session {name!r} (known: {sorted(self.sessions)[:10]})")
+        return self.sessions[name]
+
+    def record(self, name: str, call: SessionCall, *, text: str | None = None,
+               chat: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None) -> None:
+        """Append `call` to session `name` (made on first use), with what a next request continues
+        from: `text` (the prompt text and output as the ids spell them) or `chat` (the messages and
+        the reply as returned, and the tool schemas offered)."""
+        if name not in self.sessions and len(self.sessions) >= self.max_sessions:
+            oldest = next(iter(self.sessions))
+            del self.sessions[oldest]
+            self.dropped += 1
+            get_logger(part="openai_server").warning("session_dropped", session=oldest, max_sessions=self.max_sessions)
+        session = self.sessions.setdefault(name, Session())
+        session.calls.append(call)
+        session.text, session.chat = text, chat
+
+    @staticmethod
+    def continuation(session: Session | None, context: list[int], append: list[Any], *, text_prompt: str | None = None,
+                     messages: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None,
+                     prefill: str = "") -> tuple[list[int], list[Any]]:
+        """The (context ids, append items) to send: a session's exact ids when the request extends
+        what it holds — a text prompt that starts with the last prompt text + output text (only
+        the new text is tokenised), or chat messages that start with the last messages + the reply
+        as returned, with the same tools (only what the chat template renders past them is
+        tokenised) — else the request's own `context` and `append`."""
+        if session is None or not session.calls:
+            return context, append
+        if text_prompt is not None and session.text is not None and text_prompt.startswith(session.text):
+            rest = text_prompt[len(session.text):]
+            return session.ids, [rest] if rest else []
+        if messages is not None and session.chat is not None:
+            held, offered = session.chat
+            if len(messages) > len(held) and messages[:len(held)] == held and (tools or []) == offered:
+                item = {"messages": messages, "tools": offered or None, "after": len(held)}
+                return session.ids, [item, prefill] if prefill else [item]
+        return context, append

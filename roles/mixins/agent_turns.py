@@ -12,7 +12,9 @@ samples, of weight versions' meaning, of tools, rewards or the agent loop.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ from hfrt.daemon.batch import Batch
 from hfrt.roles.common import SAMPLING_OPTIONS, sampling_params
 from hfrt.roles.generation.batches import encode_prompt
 from hfrt.roles.generation.hf import SamplingParams, top_log_probs
+from hfrt.roles.mixins.turn_limits import check_request_length, check_text_size, max_token_bytes
 from hfrt.roles.rows import all_reduce, check_rows, merge
 from hfrt.wire.endpoints import Dispatch, endpoint
 
@@ -29,7 +32,24 @@ TURN_INPUT = ("context", "append")
 #: non-tensor columns assemble_trajectories reads (one row per trajectory)
 TRAJECTORY_INPUT = ("prompt_ids", "response_ids", "response_gen_mask", "response_log_probs")
 #: the keyword options a turn call takes (read by _turn_options): the sampling options plus these
-TURN_OPTIONS = (*SAMPLING_OPTIONS, "pieces", "top_logprobs", "text_prefix", "fit_context")
+TURN_OPTIONS = (*SAMPLING_OPTIONS, "pieces", "top_logprobs", "text_prefix", "fit_context", "request_max_tokens")
+
+
+@dataclass(frozen=True)
+class TurnOptions:
+    """A turn call's keywords read once (AgentTurns._turn_options): the sampling parameters, and
+    `pieces` (each token's text wanted), `max_prompt` (max_prompt_tokens), `top_k` (top_logprobs),
+    `text_prefix` (turn_text also decodes the context's last k ids: a turn sampled in chunks), `fit`
+    (no max_tokens given: sample until the context is full) and `request_max` (the whole request's
+    max_tokens when this call samples its first chunk only: the context check uses it)."""
+
+    params: SamplingParams
+    pieces: bool = False
+    max_prompt: int | None = None
+    top_k: int = 0
+    text_prefix: int = 0
+    fit: bool = False
+    request_max: int | None = None
 
 
 def stop_ids(tokenizer: Any, stops: Sequence[str]) -> tuple[int, ...]:
@@ -208,10 +228,10 @@ class AgentTurns:
         non-tensor `appended` (ids of each appended text), `turn_ids`, `turn_log_probs`, `turn_text`,
         `weight_version`. `stop`: {"strings": [...]}, one-token strings that end a turn (as stop
         token ids; a table, as SPLIT dispatch would split a list argument)."""
-        params, pieces_wanted, max_prompt, top_k, text_prefix, fit = self._turn_options("generate_turn", stop, sampling)
+        opts = self._turn_options("generate_turn", stop, sampling)
         # every rank, rows or none (a generation group gets none when fewer conversations are
         # live than there are groups), before any row is read: it may be collective
-        params, meta = self._turn_prepare(params)
+        params, meta = self._turn_prepare(opts.params)
         rows = merge(batch, extra)
         if len(rows) == 0:  # an empty slice of the call's rows carries no columns
             return Batch({}, {c: [] for c in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version", "turn_finished")}, meta)
@@ -220,27 +240,25 @@ class AgentTurns:
             raise KeyError(f"generate_turn needs non-tensor columns {missing}; the batch has {list(rows.non_tensor)}")
         contexts, appended = [], []
         for i, (context, append) in enumerate(zip(rows["context"], rows["append"], strict=True)):
-            try:
-                ids, pieces = extend_context(self.tokenizer, context, append)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"generate_turn row {i}: {exc}") from exc
+            ids, pieces = self._extend(i, context, append)
             contexts.append(ids)
             appended.append(pieces)
-        params = self._fit(params, contexts, fit, max_prompt)
+        params = self._fit(params, contexts, opts)
         out, timings = self._turn_generate(contexts, params)
         version = self._turn_version()
         mask = out["response_mask"].bool()
         turn_ids = [r[m].tolist() for r, m in zip(out["responses"], mask, strict=True)]
         turn_lp = [lp[m].tolist() for lp, m in zip(out["log_probs"], mask, strict=True)]
         # text_prefix k: turn_text decodes the context's last k ids too (a turn sampled in chunks)
-        texts = list(self.tokenizer.batch_decode([c[len(c) - text_prefix:] + t if text_prefix else t for c, t in zip(contexts, turn_ids, strict=True)],
+        k = opts.text_prefix
+        texts = list(self.tokenizer.batch_decode([c[len(c) - k:] + t if k else t for c, t in zip(contexts, turn_ids, strict=True)],
                                                  skip_special_tokens=True))
         columns = {"appended": appended, "turn_ids": turn_ids, "turn_log_probs": turn_lp, "turn_text": texts,
                    "weight_version": [version] * len(rows), "turn_finished": [self._finished(t, params) for t in turn_ids]}
-        if pieces_wanted:
+        if opts.pieces:
             columns["turn_pieces"] = [token_pieces(self.tokenizer, ids) for ids in turn_ids]
-        if top_k:
-            columns["turn_top"] = top_alternatives(self, contexts, turn_ids, top_k, params.temperature)
+        if opts.top_k:
+            columns["turn_top"] = top_alternatives(self, contexts, turn_ids, opts.top_k, params.temperature)
         return Batch({}, columns, {**meta, **timings, "weight_version": version})
 
     @endpoint(stream=True, keywords=TURN_OPTIONS)
@@ -255,13 +273,11 @@ class AgentTurns:
         seed). Cancelling the call stops sampling before the next token."""
         if type(self)._turn_stream is AgentTurns._turn_stream:  # refused before _turn_prepare, which may be collective
             self._turn_stream([], self.sampling, 0)
-        params, _, max_prompt, top_k, _, fit = self._turn_options("generate_turn_stream", stop, sampling)
-        params, _ = self._turn_prepare(params)
-        try:
-            ids, appended = extend_context(self.tokenizer, context, append)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"generate_turn row 0: {exc}") from exc  # as generate_turn words it
-        params = self._fit(params, [ids], fit, max_prompt)
+        opts = self._turn_options("generate_turn_stream", stop, sampling)
+        params, _ = self._turn_prepare(opts.params)
+        ids, appended = self._extend(0, context, append)  # worded as generate_turn's row 0
+        params = self._fit(params, [ids], opts)
+        top_k = opts.top_k
         version = self._turn_version()  # the turn's version: a load during the turn applies from its next step on
         tokens = self._turn_stream(ids, params, top_k)
         yield {"appended": appended, "weight_version": version}
@@ -296,25 +312,56 @@ class AgentTurns:
         closed before their turn ended (their caller went away)."""
         return dict(self.__dict__.get("turn_stream_stats") or {"streams": 0, "open": 0, "tokens": 0, "closed_early": 0})
 
-    def _turn_options(self, where: str, stop: Any, sampling: dict[str, Any]) -> tuple[SamplingParams, bool, int | None, int, int, bool]:
-        """A turn call's options read out of its keywords: (params, pieces wanted, max_prompt_tokens,
-        top_logprobs, text_prefix, fit_context)."""
+    def _turn_options(self, where: str, stop: Any, sampling: dict[str, Any]) -> TurnOptions:
+        """A turn call's keywords read out (see TurnOptions)."""
         if stop is not None and not isinstance(stop, dict):
             raise TypeError(f"{where}: stop must be a table {{'strings': [...]}}, not {stop!r:.80}")
-        pieces_wanted, max_prompt = bool(sampling.pop("pieces", False)), sampling.pop("max_prompt_tokens", None)
+        pieces, max_prompt = bool(sampling.pop("pieces", False)), sampling.pop("max_prompt_tokens", None)
         top_k, text_prefix = int(sampling.pop("top_logprobs", 0) or 0), int(sampling.pop("text_prefix", 0) or 0)
-        fit = bool(sampling.pop("fit_context", False))
+        fit, request_max = bool(sampling.pop("fit_context", False)), sampling.pop("request_max_tokens", None)
         stops = tuple(sampling.pop("stop_token_ids", None) or ()) + stop_ids(self.tokenizer, (stop or {}).get("strings", []))
         params = dataclasses.replace(sampling_params(self.sampling, **sampling), n=1, stop_token_ids=stops)
-        return params, pieces_wanted, max_prompt, top_k, text_prefix, fit
+        return TurnOptions(params, pieces, max_prompt, top_k, text_prefix, fit, None if request_max is None else int(request_max))
 
-    def _fit(self, params: SamplingParams, contexts: list[list[int]], fit: bool, max_prompt: int | None) -> SamplingParams:
+    def _extend(self, row: int, context: list[int], append: list[Any]) -> tuple[list[int], list[list[int]]]:
+        """extend_context for one row, after refusing appended text longer than the context can
+        hold before any of it is tokenised (turn_limits.check_text_size); errors name the row."""
+        try:
+            check_text_size(list(append), context_limit(self), self._token_bytes)
+            return extend_context(self.tokenizer, context, append)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"generate_turn row {row}: {exc}") from exc
+
+    @functools.cached_property
+    def _token_bytes(self) -> int:
+        """The most bytes one token of this role's vocabulary spells (turn_limits.max_token_bytes)."""
+        return max_token_bytes(self.tokenizer)
+
+    @endpoint(dispatch=Dispatch.REPLICATE)
+    def serving_info(self) -> dict[str, Any]:
+        """What a server in front of this role checks before sending a turn: `context_tokens` (the
+        model's context, None when unknown) and `max_token_bytes` (so text longer than
+        context_tokens × max_token_bytes bytes is refused without a call)."""
+        return {"context_tokens": context_limit(self), "max_token_bytes": self._token_bytes}
+
+    def _fit(self, params: SamplingParams, contexts: list[list[int]], opts: TurnOptions) -> SamplingParams:
         """params with max_new_tokens cut to what the longest row's context leaves (with `fit`:
-        max_tokens was not given), after checking the rows' lengths (see _check_lengths)."""
+        max_tokens was not given), after checking the rows' lengths once, against the request's
+        own max_tokens (`request_max`, else max_new_tokens): ValueError naming the row otherwise."""
         limit = context_limit(self)
-        if fit and limit is not None:
-            params = dataclasses.replace(params, max_new_tokens=max(1, min(params.max_new_tokens, limit - max(len(c) for c in contexts))))
-        self._check_lengths(contexts, params.max_new_tokens, max_prompt)
+        if opts.fit and limit is not None:
+            left = limit - max(len(c) for c in contexts)
+            if left < 1:
+                raise ValueError(f"prompt: the prompt is {limit - left} tokens, which leaves no room in the model's context of {limit} tokens")
+            params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, left))
+        asked = params.max_new_tokens if opts.fit or opts.request_max is None else opts.request_max
+        for i, ids in enumerate(contexts):
+            try:
+                if opts.max_prompt is not None and len(ids) > opts.max_prompt:
+                    raise ValueError(f"prompt: {len(ids)} tokens, more than the max_prompt_tokens limit of {opts.max_prompt}")
+                check_request_length(len(ids), asked, limit)
+            except ValueError as exc:
+                raise ValueError(f"generate_turn row {i}: {exc}") from exc
         return params
 
     def _finished(self, turn_ids: list[int], params: SamplingParams) -> bool:
@@ -322,17 +369,6 @@ class AgentTurns:
         eos = self.tokenizer.eos_token_id
         ends = set(params.stop_token_ids) | ({int(eos)} if eos is not None and not params.ignore_eos else set())
         return len(turn_ids) < params.max_new_tokens or (bool(turn_ids) and turn_ids[-1] in ends)
-
-    def _check_lengths(self, contexts: list[list[int]], max_new_tokens: int, max_prompt: int | None) -> None:
-        """ValueError naming the row when a prompt is longer than `max_prompt` tokens or prompt +
-        max_new_tokens exceeds the engine's context."""
-        limit = context_limit(self)
-        for i, ids in enumerate(contexts):
-            if max_prompt is not None and len(ids) > max_prompt:
-                raise ValueError(f"prompt: row {i} is {len(ids)} tokens, more than the max_prompt_tokens limit of {max_prompt}")
-            if limit is not None and len(ids) + max_new_tokens > limit:
-                raise ValueError(f"prompt: row {i} is {len(ids)} tokens; with max_tokens {max_new_tokens} that passes the "
-                                 f"model's context of {limit} tokens")
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def assemble_trajectories(self, batch: Batch, *extra: Batch, prompt_width: int = 0, response_width: int = 0) -> Batch:

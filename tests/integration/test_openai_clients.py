@@ -140,7 +140,7 @@ async def test_n_streaming_logprobs_and_keys(server: OpenAIServer) -> None:
     def ask() -> tuple[Any, list[Any], Any, Any]:
         c = client(server)
         msgs = [{"role": "tool", "tool_call_id": "x", "content": "9"}]
-        four = c.chat.completions.create(model="scripted", messages=msgs, n=4, max_tokens=50, user="group")
+        four = c.chat.completions.create(model="scripted", messages=msgs, n=4, max_tokens=50, extra_headers={"X-Session-Id": "group"})
         chunks = list(c.chat.completions.create(model="scripted", messages=msgs, max_tokens=50, stream=True,
                                                 stream_options={"include_usage": True}))
         lp = c.chat.completions.create(model="scripted", messages=msgs, max_tokens=50, logprobs=True, top_logprobs=2)
@@ -200,7 +200,7 @@ async def test_a_streamed_turn_is_sent_as_it_is_sampled_and_recorded_whole(serve
 
     def ask() -> list[Any]:
         stream = client(server).completions.create(model="scripted", prompt="<tool>8\n<assistant>", max_tokens=40, stream=True,
-                                                   user="streamed", logprobs=0)
+                                                   extra_headers={"X-Session-Id": "streamed"}, logprobs=0)
         return list(stream)
 
     chunks = await in_thread(ask)

@@ -52,12 +52,12 @@ async def test_the_openai_client_gets_a_chunk_per_token_and_the_session_is_exact
     request = {"model": "tiny", "prompt": "12+30=", "max_tokens": 24, "seed": 7, "temperature": 1.0, "logprobs": 0}
 
     def ask() -> tuple[list[Any], list[float], Any]:
-        stream = client(server).completions.create(**request, stream=True, user="streamed", stream_options={"include_usage": True})
+        stream = client(server).completions.create(**request, stream=True, extra_headers={"X-Session-Id": "streamed"}, stream_options={"include_usage": True})
         chunks, arrived = [], []
         for chunk in stream:
             chunks.append(chunk)
             arrived.append(time.perf_counter())
-        whole = client(server).completions.create(**request, user="whole")
+        whole = client(server).completions.create(**request, extra_headers={"X-Session-Id": "whole"})
         return chunks, arrived, whole
 
     chunks, arrived, whole = await in_thread(ask)

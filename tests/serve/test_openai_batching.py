@@ -11,7 +11,8 @@ import pytest
 
 from hfrt.serve.turns import AgentGenerationError, TurnBatcher
 from hfrt.serve.api import ApiError, BadRequest
-from hfrt.serve.server import OpenAIServer, http_error
+from hfrt.serve.rollout import http_error
+from hfrt.serve.server import OpenAIServer
 from hfrt.wire.errors import DaemonGone, RemoteError
 from tests.flows.test_agent_loop import ScriptedRollout
 
@@ -93,13 +94,16 @@ def test_generation_errors_become_http_statuses() -> None:
 async def test_sessions_are_recorded_and_the_oldest_dropped_past_max_sessions() -> None:
     server = OpenAIServer(SlowRollout(0.0), batch_size=1, max_sessions=2)
     with pytest.raises(ApiError, match="IndexError"):
-        await server.complete(server.completion_turn({"prompt": [999], "max_tokens": 2, "user": "failed"}))
+        await server.complete(server.completion_turn({"prompt": [999], "max_tokens": 2}), "failed")
     assert "failed" not in server.sessions  # a session records a call once it succeeded
     for name in ("a", "b", "c"):
         await server.complete(server.completion_turn({"prompt": "hi", "max_tokens": 2}), name)
     assert list(server.sessions) == ["b", "c"] and server.sessions_dropped == 1
-    # "hi" + the returned "ab" + new text
+    # `user` is attribution only: it neither opens nor continues a session
     await server.complete(server.completion_turn({"prompt": "hiab!", "max_tokens": 2, "user": "c"}))
+    assert list(server.sessions) == ["b", "c"] and len(server.sessions["c"].calls) == 1
+    # "hi" + the returned "ab" + new text, under the session's key
+    await server.complete(server.completion_turn({"prompt": "hiab!", "max_tokens": 2, "user": "someone"}), "c")
     t = server.end_session("c")
     assert t.prompt_ids == [ord("h"), ord("i")] and t.response_ids == [ord(c) for c in "ab!ab"] and t.gen_mask == [1, 1, 0, 1, 1]
     assert list(server.sessions) == ["b"]

@@ -43,11 +43,11 @@ class RefusingStreams(ScriptedChatRollout):
 async def test_streaming_falls_back_to_chunks_when_the_engine_cannot_stream() -> None:
     rollout = RefusingStreams()
     server = OpenAIServer(rollout, model="scripted", flush_after_s=0.0, limits=ServerLimits(long_request_tokens=10**6))
-    assert server._token_streams
+    assert server.client.can_stream
     for _ in range(2):
         turn = server.completion_turn({"prompt": "<tool>8\n<assistant>", "max_tokens": 40, "stream": True})
         events = [e async for e in server.stream(turn)]
         text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-2])
         assert text == "The sum is 8." and events[-1] == b"data: [DONE]\n\n"
-    assert rollout.stream_calls == 1 and not server._token_streams and server.token_streams == 0
+    assert rollout.stream_calls == 1 and not server.client.can_stream and server.token_streams == 0
     assert all(c["max_new_tokens"] <= 4 for c in rollout.calls)  # in chunks of stream_chunk_tokens

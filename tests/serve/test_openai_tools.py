@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hfrt.serve.api import BadRequest, chat_request
-from hfrt.serve.server import api_key_from
+from hfrt.serve.command import api_key_from
 from hfrt.serve.sessions import Session, SessionCall, build_trajectories
 from hfrt.serve.tools import check_tool_choice, check_tools, parser_for
 
@@ -92,3 +92,10 @@ def test_loopback_hosts_are_told_apart() -> None:
 
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.5", "example.org"))
+
+
+def test_the_bearer_scheme_is_read_in_any_case() -> None:
+    from hfrt.serve.app import bearer_key
+
+    assert [bearer_key(h) for h in ("Bearer k1", "bearer k1", "BEARER  k1 ", "Basic k1", "Bearer", "k1", "")] == \
+        ["k1", "k1", "k1", None, None, None, None]
