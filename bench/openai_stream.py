@@ -24,9 +24,9 @@ from hfrt.bench.common import add_output_flags, emit, machine
 from hfrt.control.controller import Controller
 from hfrt.deploy.launchers.base import DaemonSpec
 from hfrt.deploy.launchers.local import LocalLauncher
-from hfrt.serve.server import OpenAIServer, ServerLimits
 from hfrt.log import configure as configure_logging
 from hfrt.protocols import new_key
+from hfrt.serve.server import OpenAIServer, ServerLimits
 from hfrt.wire.loop import run
 
 

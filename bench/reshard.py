@@ -35,7 +35,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -190,11 +189,10 @@ def run_actor_case(rank: int, model_fn: Any, pair: str, repeats: int) -> dict[st
     """The actor's transition at one layout pair: streamed + adopted vs clone-then-copy."""
     import gc
     import time
+    from types import SimpleNamespace
 
     import torch
     import torch.distributed as dist
-
-    from types import SimpleNamespace
 
     from hfrt.daemon.base import DaemonContext
     from hfrt.roles.actor_layout import _resharding_hybrid

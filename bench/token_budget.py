@@ -14,6 +14,7 @@ RL beyond one PPO loss.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from typing import Any
@@ -130,7 +131,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             engine.forward_logprobs(batch)
             result[way]["forward_s"].append(time.perf_counter() - start)
     for way, engine in engines.items():  # one more step, untimed, counting what autograd holds
-        result[way]["activations_held_mb"] = round(saved_for_backward(lambda: engine.step(loss_fn, batch)) / 2**20, 2)
+        result[way]["activations_held_mb"] = round(saved_for_backward(functools.partial(engine.step, loss_fn, batch)) / 2**20, 2)
     for way in WAYS:
         for key in ("step_s", "forward_s"):
             result[way][key.replace("_s", "_median_s")] = round(statistics.median(result[way].pop(key)), 4)

@@ -265,12 +265,10 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start
     side's start-up time (from `start` until its daemons / trainer are ready)."""
     import asyncio
 
-    from hfrt.flows.batches import prompts_handle
+    from hfrt.bench.vs_trl_measure import DaemonRSS, padding_fractions, row_lengths
+    from hfrt.flows.batches import non_tensor, prompts_handle
     from hfrt.flows.recipes import grpo
     from hfrt.flows.trainer import get_roles
-
-    from hfrt.bench.vs_trl_measure import DaemonRSS, padding_fractions, row_lengths
-    from hfrt.flows.batches import non_tensor
     from hfrt.roles.models import load_tokenizer
 
     cfg = hfrt_config(shape, steps)

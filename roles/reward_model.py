@@ -38,7 +38,7 @@ from hfrt.roles.losses import LossScale
 from hfrt.roles.models import export_sequence_classifier, load_tokenizer, resolve_model_dir
 from hfrt.roles.reward_scores import check_score_at, pool_scores
 from hfrt.roles.rows import Tensors, all_reduce, equal_rows, unpad
-from hfrt.roles.training.engines import ForwardOutput, LossFn
+from hfrt.roles.training.engines import ForwardOutput
 from hfrt.wire.endpoints import Dispatch, endpoint
 
 OPTIONS = frozenset({"score_at", "append_eos", "max_length"})

@@ -27,8 +27,8 @@ from typing import Any
 
 from hfrt.flows import Flow
 from hfrt.flows.agent.external import DRIVERS, DriverCall, Episode, load_callable, run_external
-from hfrt.serve.server import OpenAIServer, ServerLimits
 from hfrt.flows.trainer import get_roles
+from hfrt.serve.server import OpenAIServer, ServerLimits
 
 
 def summarize(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -34,7 +34,6 @@ from hfrt.bench.recipes import make_addition_data
 from hfrt.bench.recipes.rm_recipe import best_of_candidates, controller, rule_accuracy
 
 
-
 @dataclass(frozen=True)
 class Figure:
     """One documented number: where it is stated, what it says, the band it must fall in."""

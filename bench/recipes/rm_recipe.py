@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfrt.flows.pairs import EOS, addition_pairs
+from hfrt.flows.pairs import EOS
 from hfrt.flows.tasks import addition_reward
 
 

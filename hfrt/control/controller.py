@@ -28,8 +28,8 @@ from hfrt.control.daemons import DaemonInfo, GoneListener
 from hfrt.control.group import CallLayer, RoleGroup
 from hfrt.control.pending import Pending, fail_all, settle
 from hfrt.control.roster import Roster
-from hfrt.control.streams import CallStream, StreamCalls
 from hfrt.control.strays import StrayReplies
+from hfrt.control.streams import CallStream, StreamCalls
 from hfrt.control.supervision import Supervisor
 from hfrt.control.tensor_plane import TensorPlane
 from hfrt.control.trace import MAX_SPANS, CallTrace

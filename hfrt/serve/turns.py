@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from hfrt.protocols import BatchHandle

@@ -49,7 +49,7 @@ def vllm_rows(model: torch.nn.Module) -> dict[str, Any]:
     for prefix, m in model.named_modules():
         head, _, leaf = prefix.rpartition(".")
 
-        def put(part: str, span: tuple[int, int], dim: int = 0, bias: bool = True) -> None:
+        def put(part: str, span: tuple[int, int], dim: int = 0, bias: bool = True, head: str = head) -> None:
             name = f"{head}.{part}" if head else part
             rows[f"{name}.weight"] = (dim, span[0], span[0] + span[1])
             if bias:

@@ -9,6 +9,7 @@ import torch
 
 from hfrt.roles.losses.core import kl_penalty, masked_mean, zero_masked
 
+
 def apply_kl_penalty(
     token_level_scores: torch.Tensor,
     old_log_prob: torch.Tensor,

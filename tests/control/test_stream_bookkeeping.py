@@ -13,8 +13,8 @@ from structlog.testing import capture_logs
 from hfrt.control import streams
 from hfrt.control.daemons import DaemonInfo
 from hfrt.control.pending import Pending
-from hfrt.control.streams import CallStream, StreamCalls
 from hfrt.control.strays import StrayReplies
+from hfrt.control.streams import CallStream, StreamCalls
 from hfrt.log import get_logger
 from hfrt.protocols import Partial
 from hfrt.wire.errors import RemoteError

@@ -19,8 +19,8 @@ import inspect
 import json
 import sys
 import textwrap
-from pathlib import Path
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from hfrt import FlowConfig

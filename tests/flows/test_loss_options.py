@@ -81,7 +81,7 @@ def test_flow_configs_merge_mode_tis_and_tables_into_update_options() -> None:
     assert ppo.critic_update_options() == {
         "ppo_epochs": 1, "ppo_mini_batch_size": 0, "cliprange_value": 0.5, "loss_agg_mode": "seq-mean-token-mean"}
     assert RLOOConfig.read({"ppo_epochs": 2}).actor_update_options()["ppo_epochs"] == 2
-    for cls, config in ((GRPOFlowConfig, cfg), (PPOConfig, ppo)):
+    for config in (cfg, ppo):
         for role, options in (("actor", config.actor_update_options()), ("critic", config.critic_update_options())):
             check_update_options(role, options)  # what a flow sends, the daemon accepts
 

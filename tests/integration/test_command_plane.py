@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -185,7 +184,7 @@ async def test_a_daemon_holding_the_gil_for_an_interval_is_not_declared_dead(tmp
         info = ctl.daemons("holder")[0]
         for _ in range(3):
             seen = info.last_seen
-            assert await wait_for(lambda: info.last_seen != seen, 5, interval_s=0.002)
+            assert await wait_for(lambda seen=seen: info.last_seen != seen, 5, interval_s=0.002)
             await asyncio.sleep(0.8 * hb - (asyncio.get_running_loop().time() - info.last_seen))
             assert await holder.hold_gil.call_one(0, 1.1 * hb) == 1.1 * hb
         assert info.alive, info.gone_reason

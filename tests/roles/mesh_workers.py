@@ -130,6 +130,7 @@ def across_layouts(rank: int, world: int, *, out_dir: Path, family: str, layouts
         ref_losses.append(ref.step(ppo_loss, rows_for(batch_all, ref.dp_rank, ref.dp_size), micro_batch_size=2)["loss"])
     ref_weights = ref.full_parameters()
     losses, loaded_equal, folder = [], [], None
+    saved: dict[str, torch.Tensor] = {}  # the weights the last layout saved
     for index, (tp, pp, *schedule) in enumerate(layouts):
         # a different init: the checkpoint must overwrite it
         engine = _engine(family, tp, pp, seed=index, schedule=schedule[0] if schedule else "1f1b")

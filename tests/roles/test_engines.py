@@ -158,11 +158,11 @@ def test_adamw_is_fused_over_plain_tensors_and_steps_as_the_per_tensor_loop() ->
     fused = build_optimizer(params, OptimConfig(lr=1e-2, weight_decay=0.1))
     loop = torch.optim.AdamW(twins, lr=1e-2, weight_decay=0.1, foreach=False)
     for _ in range(3):
-        for p, q in zip(params, twins):
+        for p, q in zip(params, twins, strict=True):
             p.grad = torch.randn_like(p)
             q.grad = p.grad.clone()
         fused.step()
         loop.step()
-    for p, q in zip(params, twins):
+    for p, q in zip(params, twins, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
         assert not torch.equal(p, torch.zeros_like(p))

@@ -161,8 +161,8 @@ def test_clip_cov_cuts_the_gradient_of_one_high_covariance_token() -> None:
     config = PolicyLossConfig(mode="clip_cov", clip_cov_ratio=0.25, clip_cov_lb=1.0, clip_cov_ub=5.0)  # max(1, ⌊0.25·4⌋) = 1
     picks = set()
     for seed in range(8):
-        loss, grad = _grad(lambda x: policy_loss(x, b["old"], b["adv"], b["mask"], config,
-                                                 generator=torch.Generator().manual_seed(seed))[0], b["new"])
+        loss, grad = _grad(lambda x, seed=seed: policy_loss(x, b["old"], b["adv"], b["mask"], config,
+                                                           generator=torch.Generator().manual_seed(seed))[0], b["new"])
         cut = (grad[0, :2] == 0).nonzero().flatten().tolist()
         assert len(cut) == 1  # exactly one of the two tokens with cov in (1, 5)
         picks.add(cut[0])

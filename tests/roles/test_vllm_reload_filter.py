@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+
 from hfrt.roles.generation.vllm_engine import RELOAD_LOGGER, ExpectedReloadGaps
 
 

@@ -18,7 +18,6 @@ import zmq
 
 from hfrt.log import get_logger
 from hfrt.protocols import Call, Error, Limits, OutOfBand, Reply, TensorHandle, Wire, WireError
-from hfrt.wire.shm import host_id
 
 if TYPE_CHECKING:
     import torch

@@ -19,8 +19,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hfrt.flows.agent.command import KILL_GRACE_S, SESSION_ENV, SESSION_HEADER, CommandDriver, failure_column, program_reward
-from hfrt.flows.agent.external import DRIVERS, DriverCall, Episode, dump_trajectories, episode_metrics, load_callable, run_external
+from hfrt.flows.agent.command import (
+    KILL_GRACE_S,
+    SESSION_ENV,
+    SESSION_HEADER,
+    CommandDriver,
+    failure_column,
+    program_reward,
+)
+from hfrt.flows.agent.external import (
+    DRIVERS,
+    DriverCall,
+    Episode,
+    dump_trajectories,
+    episode_metrics,
+    load_callable,
+    run_external,
+)
 from hfrt.flows.agent.grpo import ROLES, AgentGRPOConfig, PushCounter, agent_samples, prompt_columns, roles_for
 from hfrt.flows.agent.loop import agent_metrics, assemble
 from hfrt.flows.async_steps import run_and_close

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
-from hfrt.flows.streaming import streamed_experience
 from hfrt.flows.ppo_family import ENGINE, PPO_ROLES, PPOConfig
+from hfrt.flows.streaming import streamed_experience
 from hfrt.flows.timing import Stage, StageTable, StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
