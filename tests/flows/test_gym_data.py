@@ -114,3 +114,11 @@ def test_the_controller_side_imports_no_torch() -> None:
             "t.prompts().batch(2); t.validation_rows(2); assert 'torch' not in sys.modules, 'torch imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_the_pinned_version_is_the_one_the_page_names() -> None:
+    import importlib.metadata
+    import tomllib
+
+    extra = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["optional-dependencies"]["envs"]
+    assert "reasoning-gym==0.1.25" in extra and importlib.metadata.version("reasoning-gym") == "0.1.25"  # docs/configuration.md

@@ -89,3 +89,12 @@ def test_timeouts_are_math_verifys_own_and_settings_change_them(monkeypatch: pyt
 
 def test_registered_names() -> None:
     assert {"math_verify", "reasoning_gym"} <= set(REGISTRY)
+
+
+def test_the_pinned_version_is_the_one_the_page_names() -> None:
+    import importlib.metadata
+    import tomllib
+    from pathlib import Path
+
+    extra = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["optional-dependencies"]["envs"]
+    assert "math-verify[antlr4_13_2]==0.9.0" in extra and importlib.metadata.version("math-verify") == "0.9.0"  # docs/roles-and-losses.md
