@@ -36,7 +36,6 @@ from hfrt.daemon.replies import Replies
 from hfrt.daemon.running import RunningCalls
 from hfrt.daemon.streaming import StreamRunner
 from hfrt.daemon.tensor_serving import INTERNAL, TensorServing
-from hfrt.daemon.tensors.plane import host_id
 from hfrt.log import get_logger
 from hfrt.protocols import (
     PROTOCOL_VERSION,
@@ -57,6 +56,7 @@ from hfrt.protocols import (
 )
 from hfrt.wire.channel import Channel
 from hfrt.wire.endpoints import EndpointSpec, endpoint_table
+from hfrt.wire.shm import host_id
 
 EXIT_OK, EXIT_SETUP_FAILED, EXIT_PROTOCOL, EXIT_ORPHANED = 0, 1, 2, 3
 

@@ -22,7 +22,6 @@ import zmq
 
 from hfrt.daemon.tensors import shmfile
 from hfrt.daemon.tensors.distplane import Group
-from hfrt.daemon.tensors.plane import host_id
 from hfrt.daemon.tensors.store import HandleError, TensorStore
 from hfrt.log import get_logger
 from hfrt.protocols import Call, Error, Limits, OutOfBand, Reply, TensorHandle, Wire
@@ -48,7 +47,7 @@ class Peers:
         if force is not None and force not in BACKENDS:
             raise ValueError(f"transfer backend must be one of {', '.join(BACKENDS)}, got {force!r}")
         self.me = me
-        self.host = host_id()
+        self.host = shm.host_id()
         self.store = store
         self.force = force
         self.group: Group | None = None
