@@ -30,8 +30,10 @@ from typing import Any
 
 from hfrt.bench.common import add_output_flags, emit, machine
 from hfrt.flows import Flow
+from hfrt.flows.agent.grpo import AgentCalcConfig, agent_step, step_function
 from hfrt.flows.batches import prompts_handle
 from hfrt.flows.config import CALL_TIMEOUT_S, FlowConfig
+from hfrt.flows.grpo_family import GRPOConfig, train_on
 from hfrt.flows.recipes import agent_calc, grpo, grpo_async, ppo
 from hfrt.flows.trainer import Trainer, get_roles
 from hfrt.log import configure as configure_logging
@@ -42,15 +44,15 @@ from hfrt.wire.loop import run
 FLOWS: dict[str, tuple[dict[str, dict[str, Any]], type[FlowConfig], Callable[..., Awaitable[dict[str, Any]]]]] = {
     "ppo": (ppo.ROLES, ppo.Config, ppo.ppo_step),
     "grpo": (grpo.ROLES, grpo.Config, grpo.grpo_step),
-    "grpo_async": (grpo_async.ROLES, grpo_async.Config, grpo_async.train_on),
+    "grpo_async": (grpo_async.ROLES, grpo_async.Config, train_on),
     # the calculator agent flow, synchronous and with --max-staleness (its rollout pipeline)
-    "agent_calc": (agent_calc.ROLES, agent_calc.Config, agent_calc.agent_step),
-    "agent_calc_async": (agent_calc.ROLES, agent_calc.Config, agent_calc.agent_step),
+    "agent_calc": (agent_calc.ROLES, agent_calc.Config, agent_step),
+    "agent_calc_async": (agent_calc.ROLES, agent_calc.Config, agent_step),
 }
 
 
-def agent_calc_steps(cfg: agent_calc.AgentCalcConfig, roles: dict[str, Any], trainer: Trainer) -> Any:
-    return agent_calc.step_function(cfg, roles, trainer, agent_calc.calc_agent)
+def agent_calc_steps(cfg: AgentCalcConfig, roles: dict[str, Any], trainer: Trainer) -> Any:
+    return step_function(cfg, roles, trainer, agent_calc.calc_agent)
 
 
 #: flows whose step keeps state across steps (a rollout pipeline): factory(cfg, roles, trainer) → step, with close()
@@ -72,7 +74,7 @@ def stage2_calls(roles: Mapping[str, Any]) -> list[str]:
 
 async def serial_stage2(cfg: FlowConfig, roles: Mapping[str, Any], prompts: Any) -> float:
     """One fresh rollout, then its stage-2 calls awaited one at a time: their summed time."""
-    n = {"n": cfg.n} if isinstance(cfg, grpo.GRPOConfig) else {}
+    n = {"n": cfg.n} if isinstance(cfg, GRPOConfig) else {}
     rollout = await roles["actor"].generate(
         prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, timeout_s=CALL_TIMEOUT_S, **n)
     total = 0.0

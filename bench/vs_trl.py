@@ -250,9 +250,9 @@ def trl_lora(shape: Shape) -> dict[str, Any]:
 
 
 def hfrt_config(shape: Shape, steps: int) -> Any:
-    from hfrt.flows.recipes import grpo
+    from hfrt.flows.grpo_family import GRPOFlowConfig
 
-    return grpo.GRPOFlowConfig.read({  # every setting given: the same run as GRPOConfig, streamed scoring allowed
+    return GRPOFlowConfig.read({  # every setting given: the same run as GRPOConfig, streamed scoring allowed
         "run_dir": "", "progress": "off", "tensorboard": False, "trace": False, "steps": steps,
         "prompts_per_step": shape.prompts, "n": shape.n, "max_new_tokens": shape.max_new_tokens,
         "temperature": 1.0, "entropy_coeff": 0.0, "kl_loss_coef": 0.001, "norm_adv_by_std": False,

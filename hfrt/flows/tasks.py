@@ -35,8 +35,7 @@ class AdditionTask:
 
     The sum is drawn uniformly (0 to 2 x max_operand), then a split of it: with a and b drawn
     independently the sums pile up in the middle (sums 0-4: "2" is right a third of the time), and
-    a small policy settles on always answering the most common sum instead of learning to add
-    (the embedded PPO default plateaued at reward 0.4, greedy accuracy 0.44, that way)."""
+    a small policy settles on always answering the most common sum instead of learning to add."""
 
     seed: int = 0
     max_operand: int = 2

@@ -13,7 +13,7 @@ import pytest
 
 from hfrt import config as runconfig
 from hfrt.flows import BUILTIN, load_flow
-from hfrt.flows.recipes.ppo import PPOConfig
+from hfrt.flows.ppo_family import PPOConfig
 
 FLOW_ROLES = {
     "actor": {"impl": "actor", "options": {"model": "tiny", "engine": {"micro_batch_size": 32, "optim": {"lr": 2e-3}}}},

@@ -9,7 +9,7 @@ import pytest
 
 from hfrt.control.recovery import STATELESS, RecoveryPolicy
 from hfrt.flows import Flow
-from hfrt.flows.recipes.ppo import PPOConfig
+from hfrt.flows.ppo_family import PPOConfig
 from hfrt.session import Attach, run_flow
 
 

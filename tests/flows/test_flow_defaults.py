@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from hfrt.flows.config import DATA_DEFAULTS
-from hfrt.flows.recipes.grpo import GRPOFlowConfig
-from hfrt.flows.recipes.ppo import PPOConfig
+from hfrt.flows.grpo_family import GRPOFlowConfig
+from hfrt.flows.ppo_family import PPOConfig
 from hfrt.flows.tasks import numeric_reward, task_reward
 
 
@@ -50,11 +50,12 @@ def test_addition_sums_are_drawn_uniformly() -> None:
 
 
 def test_the_ppo_flows_defaults_are_the_ones_that_learn() -> None:
+    """The defaults docs/flows.md states for the `ppo` flow and for PPOConfig."""
     from hfrt.flows.recipes import ppo
 
     cfg = ppo.Config.read({})
     assert (cfg.steps, cfg.prompts_per_step, cfg.kl_coef, cfg.val_every, cfg.val_before_train) == (500, 64, 0.1, 100, True)
-    assert ppo.PPOConfig.read({}).kl_coef == 0.001  # the base (Safe-RLHF's) keeps verl's
+    assert PPOConfig.read({}).kl_coef == 0.001  # the base (Safe-RLHF's) keeps verl's
 
 
 def test_the_flow_reads_its_config_once_and_hands_it_over() -> None:

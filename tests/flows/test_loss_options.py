@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from hfrt.flows.grpo_family import GRPOFlowConfig, RLOOConfig, actor_loss_options
+from hfrt.flows.ppo_family import PPOConfig
 from hfrt.flows.recipes.dapo import DAPOConfig
-from hfrt.flows.recipes.grpo import GRPOFlowConfig, actor_loss_options
-from hfrt.flows.recipes.ppo import PPOConfig
-from hfrt.flows.recipes.rloo import RLOOConfig
 from hfrt.wire.loss_options import ActorLoss, CriticLoss, UpdateSchedule, accepted_options, check_update_options
 
 SCHEDULE = ("ppo_epochs", "ppo_mini_batch_size", "micro_batch_size")

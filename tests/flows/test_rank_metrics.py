@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from hfrt.flows.grpo_family import GRPOConfig
 from hfrt.flows.metrics import reduce_rank_metrics
-from hfrt.flows.recipes.grpo import GRPOConfig, grpo_step
-from hfrt.flows.recipes.ppo import PPOConfig, ppo_step
+from hfrt.flows.ppo_family import PPOConfig
+from hfrt.flows.recipes.grpo import grpo_step
+from hfrt.flows.recipes.ppo import ppo_step
 from hfrt.protocols import BatchHandle
 
 

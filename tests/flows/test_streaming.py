@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hfrt.flows.batches import concat_rollouts
-from hfrt.flows.recipes.grpo import GRPOConfig, GRPOFlowConfig
+from hfrt.flows.grpo_family import GRPOConfig, GRPOFlowConfig
 from hfrt.flows.recipes.ppo import PPOFlowConfig
 from hfrt.flows.recipes.safe_rlhf import SafeRLHFConfig
 from hfrt.protocols import BatchHandle

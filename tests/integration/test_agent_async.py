@@ -13,15 +13,16 @@ from typing import Any
 
 import pytest
 
+from hfrt.flows.agent.grpo import AgentCalcConfig, spanning_share
 from hfrt.flows.agent.loop import Trajectory, trajectory_columns
-from hfrt.flows.recipes.agent_calc import AgentCalcConfig, spanning_share
 
 SMALL = ("prompts_per_step=2", "n=4")
 #: keys that differ between two runs of the same samples by how they were scheduled, not by what was computed
 SCHEDULING = ("timing/", "perf/", "memory/", "rollout/", "sync/", "async/")
 
 TOOL_FLOW = '''
-from hfrt.flows.recipes.agent_calc import ROLES, Config, agent_grpo, calc_agent, roles_for
+from hfrt.flows.agent.grpo import agent_grpo
+from hfrt.flows.recipes.agent_calc import ROLES, Config, calc_agent, roles_for  # read by hfrt
 
 async def flow(ctl, config):
     return await agent_grpo(ctl, config, calc_agent)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hfrt.flows.recipes.grpo import GRPOConfig
-from hfrt.flows.recipes.ppo import PPOConfig
+from hfrt.flows.grpo_family import GRPOConfig
+from hfrt.flows.ppo_family import PPOConfig
 
 REQUIRED = ("step", "reward/mean", "kl/mean", "timing/step_s", "timing/generate_s", "timing/stage2_s",
             "timing/old_log_prob_s", "timing/advantages_s", "timing/update_s", "controller_bulk_bytes",

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from hfrt.flows.batches import non_tensor, prompts_handle
-from hfrt.flows.recipes.grpo import actor_loss_options
+from hfrt.flows.grpo_family import RLOOConfig, actor_loss_options
 from hfrt.flows.recipes.reinforce_pp import ReinforcePPConfig
 from hfrt.flows.recipes.remax import BASELINE, ReMaxConfig, baseline_column, baseline_handle, keyed_prompts
-from hfrt.flows.recipes.rloo import RLOOConfig
 from hfrt.protocols import BatchHandle
 from hfrt.protocols.handles import Shard, TensorHandle
 from tests.integration.test_flows import run_flow

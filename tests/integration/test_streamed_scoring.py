@@ -13,6 +13,7 @@ import pytest
 
 from hfrt.flows import Flow
 from hfrt.flows.batches import prompts_handle
+from hfrt.flows.grpo_family import GRPOFlowConfig
 from hfrt.flows.recipes import grpo
 from hfrt.flows.tasks import AdditionTask
 from hfrt.session import run_flow
@@ -25,7 +26,7 @@ PROMPTS, STEPS = 4, 2
 
 
 def two_steps(chunks: int, run_dir: Path) -> list[dict[str, Any]]:
-    cfg = grpo.GRPOFlowConfig.read({"run_dir": "", "progress": "off", "tensorboard": False, "trace": False,
+    cfg = GRPOFlowConfig.read({"run_dir": "", "progress": "off", "tensorboard": False, "trace": False,
                                     "prompts_per_step": PROMPTS, "n": 4, "max_new_tokens": 6, "seed": 3,
                                     "stream_chunks": chunks})
     rows = AdditionTask(3, 9).batch(PROMPTS * STEPS)

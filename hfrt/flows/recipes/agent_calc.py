@@ -15,33 +15,13 @@ import operator
 import re
 from typing import Any
 
-from hfrt.flows.agent.grpo import (
-    AGENT_ON,
-    ROLES,
-    AgentCalcConfig,
-    AgentGRPOConfig,
-    AgentSteps,
-    AsyncAgentSteps,
-    PushCounter,
-    agent_grpo,
-    agent_samples,
-    agent_step,
-    prompt_columns,
-    roles_for,
-    spanning_share,
-    step_function,
-    trajectory_metrics,
-)
+from hfrt.flows.agent.grpo import ROLES, AgentCalcConfig, agent_grpo, roles_for
 from hfrt.flows.agent.loop import Conversation
 from hfrt.flows.tasks import leading_number
 
-#: re-exported: agent_grpo, its config (imported "as Config" by tool flows), roles and step
-#: functions live in hfrt.flows.agent.grpo; they were defined here once
-__all__ = [
-    "AGENT_ON", "CALL", "OPS", "ROLES", "AgentCalcConfig", "AgentGRPOConfig", "AgentSteps", "AsyncAgentSteps", "Config",
-    "PushCounter", "agent_grpo", "agent_samples", "agent_step", "calc_agent", "calculator", "flow", "prompt_columns",
-    "roles_for", "spanning_share", "step_function", "trajectory_metrics",
-]
+#: ROLES and roles_for are agent_grpo's: this flow's roles, as hfrt reads them from a flow module
+__all__ = ["CALL", "OPS", "ROLES", "Config", "calc_agent", "calculator", "flow", "roles_for"]
+
 CALL = re.compile(r"<calc>([^<>]{0,40})</calc>$")
 OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 

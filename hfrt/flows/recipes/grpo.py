@@ -18,8 +18,7 @@ from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
 from hfrt.wire.role_views import Actor, Reference, Reward
 
-#: re-exported: GRPO's configs and loss options (hfrt.flows.grpo_family) were defined here once
-__all__ = ["ROLES", "STAGES", "Config", "GRPOConfig", "GRPOFlowConfig", "actor_loss_options", "flow", "grpo_step"]
+__all__ = ["ROLES", "STAGES", "Config", "flow", "grpo_step"]
 
 #: The embedded default: PPO's roles without the critic.
 ROLES: dict[str, dict[str, Any]] = GRPO_ROLES

@@ -16,7 +16,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-from hfrt.flows.async_steps import PipelineConfig, PipelinedSteps, check_pipeline_settings, run_and_close
+from hfrt.flows.async_steps import PipelinedSteps, check_pipeline_settings, run_and_close
 from hfrt.flows.grpo_family import GRPO_ROLES, ROLLOUT_ROLE, GRPOFlowConfig, train_on
 from hfrt.flows.pipeline import StalenessPolicy, partial_rollout
 from hfrt.flows.timing import Stage, StageTable, StageTimer
@@ -24,12 +24,7 @@ from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
 from hfrt.wire.role_views import Actor, Reference, Reward, Rollout, Sampling
 
-#: re-exported: the pipelined-step machinery (hfrt.flows.async_steps) and grpo's stages after
-#: generation (hfrt.flows.grpo_family) were defined here once
-__all__ = [
-    "ROLES", "STAGES", "AsyncGRPO", "Config", "GRPOAsyncConfig", "PipelineConfig", "PipelinedSteps",
-    "check_pipeline_settings", "flow", "run_and_close", "train_on",
-]
+__all__ = ["ROLES", "STAGES", "AsyncGRPO", "Config", "GRPOAsyncConfig", "flow"]
 
 #: grpo's roles plus one generation-only rollout daemon with the actor's model and sampling.
 ROLES: dict[str, dict[str, Any]] = {**GRPO_ROLES, "rollout": ROLLOUT_ROLE}

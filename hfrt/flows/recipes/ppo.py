@@ -12,15 +12,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hfrt.flows.metrics import reduce_rank_metrics, step_metrics
-from hfrt.flows.ppo_family import ENGINE, PPO_ROLES, PPOConfig
+from hfrt.flows.ppo_family import PPO_ROLES, PPOConfig
 from hfrt.flows.streaming import streamed_experience
 from hfrt.flows.timing import Stage, StageTable, StageTimer
 from hfrt.flows.trainer import Trainer, get_roles, sampling_seed
 from hfrt.protocols import BatchHandle
 from hfrt.wire.role_views import Actor, Critic, Reference, Reward
 
-#: re-exported: PPOConfig and the role table (hfrt.flows.ppo_family) were defined here once
-__all__ = ["ENGINE", "ROLES", "STAGES", "Config", "PPOConfig", "PPOFlowConfig", "flow", "ppo_step"]
+__all__ = ["ROLES", "STAGES", "Config", "PPOFlowConfig", "flow", "ppo_step"]
 
 #: The embedded default: one local daemon per role, the `tiny` preset, the task's rule reward.
 ROLES: dict[str, dict[str, Any]] = PPO_ROLES
@@ -37,11 +36,8 @@ STAGES: StageTable = (
 @dataclass(frozen=True)
 class PPOFlowConfig(PPOConfig):
     """The `ppo` flow's own defaults, where the embedded run (tiny preset, addition task, sums
-    0-4) learns to add: greedy validation accuracy >= 0.9 within 500 steps (~2.5 min on 2 CPU
-    cores). Measured over seeds 0-2 (see the README): with 16 prompts a step and kl_coef 0.001
-    the policy settled on one answer for every prompt (reward 0.4, accuracy 0.44); 64 prompts a
-    step gave 0.88, 0.28 and 0.5; a KL of 0.1 towards the initial policy keeps it from settling
-    before it has learnt the sums. PPOConfig's defaults stay as they are for Safe-RLHF."""
+    0-4) learns to add; docs/flows.md says why these, the README what they reach. PPOConfig's
+    defaults stay as they are for Safe-RLHF."""
 
     steps: int = 500
     prompts_per_step: int = 64

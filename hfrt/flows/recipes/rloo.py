@@ -16,24 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hfrt.flows.grpo_family import (
-    GROUP_ESTIMATORS,
-    GRPO_ROLES,
-    RLOOConfig,
-    StepFn,
-    experience,
-    rloo_step,
-    sample,
-    train,
-)
+from hfrt.flows.grpo_family import GRPO_ROLES, RLOOConfig, rloo_step, train
 from hfrt.flows.timing import Stage, StageTable
 
-#: re-exported: RLOOConfig and the RLOO step, which REINFORCE++ and ReMax share, live in
-#: hfrt.flows.grpo_family; they were defined here once
-__all__ = [
-    "GROUP_ESTIMATORS", "ROLES", "STAGES", "Config", "RLOOConfig", "StepFn", "experience", "flow", "rloo_step",
-    "sample", "train",
-]
+__all__ = ["ROLES", "STAGES", "Config", "flow"]
 
 #: The embedded default: GRPO's roles (actor, reference, reward; no critic).
 ROLES: dict[str, dict[str, Any]] = GRPO_ROLES
