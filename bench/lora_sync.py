@@ -4,7 +4,7 @@ weights, measured in one run on the same model.
 Run: `hfrt bench lora-sync [--model smollm2-135m] [--rank 16] [--alpha 32] [--targets all-linear]
 [--generator hf|vllm] [--syncs 5] [--json] [--out FILE]`. Two actor daemons (one training LoRA
 adapters, one full weights) each publish a numbered version that a rollout daemon of their own
-loads by handle, checksummed (roles/mixins/weight_sync.py), `--syncs` times each; and each actor's
+loads by handle, checksummed (roles/components/weight_sync.py), `--syncs` times each; and each actor's
 own hybrid push (train → generate inside the daemon) is timed by a one-token rollout (the first). Reported:
 median bytes and seconds per sync on both sides and their ratios (LoRA / full). It knows the actor
 and rollout endpoints; nothing of how either moves bytes.

@@ -12,7 +12,7 @@ in, so a flow can pass `(rollout, old_log_probs, advantages)` without a daemon-s
 the endpoint contract and nothing of the algorithm: the flow gives the loss options.
 
 Phases: `generate` is one round trip (weights pushed, sample, generation memory released). The
-agent loop's turns (`generate_turn`, roles/mixins/agent_turns.py) leave the daemon in the generation
+agent loop's turns (`generate_turn`, roles/endpoint_groups/agent_turns.py) leave the daemon in the generation
 phase, so a multi-turn round pushes the weights once, not once per turn; every endpoint that
 reads or changes the training weights first returns to the training phase (`in_training_phase`).
 """
@@ -46,6 +46,9 @@ from hfrt.roles.common import (
     role_errors,
     sampling_params,
 )
+from hfrt.roles.components.advantage import Advantages
+from hfrt.roles.components.weight_sync import publish
+from hfrt.roles.endpoint_groups.agent_turns import AgentTurns
 from hfrt.roles.generation.batches import (
     chunk_bounds,
     decode_responses,
@@ -57,9 +60,6 @@ from hfrt.roles.generation.batches import (
 )
 from hfrt.roles.generation.hf import SamplingParams
 from hfrt.roles.generation.hybrid import compare_weights, generation_parameters
-from hfrt.roles.mixins.advantage import Advantages
-from hfrt.roles.mixins.agent_turns import AgentTurns
-from hfrt.roles.mixins.weight_sync import publish
 from hfrt.roles.models import export_model_dir, load_tokenizer, resolve_model_dir
 from hfrt.roles.reference import masked_log_probs
 from hfrt.roles.rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
@@ -67,8 +67,8 @@ from hfrt.roles.training.actor_loss import actor_loss, prepare_corrections, upda
 from hfrt.roles.training.lora import adapters_disabled, write_adapter_folder
 from hfrt.roles.training.updates import forward_equal, run_updates
 from hfrt.wire.endpoints import Dispatch, endpoint
-from hfrt.wire.loss_options import ActorLoss as ActorLoss  # declared torch-free, checked before launch
 from hfrt.wire.loss_options import ADVANTAGE_OPTIONS, accepted_options, check_update_options
+from hfrt.wire.loss_options import ActorLoss as ActorLoss  # declared torch-free, checked before launch
 
 #: attribute in_training_phase sets on the endpoints it wraps (what tests check every endpoint for)
 PHASE_ATTR = "__hfrt_training_phase__"
@@ -94,9 +94,9 @@ def in_training_phase(fn: Callable[..., Any]) -> Callable[..., Any]:
 class ActorDaemon(AgentTurns, Daemon):
     """Endpoints: generate (SPLIT_GENERATION), compute_log_prob, update (SPLIT); save, load,
     export_hf, weight_sync_report, publish_weights, weight_version, hybrid_phase (REPLICATE);
-    compute_advantages, advantage_state, load_advantage_state (RANK0, roles/mixins/advantage.py);
+    compute_advantages, advantage_state, load_advantage_state (RANK0, roles/components/advantage.py);
     generate_turn (SPLIT_GENERATION) and assemble_trajectories (SPLIT), the AgentTurns endpoints
-    (roles/mixins/agent_turns.py) over the hooks below.
+    (roles/endpoint_groups/agent_turns.py) over the hooks below.
 
     Weight version: the number of optimizer steps the training engine has applied (engine.steps),
     so it changes exactly when the weights do and a checkpoint load restores it; with one optimizer
@@ -234,7 +234,7 @@ class ActorDaemon(AgentTurns, Daemon):
         """The policy version this actor samples with: its optimizer steps so far (class docstring)."""
         return int(self.engine.steps)
 
-    # -- agent turns: the AgentTurns hooks (roles/mixins/agent_turns.py) -----------------------
+    # -- agent turns: the AgentTurns hooks (roles/endpoint_groups/agent_turns.py) -----------------------
 
     def _turn_prepare(self, params: SamplingParams) -> tuple[SamplingParams, dict[str, float]]:
         """To the generation phase (weights pushed on the first turn after a training-side call;
@@ -368,7 +368,7 @@ class ActorDaemon(AgentTurns, Daemon):
     def publish_weights(self, version: int, bucket_mb: float = 64.0, corrupt_buckets: list[int] | None = None) -> dict[str, Any]:
         """Pack the current full weights into buckets of about `bucket_mb` MiB, kept in this
         daemon's tensor store (rank 0; every rank takes part in gathering), with a checksum each,
-        for rollout daemons to load (roles/mixins/weight_sync.py). Returns {"version", "buckets":
+        for rollout daemons to load (roles/components/weight_sync.py). Returns {"version", "buckets":
         [{"index", "layout", "checksum", "nbytes", "data"}], "timing/publish_s"}; `data` leaves as a
         TensorHandle. `corrupt_buckets` flips one byte of those buckets after their checksum is
         taken (fault injection for tests: the receiver must name them)."""

@@ -29,6 +29,9 @@ from hfrt.roles.common import (
     role_errors,
     sampling_params,
 )
+from hfrt.roles.components.weight_sync import WeightSyncError, apply_sync
+from hfrt.roles.endpoint_groups.agent_turns import AgentTurns
+from hfrt.roles.endpoint_groups.partial_rollout import NO_VERSION, PartialRollouts
 from hfrt.roles.generation.batches import (
     decode_responses,
     encode_prompts,
@@ -41,9 +44,6 @@ from hfrt.roles.generation.build import generation_engine
 from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
 from hfrt.roles.generation.hf_stream import stream_tokens
 from hfrt.roles.generation.lora import AdapterHFGeneration, adapter_spec, check_record
-from hfrt.roles.mixins.agent_turns import AgentTurns
-from hfrt.roles.mixins.partial_rollout import NO_VERSION, PartialRollouts
-from hfrt.roles.mixins.weight_sync import WeightSyncError, apply_sync
 from hfrt.roles.models import check_model_source, load_tokenizer
 from hfrt.roles.rows import all_reduce, check_rows, merge
 from hfrt.wire.endpoints import Dispatch, endpoint
@@ -54,8 +54,8 @@ INITIAL_VERSION = -1
 
 class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
     """Endpoints: generate (SPLIT); load_weights, weight_version (REPLICATE); generate_partial
-    (SPLIT, roles/mixins/partial_rollout.py: a rollout in segments that a weight sync can interrupt);
-    generate_turn and assemble_trajectories (SPLIT, roles/mixins/agent_turns.py: multi-turn agent rollouts)."""
+    (SPLIT, roles/endpoint_groups/partial_rollout.py: a rollout in segments that a weight sync can interrupt);
+    generate_turn and assemble_trajectories (SPLIT, roles/endpoint_groups/agent_turns.py: multi-turn agent rollouts)."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm", "lora"})
 
@@ -92,7 +92,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
 
     @endpoint(dispatch=Dispatch.REPLICATE, raw_handles=True)
     def load_weights(self, sync: dict[str, Any]) -> dict[str, Any]:
-        """Load a version published by `publish_weights` (roles/mixins/weight_sync.py): buckets pulled
+        """Load a version published by `publish_weights` (roles/components/weight_sync.py): buckets pulled
         daemon-to-daemon one at a time, each checksum checked on arrival and on what the engine
         then holds. A failed sync leaves this daemon refusing to generate until the next good one."""
         where = f"rollout daemon {self.context.identity}"
@@ -121,7 +121,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
         """The policy version this daemon generates with (-1 before the first sync)."""
         return self.version
 
-    # -- agent turns: the AgentTurns hooks (roles/mixins/agent_turns.py) ----------------------
+    # -- agent turns: the AgentTurns hooks (roles/endpoint_groups/agent_turns.py) ----------------------
 
     def _turn_prepare(self, params: SamplingParams) -> tuple[SamplingParams, dict[str, float]]:
         if self.broken is not None:

@@ -32,7 +32,7 @@ ROLLOUT_RS_OPTIONS = (
     "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
     "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3",
 )
-#: compute_advantages' estimators (hfrt.roles.mixins.advantage; docs/roles-and-losses.md has each formula)
+#: compute_advantages' estimators (hfrt.roles.components.advantage; docs/roles-and-losses.md has each formula)
 ESTIMATORS = (
     "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "grpo_passk",
     "gpg", "optimal_token_baseline", "tir_optimal_token_baseline",
@@ -46,7 +46,7 @@ GROUP_ESTIMATORS = (
 TOKEN_BASELINE_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 #: estimators that read a column only some flows provide → that column
 ESTIMATOR_COLUMNS = {"gae": "values (a critic)", "remax": "a greedy baseline score (the remax flow)"}
-#: compute_advantages' keyword options besides `estimator` (hfrt.roles.mixins.advantage.AdvantageParams;
+#: compute_advantages' keyword options besides `estimator` (hfrt.roles.components.advantage.AdvantageParams;
 #: a test keeps the two equal)
 ADVANTAGE_OPTIONS = (
     "gamma", "lam", "norm_adv_by_std", "epsilon", "use_kl_in_reward", "kl_penalty", "kl_ctrl", "kl_coef", "target_kl",

@@ -6,7 +6,7 @@ hfrt.roles.losses.token_baseline.
 Conventions follow verl's core_algos so numbers are comparable: outcome estimators score a
 sequence by the sum of its token rewards, group statistics are keyed by `index` (a prompt's uid),
 and whitening uses the masked mean and the unbiased masked variance. Pure torch, no gradients; it
-knows nothing of batches, columns or daemons (hfrt.roles.mixins.advantage reads those).
+knows nothing of batches, columns or daemons (hfrt.roles.components.advantage reads those).
 """
 
 from __future__ import annotations

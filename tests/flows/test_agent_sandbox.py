@@ -58,7 +58,7 @@ async def test_tool_functions_under_a_time_limit() -> None:
 
 
 def test_trajectory_record_masks_tool_output_but_attends_to_it() -> None:
-    from hfrt.roles.mixins.agent_turns import trajectory_record
+    from hfrt.roles.endpoint_groups.agent_turns import trajectory_record
 
     columns = {"prompt_ids": [[5, 6], [7]], "response_ids": [[8, 9, 10], [11]],
                "response_gen_mask": [[1, 0, 1], [1]], "response_log_probs": [[-1.0, -9.0, -2.0], [-3.0]]}

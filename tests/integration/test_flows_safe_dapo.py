@@ -19,7 +19,7 @@ from hfrt.flows.recipes.safe_rlhf import LagrangeMultiplier, SafeRLHFConfig
 from hfrt.flows.tasks import addition_cost
 from hfrt.protocols import BatchHandle
 from hfrt.protocols.handles import Shard, TensorHandle
-from hfrt.roles.mixins.advantage import Advantages, overlong_penalty
+from hfrt.roles.components.advantage import Advantages, overlong_penalty
 
 from .test_flows import run_flow
 

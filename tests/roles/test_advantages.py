@@ -150,7 +150,7 @@ def test_kl_controllers() -> None:
 
 def test_compute_advantages_endpoint_in_process() -> None:
     from hfrt.daemon.batch import Batch
-    from hfrt.roles.mixins.advantage import Advantages
+    from hfrt.roles.components.advantage import Advantages
 
     rollout = Batch({"response_mask": OUT_MASK, "token_level_scores": OUT_REWARDS}, {"uid": list(INDEX)})
     logp = Batch({"old_log_probs": torch.zeros(6, 2), "ref_log_prob": torch.full((6, 2), -0.5)})
@@ -176,7 +176,7 @@ def test_compute_advantages_endpoint_in_process() -> None:
 def test_advantage_state_survives_a_checkpoint() -> None:
     """The in-reward KL controller's coefficient goes into state.json and comes back exactly."""
     from hfrt.daemon.batch import Batch
-    from hfrt.roles.mixins.advantage import Advantages
+    from hfrt.roles.components.advantage import Advantages
 
     rollout = Batch({"response_mask": OUT_MASK, "token_level_scores": OUT_REWARDS}, {"uid": list(INDEX)})
     logp = Batch({"old_log_probs": torch.zeros(6, 2), "ref_log_prob": torch.full((6, 2), -0.5)})
@@ -267,7 +267,7 @@ def test_tir_token_baseline_aligns_response_tokens_across_holes() -> None:
 
 def test_new_estimators_through_the_endpoint() -> None:
     from hfrt.daemon.batch import Batch
-    from hfrt.roles.mixins.advantage import Advantages, AdvantageParams
+    from hfrt.roles.components.advantage import AdvantageParams, Advantages
     from hfrt.wire.loss_options import ADVANTAGE_OPTIONS
 
     assert set(ADVANTAGE_OPTIONS) == {f.name for f in dataclasses.fields(AdvantageParams)}  # the wire's list is the daemon's
@@ -290,8 +290,8 @@ def test_new_estimators_through_the_endpoint() -> None:
 def test_token_baseline_weights_from_rollout_is() -> None:
     """rollout_is makes compute_advantages scale OTB's w by ρ̄² itself (old vs rollout log-probs)."""
     from hfrt.daemon.batch import Batch
+    from hfrt.roles.components.advantage import Advantages
     from hfrt.roles.losses import compute_optimal_token_baseline_advantage
-    from hfrt.roles.mixins.advantage import Advantages
 
     c = _otb_case()
     rollout = c["old"] - T([[LN4, 0.0], [0.0, 0.0]])  # ρ = 4 on row 0's first token → truncated at 2

@@ -105,7 +105,7 @@ def test_every_estimator_feeds_every_policy_loss_mode() -> None:
     """Any estimator × any loss mode: compute_advantages' output trains every mode to a finite loss
     and gradient (the columns each estimator reads given: values, a baseline, Σπ², old log-probs)."""
     from hfrt.daemon.batch import Batch
-    from hfrt.roles.mixins.advantage import Advantages
+    from hfrt.roles.components.advantage import Advantages
     from hfrt.wire.loss_options import ESTIMATORS, POLICY_LOSS_MODES
 
     g = torch.Generator().manual_seed(0)

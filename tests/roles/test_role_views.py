@@ -19,8 +19,8 @@ from typing import Any, ForwardRef
 import pytest
 
 from hfrt.roles import BUILTIN, resolve_impl
+from hfrt.roles.components.advantage import AdvantageParams
 from hfrt.roles.generation.hf import SamplingParams
-from hfrt.roles.mixins.advantage import AdvantageParams
 from hfrt.wire import role_views
 from hfrt.wire.endpoints import Dispatch, EndpointSpec, endpoint_table
 from hfrt.wire.handles import RoleHandle, declared_endpoints

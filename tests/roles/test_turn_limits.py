@@ -1,4 +1,4 @@
-"""The context check of a turn request and the byte cap before tokenising (roles/mixins/turn_limits.py):
+"""The context check of a turn request and the byte cap before tokenising (roles/endpoint_groups/turn_limits.py):
 pure functions on a stand-in tokenizer."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hfrt.roles.mixins.turn_limits import check_request_length, check_text_size, item_bytes, max_token_bytes
+from hfrt.roles.endpoint_groups.turn_limits import check_request_length, check_text_size, item_bytes, max_token_bytes
 
 
 class Vocab:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from hfrt.roles.mixins.weight_sync import WeightSyncError, apply_sync, bucket_checksum, pack_buckets, unpack
+from hfrt.roles.components.weight_sync import WeightSyncError, apply_sync, bucket_checksum, pack_buckets, unpack
 
 
 def weights() -> dict[str, torch.Tensor]:

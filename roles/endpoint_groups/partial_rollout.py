@@ -1,8 +1,9 @@
-"""Partial rollouts on the rollout role, daemon side: a rollout generated in segments of at most K
-new tokens, the rows that have not finished kept here between segments and continued token-in
-(their prompt ids + the tokens sampled so far) by the next segment call, with whatever weights the
-daemon holds by then. Every response token records the version that sampled it (`token_versions`)
-and the log-prob the sampling engine gave it.
+"""Partial rollouts on the rollout role, daemon side — an endpoint group (`PartialRollouts`) mixed
+into the rollout daemon class, reading the public attributes its docstring names: a rollout
+generated in segments of at most K new tokens, the rows that have not finished kept here between
+segments and continued token-in (their prompt ids + the tokens sampled so far) by the next segment
+call, with whatever weights the daemon holds by then. Every response token records the version
+that sampled it (`token_versions`) and the log-prob the sampling engine gave it.
 
 Ordering makes the interruption: calls to one daemon run in arrival order, so a `load_weights` sent
 while a segment runs is applied before the next segment. It knows the generation engine, the
@@ -20,6 +21,7 @@ import torch
 
 from hfrt.daemon.batch import Batch
 from hfrt.roles.common import SAMPLING_OPTIONS, sampling_params
+from hfrt.roles.endpoint_groups.agent_turns import pad_rows
 from hfrt.roles.generation.batches import (
     decode_responses,
     encode_prompts,
@@ -29,7 +31,6 @@ from hfrt.roles.generation.batches import (
     with_uids,
 )
 from hfrt.roles.generation.hf import SamplingParams
-from hfrt.roles.mixins.agent_turns import pad_rows
 from hfrt.roles.rows import all_reduce, check_rows, merge
 from hfrt.wire.endpoints import Dispatch, endpoint
 

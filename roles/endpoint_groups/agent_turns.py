@@ -1,7 +1,8 @@
-"""Daemon-side endpoints of multi-turn agent rollouts, mixed into any role that generates (the rollout
-role, and the actor on its hybrid engine): one sampled turn for many conversations at once (token
-ids in, sampled token ids and their log-probs out), and the assembly of finished trajectories into
-the rollout Batch layout (roles/generation/batches.py) the actor trains on.
+"""Daemon-side endpoints of multi-turn agent rollouts — an endpoint group (`AgentTurns`) mixed into
+the daemon class of any role that generates (the rollout role, and the actor on its hybrid
+engine): one sampled turn for many conversations at once (token ids in, sampled token ids and their
+log-probs out), and the assembly of finished trajectories into the rollout Batch layout
+(roles/generation/batches.py) the actor trains on.
 
 Token-in/token-out: a conversation travels as the token ids it holds so far; text is tokenised
 here only for what is appended (a prompt, a tool's output), never for what the policy sampled.
@@ -21,9 +22,9 @@ import torch
 
 from hfrt.daemon.batch import Batch
 from hfrt.roles.common import SAMPLING_OPTIONS, sampling_params
+from hfrt.roles.endpoint_groups.turn_limits import check_request_length, check_text_size, max_token_bytes
 from hfrt.roles.generation.batches import encode_prompt
 from hfrt.roles.generation.hf import SamplingParams, top_log_probs
-from hfrt.roles.mixins.turn_limits import check_request_length, check_text_size, max_token_bytes
 from hfrt.roles.rows import all_reduce, check_rows, merge
 from hfrt.wire.endpoints import Dispatch, endpoint
 
