@@ -164,7 +164,7 @@ def _clone_then_copy(hybrid: Any) -> float:
     """The transition before streaming/adoption (the reference): the whole dp-gathered training
     shard cloned, exchanged, the generation model woken (allocated) and the pieces copied in.
     Returns its peak RSS, MiB."""
-    from hfrt.roles.generation.hybrid import PeakRSS
+    from hfrt.roles.generation.hybrid import PeakRSS, Phase
 
     with PeakRSS() as peak:
         hybrid.gen.wake()
@@ -172,7 +172,7 @@ def _clone_then_copy(hybrid: Any) -> float:
         hybrid.gen.load_weights(pieces.items())
         hybrid.resharder.to_train()
         del pieces
-    hybrid.phase = "generate"
+    hybrid.phase = Phase.GENERATE
     return peak.peak_mb
 
 

@@ -13,9 +13,10 @@ controller's submit() and dispatch rules; knows nothing of sockets or of what th
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from hfrt.control.call_check import CallCheck, did_you_mean
 from hfrt.control.daemons import DaemonInfo, Registry
@@ -25,15 +26,26 @@ from hfrt.wire.endpoints import Dispatch
 from hfrt.wire.errors import UnknownEndpoint
 
 
+class Adverb(enum.Enum):
+    """How a call reaches a role's ranks (a `broadcast` is never delivered again, so it has none)."""
+
+    #: the endpoint's declared dispatch mode (split, replicate, rank 0): `ref(*args)`
+    DISPATCH = "dispatch"
+    #: every rank, one reply each, gathered in a list: `ref.call(*args)`
+    CALL = "call"
+    #: one rank: `ref.call_one(rank, *args)`
+    CALL_ONE = "call_one"
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """How a call was delivered, so a call layer can deliver it again exactly so.
 
-    adverb: "dispatch" (the endpoint's declared mode), "call" (every rank) or "call_one".
-    rank: the rank of a call_one. timeout_s: the call's deadline (None: the controller's default).
+    adverb: how it reached the ranks (Adverb). rank: the rank of a CALL_ONE.
+    timeout_s: the call's deadline (None: the controller's default).
     """
 
-    adverb: Literal["dispatch", "call", "call_one"]
+    adverb: Adverb
     rank: int = 0
     timeout_s: float | None = None
 
@@ -149,19 +161,19 @@ class EndpointRef:
     def __call__(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
         if self.check is not None:
             self.check.check(args, kwargs)
-        return self._invoke(Delivery("dispatch", 0, self.timeout_s if timeout_s is None else timeout_s), args, kwargs)
+        return self._invoke(Delivery(Adverb.DISPATCH, 0, self.timeout_s if timeout_s is None else timeout_s), args, kwargs)
 
     def call(self, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[list[Any]]:
         if self.check is not None:
             self.check.check(args, kwargs)
-        return self._invoke(Delivery("call", 0, self.timeout_s if timeout_s is None else timeout_s), args, kwargs)
+        return self._invoke(Delivery(Adverb.CALL, 0, self.timeout_s if timeout_s is None else timeout_s), args, kwargs)
 
     def call_one(self, rank: int, /, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> asyncio.Future[Any]:
         if self.check is not None:
             self.check.check(args, kwargs)
         if all(d.rank != rank for d in self.group.daemons):
             raise IndexError(f"role {self.group.name!r} has no rank {rank} (world_size {self.group.world_size})")
-        return self._invoke(Delivery("call_one", rank, self.timeout_s if timeout_s is None else timeout_s), args, kwargs)
+        return self._invoke(Delivery(Adverb.CALL_ONE, rank, self.timeout_s if timeout_s is None else timeout_s), args, kwargs)
 
     def stream(self, rank: int, /, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """Call a streaming endpoint (`@endpoint(stream=True)`) on one rank: a CallStream of the
@@ -192,11 +204,11 @@ class EndpointRef:
         return recovery.call(self, how, args, kwargs)
 
     def _send(self, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
-        kind, rank, timeout_s = how.adverb, how.rank, how.timeout_s
+        adverb, rank, timeout_s = how.adverb, how.rank, how.timeout_s
         group = self.group
-        if kind == "call":
+        if adverb is Adverb.CALL:
             return _combine([self._submit(d, list(args), kwargs, timeout_s) for d in group.daemons], list)
-        if kind == "call_one":
+        if adverb is Adverb.CALL_ONE:
             return self._submit(next(d for d in group.daemons if d.rank == rank), list(args), kwargs, timeout_s)
         if self.mode is Dispatch.RANK0:
             return self._submit(group.daemons[0], list(args), kwargs, timeout_s)

@@ -17,6 +17,7 @@ Typical use in the actor daemon's `generate` endpoint:
 from __future__ import annotations
 
 import contextlib
+import enum
 import gc
 import inspect
 import os
@@ -30,6 +31,16 @@ import torch
 
 from hfrt.roles.generation.hf import GenerationEngine, HFGenerationEngine, SamplingParams
 from hfrt.roles.training.engines.base import TrainEngine
+
+
+class Phase(enum.StrEnum):
+    """Which side of the hybrid engine holds the weights' memory. The actor's `hybrid_phase`
+    endpoint reports it by its value ("train" / "generate")."""
+
+    #: the generation engine asleep, its memory free for training (where a daemon starts)
+    TRAIN = "train"
+    #: the generation engine awake with the current weights pushed into it
+    GENERATE = "generate"
 
 
 def rss_mb() -> float:
@@ -88,7 +99,7 @@ class HybridEngine:
     def __init__(self, train: TrainEngine, gen: GenerationEngine) -> None:
         self.train = train
         self.gen = gen
-        self.phase = "train"
+        self.phase = Phase.TRAIN
         #: the training engine's optimizer steps when its weights were last pushed (None: never,
         #: or forgotten); the push is skipped while it still matches and the engine kept them
         self.pushed_version: int | None = None
@@ -114,19 +125,19 @@ class HybridEngine:
         engine still holds them (`current`: same optimizer step count since the last push;
         reshard/push_skipped = 1 then). Tensors the training engine owns for good (the local
         backend's own parameters) go in without a defensive copy."""
-        if self.phase == "generate":
+        if self.phase is Phase.GENERATE:
             return {}
         start, before = time.perf_counter(), rss_mb()
         if self.current():
             self.gen.wake()
-            self.phase = "generate"
+            self.phase = Phase.GENERATE
             return {"timing/reshard_to_generate_s": time.perf_counter() - start, "memory/rss_before_mb": before,
                     "reshard/pushed_mb": 0.0, "reshard/push_skipped": 1.0}
         with PeakRSS() as peak:
             self.gen.wake()
             pushed = self._push()
             _synchronize()
-        self.phase = "generate"
+        self.phase = Phase.GENERATE
         self.pushed_version = getattr(self.train, "steps", None)
         return {
             "timing/reshard_to_generate_s": time.perf_counter() - start,
@@ -146,7 +157,7 @@ class HybridEngine:
 
     def to_train(self) -> dict[str, float]:
         """Release generation memory (sleep) so training has it back."""
-        if self.phase == "train":
+        if self.phase is Phase.TRAIN:
             return {}
         start = time.perf_counter()
         with PeakRSS() as peak:
@@ -156,7 +167,7 @@ class HybridEngine:
             gc.collect(1)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        self.phase = "train"
+        self.phase = Phase.TRAIN
         return {
             "timing/reshard_to_train_s": time.perf_counter() - start,
             "memory/reshard_to_train_peak_rss_mb": peak.peak_mb,
@@ -206,7 +217,7 @@ class ReshardHybrid(HybridEngine):
         self.resharder = resharder
 
     def to_generate(self) -> dict[str, float]:
-        if self.phase == "generate":
+        if self.phase is Phase.GENERATE:
             return {}
         start, before = time.perf_counter(), rss_mb()
         engine: Any = self.train
@@ -217,7 +228,7 @@ class ReshardHybrid(HybridEngine):
             pieces = self.resharder.stream(engine.local_pieces(), engine.buckets, copy=copy)
             converted = self.gen.adopt_weights(pieces)  # type: ignore[attr-defined]
             _synchronize()
-        self.phase = "generate"
+        self.phase = Phase.GENERATE
         stats = self.resharder.last
         return {
             "timing/reshard_to_generate_s": time.perf_counter() - start,

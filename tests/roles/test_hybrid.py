@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from hfrt.protocols.codec import Codec
 from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams
-from hfrt.roles.generation.hybrid import HybridEngine, PeakRSS
+from hfrt.roles.generation.hybrid import HybridEngine, PeakRSS, Phase
 from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
 from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
 
@@ -46,7 +47,16 @@ def test_rollout_after_an_update_uses_the_updated_weights_and_frees_the_copy() -
     assert metrics["reshard/pushed_mb"] == sum(p.numel() * 4 for p in model.parameters()) / 2**20
     recomputed = train.forward_logprobs(out)
     assert ((recomputed - out["log_probs"]) * out["response_mask"]).abs().max() < 1e-4
-    assert hybrid.phase == "train"
+    assert hybrid.phase is Phase.TRAIN
+
+
+def test_the_phase_crosses_the_wire_as_its_word() -> None:
+    """The actor's hybrid_phase endpoint sends the phase: a plain "train" / "generate" on the wire."""
+    codec = Codec()
+    body, buffers = codec.encode({"phase": Phase.GENERATE})
+    decoded = codec.decode(body, buffers)
+    assert decoded == {"phase": "generate"} and type(decoded["phase"]) is str
+    assert [p.value for p in Phase] == ["train", "generate"]
 
 
 def test_shared_weights_need_no_push() -> None:
