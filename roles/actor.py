@@ -65,9 +65,10 @@ from hfrt.roles.reference import masked_log_probs
 from hfrt.roles.rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
 from hfrt.roles.training.actor_loss import actor_loss, prepare_corrections, update_columns
 from hfrt.roles.training.lora import adapters_disabled, write_adapter_folder
+from hfrt.roles.training.text_objectives import TextTraining, pair_log_probs
 from hfrt.roles.training.updates import forward_equal, run_updates
 from hfrt.wire.endpoints import Dispatch, endpoint
-from hfrt.wire.loss_options import ADVANTAGE_OPTIONS, accepted_options, check_update_options
+from hfrt.wire.loss_options import ADVANTAGE_OPTIONS, accepted_options, check_preference_options, check_update_options
 from hfrt.wire.loss_options import ActorLoss as ActorLoss  # declared torch-free, checked before launch
 
 #: attribute in_training_phase sets on the endpoints it wraps (what tests check every endpoint for)
@@ -92,7 +93,8 @@ def in_training_phase(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class ActorDaemon(AgentTurns, Daemon):
-    """Endpoints: generate (SPLIT_GENERATION), compute_log_prob, update (SPLIT); save, load,
+    """Endpoints: generate (SPLIT_GENERATION), compute_log_prob, update (SPLIT); sft_update,
+    sft_evaluate, dpo_update, dpo_evaluate, compute_ref_pair_log_probs (SPLIT, text rows); save, load,
     export_hf, weight_sync_report, publish_weights, weight_version, hybrid_phase (REPLICATE);
     compute_advantages, advantage_state, load_advantage_state (RANK0, roles/components/advantage.py);
     generate_turn (SPLIT_GENERATION) and assemble_trajectories (SPLIT), the AgentTurns endpoints
@@ -144,6 +146,7 @@ class ActorDaemon(AgentTurns, Daemon):
             self.generator = self.hybrid.gen
             self.generator.sleep()  # the daemon starts in the training phase
             self.transitions = {"to_generate": 0, "to_train": 0}  # phase changes that did work
+            self.text = TextTraining(self.engine, self.tokenizer, ctx.role)  # sft_* and dpo_* endpoints
 
     def dp_axes(self) -> dict[str, list[int]]:
         """Training rows by training dp, generation rows by generation dp (Dispatch.SPLIT_GENERATION)."""
@@ -317,6 +320,57 @@ class ActorDaemon(AgentTurns, Daemon):
         with adapters_disabled(self.engine.model):
             ref = masked_log_probs(self.engine, merge(batch, extra), "actor.compute_ref_log_prob", temperature)
         return Batch({"ref_log_prob": ref})
+
+    # -- supervised and preference training on text rows (roles/training/text_objectives.py) ----
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    @in_training_phase
+    def sft_update(self, batch: Batch, max_length: int | None = None, micro_batch_size: int | None = None) -> dict[str, float]:
+        """One optimizer step of supervised fine-tuning on the rows (`messages`, or `prompt` and
+        `completion`, tokenised as TRL's SFTTrainer does): the token-mean NLL of the completion /
+        assistant tokens of every rank's rows. Returns sft/loss, sft/token_accuracy, sft/tokens,
+        sft/grad_norm, sft/lr, the same on every rank; a row over max_length tokens is an error."""
+        return self.text.sft_update(batch, max_length=max_length, micro_batch_size=micro_batch_size)
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    @in_training_phase
+    def sft_evaluate(self, batch: Batch, max_length: int | None = None) -> dict[str, float]:
+        """The SFT rows scored without training: val/loss, val/token_accuracy, val/tokens, val/rows."""
+        return self.text.sft_evaluate(batch, max_length=max_length)
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    @in_training_phase
+    def dpo_update(
+        self, batch: Batch, *extra: Batch, loss_type: str = "sigmoid", beta: float = 0.1, label_smoothing: float = 0.0,
+        max_length: int | None = None, micro_batch_size: int | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step of a preference loss (PreferenceLoss: sigmoid / ipo / hinge / robust)
+        on the pairs (`prompt`, `chosen`, `rejected`), with the reference's `ref_chosen_logps` /
+        `ref_rejected_logps` in `extra`. Returns dpo/loss, TRL's rewards/* and logps/*, dpo/pairs,
+        dpo/grad_norm, dpo/lr, the same on every rank."""
+        cfg = check_preference_options({"loss_type": loss_type, "beta": beta, "label_smoothing": label_smoothing}, "actor.dpo_update")
+        return self.text.dpo_update(merge(batch, extra), cfg, max_length=max_length, micro_batch_size=micro_batch_size)
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    @in_training_phase
+    def dpo_evaluate(
+        self, batch: Batch, *extra: Batch, loss_type: str = "sigmoid", beta: float = 0.1, label_smoothing: float = 0.0,
+        max_length: int | None = None,
+    ) -> dict[str, float]:
+        """Held-out pairs scored without training: val/loss, val/rewards/*, val/logps/*, val/pairs."""
+        cfg = check_preference_options({"loss_type": loss_type, "beta": beta, "label_smoothing": label_smoothing}, "actor.dpo_evaluate")
+        return self.text.dpo_evaluate(merge(batch, extra), cfg, max_length=max_length)
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    @in_training_phase
+    def compute_ref_pair_log_probs(self, batch: Batch, *extra: Batch, max_length: int | None = None) -> Batch:
+        """With LoRA: what reference.compute_pair_log_probs gives (each pair's summed log-probs of
+        its chosen and rejected completion), from this actor with its adapters off."""
+        if self.engine.lora is None:
+            raise ValueError("actor.compute_ref_pair_log_probs: this actor trains its full weights (no options.lora), so "
+                             "they are not the reference's: configure a reference role")
+        with adapters_disabled(self.engine.model):
+            return pair_log_probs(self.engine, self.tokenizer, merge(batch, extra), "actor.compute_ref_pair_log_probs", max_length)
 
     @endpoint(dispatch=Dispatch.REPLICATE)
     @in_training_phase

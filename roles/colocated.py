@@ -18,11 +18,13 @@ from hfrt.roles.actor import ActorDaemon
 from hfrt.roles.common import ModelOptions, role_errors
 from hfrt.roles.reference import FrozenPolicy, reference_options
 from hfrt.roles.rows import merge
+from hfrt.roles.training.text_objectives import pair_log_probs
 from hfrt.wire.endpoints import Dispatch, endpoint
 
 
 class ActorRefDaemon(ActorDaemon):
-    """Actor endpoints plus compute_ref_log_prob (SPLIT) → Batch {ref_log_prob}."""
+    """Actor endpoints plus compute_ref_log_prob (SPLIT) → Batch {ref_log_prob}, and the reference's
+    pair log-probs as compute_ref_pair_log_probs."""
 
     OPTIONS = ActorDaemon.OPTIONS | {"reference"}
 
@@ -43,3 +45,9 @@ class ActorRefDaemon(ActorDaemon):
         """Reference log-probs of the responses (`ref_log_prob`), 0 where response_mask is 0."""
         merged = merge(batch, extra)
         return Batch({"ref_log_prob": self.reference.log_probs(merged, "actor_ref.compute_ref_log_prob", temperature)})
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def compute_ref_pair_log_probs(self, batch: Batch, *extra: Batch, max_length: int | None = None) -> Batch:
+        """Each preference pair's summed reference log-probs of its chosen and rejected completion
+        (`ref_chosen_logps`, `ref_rejected_logps`), as a reference daemon's compute_pair_log_probs."""
+        return pair_log_probs(self.reference.engine, self.tokenizer, merge(batch, extra), "actor_ref.compute_ref_pair_log_probs", max_length)

@@ -23,8 +23,10 @@ from hfrt.roles.common import (
     prepare_process,
     role_errors,
 )
+from hfrt.roles.models import load_tokenizer
 from hfrt.roles.rows import forward_inputs, merge
 from hfrt.roles.training.engines import TrainEngine
+from hfrt.roles.training.text_objectives import pair_log_probs
 from hfrt.roles.training.updates import forward_equal
 from hfrt.wire.endpoints import Dispatch, endpoint
 
@@ -51,7 +53,9 @@ def masked_log_probs(engine: TrainEngine, batch: Batch, endpoint: str, temperatu
 
 
 class ReferenceDaemon(Daemon):
-    """Endpoint: compute_log_prob (SPLIT) → Batch {ref_log_prob}."""
+    """Endpoints: compute_log_prob (SPLIT) → Batch {ref_log_prob}; compute_pair_log_probs (SPLIT,
+    preference pairs as text) → Batch {ref_chosen_logps, ref_rejected_logps}. Also the `teacher`
+    of on-policy distillation (the same log-probs, of the student's samples)."""
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
@@ -65,6 +69,7 @@ class ReferenceDaemon(Daemon):
             opts = ModelOptions.read(ctx.options, trainable=False)
             self._joined = prepare_process(ctx, needs_group=needs_group(ctx, opts.engine))
             self.policy = FrozenPolicy(ctx, opts)
+            self.tokenizer = load_tokenizer(opts.model, opts.seed)
 
     async def teardown(self) -> None:
         close_group(getattr(self, "_joined", False))
@@ -74,6 +79,13 @@ class ReferenceDaemon(Daemon):
         """Reference log-probs of the responses (`ref_log_prob`), 0 where response_mask is 0."""
         merged = merge(batch, extra)
         return Batch({"ref_log_prob": self.policy.log_probs(merged, "reference.compute_log_prob", temperature)})
+
+    @endpoint(dispatch=Dispatch.SPLIT)
+    def compute_pair_log_probs(self, batch: Batch, *extra: Batch, max_length: int | None = None) -> Batch:
+        """Each preference pair's (`prompt`, `chosen`, `rejected`, tokenised as the actor's
+        dpo_update does) summed log-probs of its chosen and rejected completion: `ref_chosen_logps`,
+        `ref_rejected_logps`, one row per pair."""
+        return pair_log_probs(self.policy.engine, self.tokenizer, merge(batch, extra), "reference.compute_pair_log_probs", max_length)
 
 
 def reference_options(actor: ModelOptions, overrides: dict[str, Any]) -> ModelOptions:

@@ -40,6 +40,7 @@ def without_reference(config: Mapping[str, Any], roles: dict[str, dict[str, Any]
 class ActorReference:
     """The reference role's face over a LoRA actor: compute_log_prob(rollout, ...) is the actor's
     compute_ref_log_prob (adapters off), same dispatch and arguments, same `ref_log_prob` column;
+    compute_pair_log_probs(pairs, ...) is its compute_ref_pair_log_probs (the dpo flow's);
     `describe` is the actor's."""
 
     name = "reference"
@@ -47,11 +48,13 @@ class ActorReference:
     def __init__(self, actor: RoleHandle) -> None:
         self.actor = actor
         self.compute_log_prob: Endpoint[..., Any] = actor.endpoint("compute_ref_log_prob")
+        self.compute_pair_log_probs: Endpoint[..., Any] = actor.endpoint("compute_ref_pair_log_probs")
         self.describe: Endpoint[..., Any] = actor.endpoint("describe")
 
     @property
     def endpoints(self) -> dict[str, Any]:
-        return {"compute_log_prob": self.compute_log_prob, "describe": self.describe}
+        return {"compute_log_prob": self.compute_log_prob, "compute_pair_log_probs": self.compute_pair_log_probs,
+                "describe": self.describe}
 
     def __repr__(self) -> str:
         return f"ActorReference({self.actor!r})"

@@ -241,6 +241,51 @@ class CriticLoss:
         _at_least(self, "norm_horizon", 1)
 
 
+#: preference losses (DPO family, TRL's names and formulas; docs/pipeline.md): sigmoid (DPO,
+#: with label_smoothing the conservative cDPO), ipo (IPO on token-averaged log-ratios), hinge (SLiC),
+#: robust (robust DPO against flipped labels, label_smoothing = the flip rate)
+PREFERENCE_LOSSES = ("sigmoid", "ipo", "hinge", "robust")
+
+
+@dataclass(frozen=True)
+class PreferenceLoss:
+    """The options of the actor's preference update (`dpo_update`, `dpo_evaluate`).
+
+    loss_type: one of PREFERENCE_LOSSES. beta: the strength of the implicit KL to the reference
+        (IPO's τ). label_smoothing: the assumed share of flipped preference labels — sigmoid's
+        cDPO mix -(1-ε)·log σ(βΔ) - ε·log σ(-βΔ), robust's unbiased estimator (ε < 0.5); ipo and
+        hinge take none.
+    """
+
+    loss_type: str = "sigmoid"
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+
+    def __post_init__(self) -> None:
+        _one_of(self, "loss_type", PREFERENCE_LOSSES)
+        if not self.beta > 0 or not math.isfinite(self.beta):
+            raise ValueError(f"option beta={self.beta!r}: must be > 0")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"option label_smoothing={self.label_smoothing!r}: a share of flipped labels in [0, 0.5)")
+        if self.label_smoothing and self.loss_type in ("ipo", "hinge"):
+            raise ValueError(f"option label_smoothing={self.label_smoothing!r}: loss_type={self.loss_type!r} takes none "
+                             "(sigmoid and robust do)")
+
+
+def check_preference_options(options: Mapping[str, Any], where: str = "dpo") -> PreferenceLoss:
+    """A PreferenceLoss from keyword options; ValueError naming the bad key or value (an int is a float)."""
+    hints = typing.get_type_hints(PreferenceLoss)
+    names = [f.name for f in dataclasses.fields(PreferenceLoss)]
+    unknown = sorted(set(options) - set(names))
+    if unknown:
+        raise ValueError(f"{where}: unknown option(s) {unknown}; accepted: {', '.join(names)}")
+    values = {k: _typed(where, k, v, hints[k]) for k, v in options.items()}
+    try:
+        return PreferenceLoss(**values)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+
+
 LOSS_CLASSES: dict[str, type[ActorLoss] | type[CriticLoss]] = {"actor": ActorLoss, "critic": CriticLoss}
 
 

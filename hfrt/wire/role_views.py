@@ -35,6 +35,11 @@ class Sampling(TypedDict, total=False):
     seed: int | None
     row_offset: int | None
     max_prompt_tokens: int | None
+    stop_strings: tuple[str, ...]
+    include_stop_str_in_output: bool
+    presence_penalty: float
+    frequency_penalty: float
+    logit_bias: dict[int, float] | None
 
 
 class TurnSampling(Sampling, total=False):
@@ -181,6 +186,25 @@ class Actor(Checkpointed, Turns):
     def compute_ref_log_prob(self, batch: BatchHandle, *extra: BatchHandle, temperature: float | None = None) -> BatchHandle: ...
 
     @remote
+    def sft_update(self, batch: BatchHandle, max_length: int | None = None,
+                   micro_batch_size: int | None = None) -> list[dict[str, float]]: ...
+
+    @remote
+    def sft_evaluate(self, batch: BatchHandle, max_length: int | None = None) -> list[dict[str, float]]: ...
+
+    @remote
+    def dpo_update(self, batch: BatchHandle, *extra: BatchHandle, loss_type: str = "sigmoid", beta: float = 0.1,
+                   label_smoothing: float = 0.0, max_length: int | None = None,
+                   micro_batch_size: int | None = None) -> list[dict[str, float]]: ...
+
+    @remote
+    def dpo_evaluate(self, batch: BatchHandle, *extra: BatchHandle, loss_type: str = "sigmoid", beta: float = 0.1,
+                     label_smoothing: float = 0.0, max_length: int | None = None) -> list[dict[str, float]]: ...
+
+    @remote
+    def compute_ref_pair_log_probs(self, batch: BatchHandle, *extra: BatchHandle, max_length: int | None = None) -> BatchHandle: ...
+
+    @remote
     def export_hf(self, path: str) -> list[str]: ...
 
     @remote
@@ -216,6 +240,9 @@ class Reference(RoleHandle):
 
     @remote
     def compute_log_prob(self, batch: BatchHandle, *extra: BatchHandle, temperature: float | None = None) -> BatchHandle: ...
+
+    @remote
+    def compute_pair_log_probs(self, batch: BatchHandle, *extra: BatchHandle, max_length: int | None = None) -> BatchHandle: ...
 
 
 class Reward(RoleHandle):

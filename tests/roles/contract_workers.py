@@ -1,5 +1,5 @@
 """Rank bodies for test_engine_contract: every training engine on the tiny preset runs the same
-calls — a forward asking for everything a forward gives (entropy, Σπ², a temperature), one
+calls — a forward asking for everything a forward gives (entropy, Σπ², top-1 flags, a temperature), one
 optimizer step whose loss reads the entropy, and a forward after it — for an actor and a critic.
 
 Not a test module: the spawned ranks import it by name.
@@ -50,7 +50,7 @@ def build(settings: Mapping[str, Any], critic: bool) -> Any:
 
 def calls(engine: Any, batch: Mapping[str, torch.Tensor], critic: bool) -> dict[str, Any]:
     """forward (everything) → step → forward: the outputs and the step's metrics."""
-    before = engine.forward(batch, temperature=TEMPERATURE, with_entropy=True, with_sum_pi_squared=True)
+    before = engine.forward(batch, temperature=TEMPERATURE, with_entropy=True, with_sum_pi_squared=True, with_top1=True)
     if critic:
         metrics = engine.step(model_zoo.value_loss_fn, batch, micro_batch_size=2)
     else:

@@ -1,7 +1,7 @@
 """One contract for every training engine: TrainEngine alone defines forward and step (an engine
 supplies hooks, so none can drop an argument), and every engine — local, FSDP2, DeepSpeed ZeRO-3,
 the TP engine at tp=2 and with two pipeline stages — gives the local engine's numbers on the tiny
-preset: forward with entropy, Σπ² and a temperature, one optimizer step whose loss reads the
+preset: forward with entropy, Σπ², the top-1 flags (token accuracy) and a temperature, one optimizer step whose loss reads the
 entropy, and the log-probs after it, for an actor and for a critic, to 1e-5 on 2 real gloo ranks
 (docs/parallel-training.md states both).
 """
@@ -37,8 +37,8 @@ def test_every_engine_takes_the_base_forward_and_step(engine: type[TrainEngine])
         assert name not in vars(engine), f"{engine.__name__} overrides {name}"
         assert inspect.signature(getattr(engine, name)) == inspect.signature(getattr(TrainEngine, name))
     forward = inspect.signature(engine.forward).parameters
-    assert {"temperature", "with_entropy", "with_sum_pi_squared", "micro_batch_size"} <= set(forward)
-    assert {"temperature", "with_entropy", "micro_batch_size"} <= set(inspect.signature(engine.step).parameters)
+    assert {"temperature", "with_entropy", "with_sum_pi_squared", "with_top1", "micro_batch_size"} <= set(forward)
+    assert {"temperature", "with_entropy", "with_top1", "micro_batch_size"} <= set(inspect.signature(engine.step).parameters)
 
 
 def test_an_engine_overriding_forward_or_step_is_refused_naming_the_hooks() -> None:
