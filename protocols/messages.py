@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 from hfrt.protocols.endpoints import read_endpoint_table
 
 #: Bumped whenever a record's layout or meaning changes. Both ends check it at hello/welcome.
-PROTOCOL_VERSION = 1
+#: 2: `error` may carry a fifth field, `param` (a version-1 reader refuses a five-field error).
+PROTOCOL_VERSION = 2
 
 #: The heartbeat intervals (seconds) both ends accept. Below the minimum, daemons flood the
 #: controller and busy-spin their heartbeat threads; above the maximum, a dead daemon would go
@@ -48,9 +49,16 @@ class Message:
     FIELD_NAMES: ClassVar[tuple[str, ...]] = ()
     #: indexes of the float fields (an int received there is converted to float)
     FLOATS: ClassVar[tuple[int, ...]] = ()
+    #: how many trailing fields are optional: a writer leaves out those that are None (from the
+    #: end), a reader accepts them absent and reads None
+    OPTIONAL: ClassVar[int] = 0
 
     def to_wire(self) -> list[Any]:
-        return [self.KIND, *[getattr(self, n) for n in self.FIELD_NAMES]]
+        values = [getattr(self, n) for n in self.FIELD_NAMES]
+        end, first_optional = len(values), len(values) - self.OPTIONAL
+        while end > first_optional and values[end - 1] is None:
+            end -= 1
+        return [self.KIND, *values[:end]]
 
     @classmethod
     def from_fields(cls, values: list[Any]) -> Message:
@@ -58,16 +66,17 @@ class Message:
 
         Types are compared exactly (msgpack yields exact types), so a bool is not an int.
         """
-        if len(values) != len(cls.TYPES):
-            raise ValueError(
-                f"{cls.NAME}: expected {len(cls.TYPES)} fields, got {len(values)}"
-            )
-        for value, types in zip(values, cls.TYPES, strict=True):
+        most = len(cls.TYPES)
+        if not most - cls.OPTIONAL <= len(values) <= most:
+            want = f"{most - cls.OPTIONAL} to {most}" if cls.OPTIONAL else f"{most}"
+            raise ValueError(f"{cls.NAME}: expected {want} fields, got {len(values)}")
+        for value, types in zip(values, cls.TYPES, strict=False):
             if type(value) not in types and types is not _ANY:
                 cls._raise_type(values)
         for i in cls.FLOATS:  # a float field may arrive as a msgpack int (protocols/README.md)
             if type(values[i]) is int:
                 values[i] = float(values[i])
+        values = values + [None] * (most - len(values))  # optional fields left out
         cls.check_fields(values)
         return cls(*values)
 
@@ -77,22 +86,25 @@ class Message:
 
     @classmethod
     def _raise_type(cls, values: list[Any]) -> None:
-        for name, value, types in zip(cls.FIELD_NAMES, values, cls.TYPES, strict=True):
+        for name, value, types in zip(cls.FIELD_NAMES, values, cls.TYPES, strict=False):
             if type(value) not in types and types is not _ANY:
                 want = "|".join(sorted(t.__name__ for t in types))
                 raise ValueError(f"{cls.NAME}.{name}: expected {want}, got {type(value).__name__}")
 
 
-def _record(kind: int, name: str, *types: _Types):  # type: ignore[no-untyped-def]
-    """Class decorator: attach kind code, wire name and per-field accepted types."""
+def _record(kind: int, name: str, *types: _Types, optional: int = 0):  # type: ignore[no-untyped-def]
+    """Class decorator: attach kind code, wire name, per-field accepted types and how many
+    trailing fields are optional (each defaults to None)."""
 
     def wrap(cls: type[Message]) -> type[Message]:
         cls.KIND = kind
         cls.NAME = name
         cls.FIELD_NAMES = tuple(f.name for f in fields(cls))
         assert len(cls.FIELD_NAMES) == len(types), f"{name}: types do not match fields"
+        assert all(f.default is None for f in fields(cls)[len(types) - optional:]), f"{name}: optional fields default to None"
         cls.TYPES = types
         cls.FLOATS = tuple(i for i, t in enumerate(types) if t is _NUM)
+        cls.OPTIONAL = optional
         return cls
 
     return wrap
@@ -189,7 +201,7 @@ class Reply(Message):
     elapsed_s: float
 
 
-@_record(5, "error", _INT, _STR, _STR, _STR)
+@_record(5, "error", _INT, _STR, _STR, _STR, _STR, optional=1)
 @dataclass(slots=True)
 class Error(Message):
     """Either direction: something failed; errors are values on the wire.
@@ -197,12 +209,16 @@ class Error(Message):
     call_id: the failed Call's id, or 0 when the error is not about a call (e.g. a hello).
     type: the exception type name ("ValueError", "UnknownEndpoint", "VersionMismatch", ...).
     message: str(exception). traceback: the remote traceback text, "" when there is none.
+    param: optional, left out when None: the name of the argument or option the endpoint refused
+        (an hfrt.wire.errors.InvalidArgument's `param`), so a caller can tell which input was at
+        fault without reading the message.
     """
 
     call_id: int
     type: str
     message: str
     traceback: str = ""
+    param: str | None = None
 
 
 @_record(6, "cancel", _INT)

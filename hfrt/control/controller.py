@@ -404,7 +404,7 @@ class Controller:
         self._span(msg.call_id, pending, "error")
         if pending.timer is not None:
             pending.timer.cancel()
-        settle(pending.future, exc=RemoteError(pending.where, msg.type, msg.message, msg.traceback))
+        settle(pending.future, exc=RemoteError(pending.where, msg.type, msg.message, msg.traceback, msg.param))
 
     def _on_heartbeat(self, ident: bytes, msg: Heartbeat) -> None:
         owner = self._roster.of_heartbeat(ident)

@@ -1,7 +1,8 @@
 """What a call's outcome sends back to the controller, owned by the DaemonServer: its Reply (result
-tensors stored here and sent as handles), its Error (type, message, remote traceback), or a
-streaming call's Partial. A reply that a Cancel asked to drop (a threaded call cancelled while in
-its thread) is not sent; an error always is.
+tensors stored here and sent as handles), its Error (type, message, remote traceback, and the name
+of the refused argument when the endpoint raised InvalidArgument), or a streaming call's Partial.
+A reply that a Cancel asked to drop (a threaded call cancelled while in its thread) is not sent;
+an error always is.
 
 It is given the wire (packing, signing), a function that sends frames, the running-call records
 and a way to export result tensors; it knows nothing of endpoints, ordering or the socket.
@@ -15,6 +16,7 @@ from typing import Any
 
 from hfrt.daemon.running import RunningCalls
 from hfrt.protocols import Call, Error, Message, Partial, Reply, Wire, WireError
+from hfrt.wire.errors import InvalidArgument
 
 
 class Replies:
@@ -61,11 +63,12 @@ class Replies:
         threaded call a Cancel asked to drop."""
         self._running.finished(call.call_id)
         self._log.warning("endpoint_raised", call_id=call.call_id, endpoint=call.endpoint, error=type(exc).__name__)
-        self.error(call, type(exc).__name__, str(exc), traceback.format_exc())
+        param = exc.param if isinstance(exc, InvalidArgument) else None
+        self.error(call, type(exc).__name__, str(exc), traceback.format_exc(), param)
 
-    def error(self, call: Call, type_name: str, message: str, tb: str = "") -> None:
-        """Answer `call` with an Error."""
-        self.send(Error(call.call_id, type_name, message, tb))
+    def error(self, call: Call, type_name: str, message: str, tb: str = "", param: str | None = None) -> None:
+        """Answer `call` with an Error (`param`: the argument or option the endpoint refused)."""
+        self.send(Error(call.call_id, type_name, message, tb, param))
 
     def partial(self, call: Call, part: Any) -> None:
         """One value a streaming endpoint yielded. Partials are plain msgpack values (tokens,

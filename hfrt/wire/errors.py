@@ -1,4 +1,5 @@
-"""Exceptions the controller raises to flow code; each names the role, rank and endpoint involved.
+"""Exceptions the controller raises to flow code (each names the role, rank and endpoint involved),
+and InvalidArgument, which a daemon's endpoint raises to refuse one of its inputs by name.
 
 This module knows nothing of sockets or messages beyond the fields an error carries.
 """
@@ -10,14 +11,30 @@ class HfrtError(Exception):
     """Base of every hfrt runtime error."""
 
 
-class RemoteError(HfrtError):
-    """An endpoint raised on a daemon; carries the remote type name, message and traceback."""
+class InvalidArgument(ValueError):
+    """Raised by an endpoint that refuses one of its arguments or options: `param` is its name as
+    the endpoint takes it ("stop", "prompt", "top_logprobs", ...). The error that goes back to the
+    controller carries `param` as a field of its own (protocols/README.md), so a caller (the
+    OpenAI-compatible server's HTTP errors) learns which input was at fault without reading the
+    message. A ValueError, so code that catches those still does."""
 
-    def __init__(self, where: str, type_name: str, message: str, traceback: str = "") -> None:
+    def __init__(self, param: str, message: str) -> None:
+        if not param:
+            raise ValueError("InvalidArgument: param must name the argument or option at fault")
+        super().__init__(message)
+        self.param = param
+
+
+class RemoteError(HfrtError):
+    """An endpoint raised on a daemon; carries the remote type name, message and traceback, and
+    `param`: the argument or option the endpoint refused (InvalidArgument), None otherwise."""
+
+    def __init__(self, where: str, type_name: str, message: str, traceback: str = "", param: str | None = None) -> None:
         self.where = where
         self.type_name = type_name
         self.message = message
         self.remote_traceback = traceback
+        self.param = param
         text = f"{where} raised {type_name}: {message}"
         if traceback:
             text += "\n--- remote traceback ---\n" + traceback.rstrip()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hfrt import BadArguments, CallTimeout, RemoteError, UnknownEndpoint
-from hfrt.deploy.launchers.base import expand
+from hfrt.deploy.launchers.base import DaemonSpec, expand
 from tests.support import echo_specs, local_cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -80,6 +80,37 @@ async def test_remote_error_carries_type_message_and_traceback() -> None:
         assert 'raise ValueError(message)' in err.remote_traceback
         assert "echo[1].fail raised ValueError: boom" in str(err)
         assert await echo.ping.call_one(1) == "pong"  # the daemon keeps serving
+
+
+PICKY = '''
+from hfrt import Daemon, endpoint
+from hfrt.wire.errors import InvalidArgument
+class Picky(Daemon):
+    @endpoint
+    def resize(self, size: int, mode: str = "fit") -> int:
+        if size < 1:
+            raise InvalidArgument("size", f"size: must be at least 1, got {size}")
+        if mode not in ("fit", "fill"):
+            raise InvalidArgument("mode", f"mode: {mode!r} is not fit or fill")
+        return size
+'''
+
+
+async def test_a_refused_argument_is_named_by_the_error(tmp_path: Path) -> None:
+    """An endpoint raising InvalidArgument: the controller's RemoteError carries the argument's
+    name as `param` (a field of the error record, not read from the message); other errors carry None."""
+    module = tmp_path / "picky_role.py"
+    module.write_text(PICKY)
+    async with local_cluster([DaemonSpec("picky", 0, 1, impl=f"{module}:Picky")]) as (ctl, _):
+        picky = await ctl.role("picky")
+        for kwargs, param in (({"size": 0}, "size"), ({"size": 2, "mode": "stretch"}, "mode")):
+            with pytest.raises(RemoteError) as info:
+                await picky.resize.call_one(0, **kwargs)
+            assert (info.value.type_name, info.value.param) == ("InvalidArgument", param), info.value
+        with pytest.raises(RemoteError) as plain:
+            await ctl.submit(ctl.daemons("picky")[0], "resize", ["two"], {})  # a TypeError in the endpoint
+        assert plain.value.type_name == "TypeError" and plain.value.param is None
+        assert await picky.resize.call_one(0, 3) == 3
 
 
 async def test_bad_calls_get_clear_errors_and_the_daemon_keeps_serving() -> None:

@@ -35,6 +35,7 @@ MESSAGES = [
     Reply(7, {"a": [1, 2]}, 0.01),
     Reply(8, True, 0.0),
     Error(7, "ValueError", "bad", "Traceback..."),
+    Error(7, "InvalidArgument", "stop: not one token", "Traceback...", "stop"),
     Cancel(7),
     Heartbeat("abcd", 3, 1.5),
     Shutdown("done", 2.0),
@@ -117,6 +118,10 @@ def test_out_of_band_reference_without_frame_is_undecodable() -> None:
         ([3, "1", "x", [], {}, True], "call.call_id: expected int, got str"),
         ([3, 1, "x", [], {}, 1], "call.reply: expected bool, got int"),
         ([3, 1, "x", [], {}], "expected 5 fields, got 4"),
+        ([5, 1, "ValueError", "bad"], "error: expected 4 to 5 fields, got 3"),
+        ([5, 1, "ValueError", "bad", "", "stop", "x"], "error: expected 4 to 5 fields, got 6"),
+        ([5, 1, "ValueError", "bad", "", 3], "error.param: expected str, got int"),
+        ([5, 1, "ValueError", "bad", "", None], "error.param: expected str, got NoneType"),
         ([42, 1], "unknown message kind 42"),
         ({"kind": 3}, "not \\[kind"),
     ],
@@ -126,6 +131,16 @@ def test_wrong_fields_are_refused_with_the_field_named(fields: object, problem: 
     body = msgpack.packb(fields)
     with pytest.raises(UnknownKind, match=problem):
         wire.unpack([wire.signer.sign([body]) + body])
+
+
+def test_an_error_without_param_is_sent_as_four_fields_and_read_with_param_none() -> None:
+    """`param` is optional: left out when None (so the error reads as version 1 wrote it), and
+    an error of four fields reads with param None."""
+    wire = Wire(new_key())
+    assert Error(3, "ValueError", "bad").to_wire() == [5, 3, "ValueError", "bad", ""]
+    assert Error(3, "InvalidArgument", "bad", "", "stop").to_wire() == [5, 3, "InvalidArgument", "bad", "", "stop"]
+    read = wire.unpack(_signed(wire, [5, 3, "ValueError", "bad", "tb"]))
+    assert read == Error(3, "ValueError", "bad", "tb") and isinstance(read, Error) and read.param is None
 
 
 def _signed(wire: Wire, fields: object) -> list[bytes]:
