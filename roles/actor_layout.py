@@ -18,7 +18,7 @@ import torch
 
 from hfrt.daemon.base import DaemonContext
 from hfrt.roles.common import ModelOptions
-from hfrt.roles.generation.build import generation_engine
+from hfrt.roles.generation.build import generation_engine, text_decoder
 from hfrt.roles.generation.hf import HFGenerationEngine
 from hfrt.roles.generation.hybrid import HybridEngine, ReshardHybrid
 from hfrt.roles.training.engines import TrainEngine
@@ -133,7 +133,8 @@ def _resharding_hybrid(
     model = tp_generation.empty_tp_model(config, mesh["tp"], dtype=dtype, device=device, plan=override)
     params = generation_params(model, engine.full_shapes, engine.split_dims, int(tp_plan.text_config(config).num_hidden_layers))
     resharder = Resharder(train, gen, context.rank, params, groups)
-    generator = HFGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, device=device)
+    generator = HFGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, device=device,
+                                   decode=text_decoder(tokenizer))
     return ReshardHybrid(engine, generator, resharder)
 
 

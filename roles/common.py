@@ -100,6 +100,12 @@ def sampling_params(base: SamplingParams | Mapping[str, Any] | None = None, **ov
     values.update(overrides)
     if values.get("stop_token_ids") is not None:
         values["stop_token_ids"] = tuple(int(t) for t in values["stop_token_ids"])
+    if values.get("stop_strings") is not None:
+        values["stop_strings"] = tuple(str(t) for t in values["stop_strings"])
+    if values.get("logit_bias"):  # a table {id: value} (ids as strings from TOML or JSON), or [id, value] pairs
+        bias = values["logit_bias"]
+        pairs = bias.items() if isinstance(bias, Mapping) else bias
+        values["logit_bias"] = {int(k): float(v) for k, v in pairs}
     return build_dataclass(SamplingParams, values, "sampling")  # type: ignore[no-any-return]
 
 

@@ -4,8 +4,8 @@
 sampling options, `n`, log-prob and streaming wishes, and the tools offered.
 
 Pure logic: it knows the OpenAI field names and generate_turn's row layout, nothing of HTTP,
-batching, sessions or tokenizers (stop strings are checked for being one token, token ids against
-the vocabulary and prompts against the context on the rollout daemon).
+batching, sessions or tokenizers (token ids are checked against the vocabulary and prompts
+against the context on the rollout daemon).
 """
 
 from __future__ import annotations
@@ -100,16 +100,17 @@ class TurnRequest:
         return sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in self.messages if isinstance(m.get("content"), str))
 
 
-def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    value = body.get(name)
+def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float, *, lo_open: bool = False,
+            param: str | None = None) -> float:
+    value, param = body.get(name), param or name
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(name, f"must be a number, not {value!r:.40}")
+        raise BadRequest(param, f"must be a number, not {value!r:.40}")
     if not math.isfinite(value):
-        raise BadRequest(name, f"must be a finite number, not {value}")
+        raise BadRequest(param, f"must be a finite number, not {value}")
     if value > hi or value < lo or (lo_open and value == lo):
-        raise BadRequest(name, f"{value} is out of range {'(' if lo_open else '['}{lo}, {hi}]")
+        raise BadRequest(param, f"{value} is out of range {'(' if lo_open else '['}{lo}, {hi}]")
     return float(value)
 
 
@@ -130,14 +131,39 @@ def _refuse(body: dict[str, Any], name: str, allowed: tuple[Any, ...], why: str)
         raise BadRequest(name, f"{body[name]!r:.40} is not supported: {why}")
 
 
+#: most stop strings a request may send, and the longest one (characters)
+MAX_STOPS, MAX_STOP_CHARS = 16, 512
+#: most logit_bias entries a request may send, and the range of each value (OpenAI's)
+MAX_BIAS_ENTRIES, MAX_BIAS = 1024, 100.0
+
+
 def _stop(body: dict[str, Any]) -> list[str]:
+    """`stop`: a string or a list of strings of any length (text-level on the rollout daemon)."""
     value = body.get("stop")
     if value is None:
         return []
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise BadRequest("stop", f"must be a string or a list of non-empty strings, not {value!r:.60}")
+    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise BadRequest("stop", f"at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters each")
     return list(stops)
+
+
+def _logit_bias(body: dict[str, Any]) -> dict[str, float]:
+    """`logit_bias`: {token id (a string of digits): value in [-100, 100]}; the rollout daemon checks
+    the ids against its vocabulary."""
+    value = body.get("logit_bias")
+    if value is None or value == {}:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_BIAS_ENTRIES:
+        raise BadRequest("logit_bias", f"must be an object of at most {MAX_BIAS_ENTRIES} {{\"token id\": bias}} entries, not {value!r:.60}")
+    out: dict[str, float] = {}
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) <= MAX_TOKEN_ID):
+            raise BadRequest("logit_bias", f"{key!r:.40} is not a token id (a string of digits)")
+        out[str(int(key))] = _number(value, key, 0.0, -MAX_BIAS, MAX_BIAS, param=f"logit_bias.{key}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -149,16 +175,23 @@ class Limits:
 
 
 def _sampling(body: dict[str, Any], max_tokens: int, limits: Limits) -> dict[str, Any]:
-    """The generate_turn options every request shares."""
-    _refuse(body, "presence_penalty", (None, 0, 0.0), "no penalties")
-    _refuse(body, "frequency_penalty", (None, 0, 0.0), "no penalties")
-    _refuse(body, "logit_bias", (None, {}), "no logit bias")
+    """The generate_turn options every request shares (penalties, bias and stop strings only when set)."""
     options: dict[str, Any] = {
         "max_new_tokens": max_tokens,
         "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
         "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
         "stop": _stop(body),
     }
+    for name in ("presence_penalty", "frequency_penalty"):
+        if penalty := _number(body, name, 0.0, -2.0, 2.0):
+            options[name] = penalty
+    if bias := _logit_bias(body):
+        options["logit_bias"] = bias
+    include = body.get("include_stop_str_in_output")
+    if include is not None and not isinstance(include, bool):
+        raise BadRequest("include_stop_str_in_output", f"must be true or false, not {include!r:.40}")
+    if include:
+        options["include_stop_str_in_output"] = True
     seed = _int(body, "seed", None, -(2**63), 2**63 - 1)
     if seed is not None:
         options["seed"] = seed

@@ -25,8 +25,9 @@ from hfrt.serve.tools import parser_for
 class TurnResult:
     """What generate_turn sampled for one choice: the whole prompt's ids, the sampled ids, their
     log-probs and text, the weight version, (when asked) each token's text piece and its top
-    alternatives [(id, log-prob), ...], and `finished`: whether the turn ended on eos or a stop
-    token (False: cut at max_tokens or by the model's context; None: the role did not say)."""
+    alternatives [(id, log-prob), ...], `finished`: whether the turn ended on eos, a stop token or
+    a stop string (False: cut at max_tokens or by the model's context; None: the role did not say),
+    and `stop_text`: the text the ids spell past `text` when a stop string ended it."""
 
     prompt_ids: list[int]
     token_ids: list[int]
@@ -36,6 +37,7 @@ class TurnResult:
     pieces: list[str] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     finished: bool | None = None
+    stop_text: str = ""  # what the ids spell past `text` when a stop string ended the turn
 
     @classmethod
     def from_row(cls, context: list[int], row: dict[str, Any]) -> TurnResult:
@@ -45,7 +47,7 @@ class TurnResult:
         finished = row.get("turn_finished")
         return cls(prompt, [int(t) for t in row["turn_ids"]], [float(x) for x in row["turn_log_probs"]],
                    str(row["turn_text"]), int(row["weight_version"]), [str(p) for p in row.get("turn_pieces") or []], top,
-                   None if finished is None else bool(finished))
+                   None if finished is None else bool(finished), str(row.get("turn_stop_text") or ""))
 
 
 def token_name(token_id: int) -> str:
@@ -196,7 +198,7 @@ def _deltas(request: TurnRequest, result: TurnResult, choice: dict[str, Any], in
             yield {"index": index, "delta": delta, "logprobs": _chat_logprobs(request, result), "finish_reason": None,
                    "token_ids": result.token_ids}
             return
-    pieces = result.pieces if len(result.pieces) == len(result.token_ids) else [result.text]
+    pieces = clip_pieces(result.pieces, result.text) if len(result.pieces) == len(result.token_ids) else [result.text]
     for i, piece in enumerate(pieces):
         ids = result.token_ids[i:i + 1] if len(pieces) == len(result.token_ids) else result.token_ids
         if chat:
@@ -206,3 +208,16 @@ def _deltas(request: TurnRequest, result: TurnResult, choice: dict[str, Any], in
             logprobs = {"tokens": [token_name(t) for t in ids], "token_logprobs": result.log_probs[i:i + len(ids)],
                         "top_logprobs": None, "text_offset": None} if request.logprobs else None
             yield {"index": index, "text": piece, "finish_reason": None, "logprobs": logprobs, "token_ids": ids}
+
+
+def clip_pieces(pieces: list[str], text: str) -> list[str]:
+    """Token pieces cut to the returned `text` (the sampled ids may spell a stop string past it):
+    the pieces' text stops where `text` does, and what the pieces lack of it joins the last one."""
+    out, used = [], 0
+    for piece in pieces:
+        take = piece[:max(0, len(text) - used)]
+        out.append(take)
+        used += len(take)
+    if out and used < len(text):
+        out[-1] += text[used:]
+    return out

@@ -29,7 +29,7 @@ class RowBatcher(TurnBatcher):
     """A TurnBatcher whose rows also carry generate_turn's optional columns (text pieces, top
     log-probs) when the call returned them."""
 
-    OPTIONAL_COLUMNS = ("turn_pieces", "turn_top", "turn_finished")
+    OPTIONAL_COLUMNS = ("turn_pieces", "turn_top", "turn_finished", "turn_stop_text")
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ def http_error(exc: AgentGenerationError, kind: str = "completion") -> ApiError:
 def _refusal(text: str, kind: str) -> BadRequest:
     """The daemon's refusal of the input as a 400 naming the field it was about."""
     param = "stop" if "stop string" in text else "messages" if ("chat_template" in text or "chat template" in text) else None
-    param = "top_logprobs" if "top_logprobs:" in text else param
+    param = "top_logprobs" if "top_logprobs:" in text else "logit_bias" if "logit_bias:" in text else param
     code = "context_length_exceeded" if "model's context" in text else None
     if param is None and ("prompt:" in text or "vocabulary" in text):
         param = "messages" if kind in ("chat", "responses") else "prompt"
@@ -238,5 +238,6 @@ def merge_rows(row: dict[str, Any], step: dict[str, Any]) -> dict[str, Any]:
         if k in out or k in step:
             out[k] = list(out.get(k) or []) + list(step.get(k) or [])
     out.update({"turn_text": step["turn_text"], "turn_finished": step.get("turn_finished", True),
+                "turn_stop_text": step.get("turn_stop_text", ""),
                 "weight_version": min(int(row["weight_version"]), int(step["weight_version"]))})
     return out

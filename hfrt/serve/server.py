@@ -12,6 +12,7 @@ training, rewards or tokenizers (text and chats are tokenised on the rollout dae
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +23,7 @@ from hfrt.serve.api import BadRequest, Limits, TurnRequest, _message, chat_reque
 from hfrt.serve.responses import TurnResult, chat_body, completion_body, end_events, event_stream, stream_head, token_events
 from hfrt.serve.rollout import RolloutClient, merge_rows
 from hfrt.serve.sessions import Session, SessionCall, SessionStore
+from hfrt.serve.stops import StopHoldback
 from hfrt.serve.tools import parser_for
 from hfrt.serve.turns import TURN_TIMEOUT_S, Trajectory, TurnBatcher
 
@@ -149,7 +151,7 @@ class OpenAIServer:
 
     def _record(self, name: str, turn: TurnRequest, result: TurnResult, message: dict[str, Any] | None) -> None:
         call = SessionCall(result.prompt_ids, result.token_ids, result.log_probs, result.weight_version)
-        text = turn.text_prompt + result.text if turn.text_prompt is not None else None
+        text = turn.text_prompt + result.text + result.stop_text if turn.text_prompt is not None else None  # as the ids spell it
         chat = None
         if message is not None:  # the reply as returned, in the form a client's echo of it is checked in
             chat = (turn.messages + [_message(len(turn.messages), message)], [t.schema for t in turn.tools])
@@ -223,14 +225,18 @@ class OpenAIServer:
         context, append = self._continuation(turn, session)
         options, batcher = self._options(turn, context, append)
         head, row, sent = stream_head(turn, self.model), dict[str, Any](), ""
+        holdback = StopHoldback(options.get("stop") or [], bool(options.get("include_stop_str_in_output")))
         async for step in await self._steps(turn, context, append, options, batcher):
             if "final" in step:  # the daemon's whole row: the same tokens, with turn_text and turn_finished
                 row = step["final"]
                 continue
             part = TurnResult.from_row(context if not row else [], step)
+            pieces = part.pieces if len(part.pieces) == len(part.token_ids) else [part.text]
+            shown = [holdback.feed(p) for p in pieces]  # stop text (or what may start one) is held back
+            part = dataclasses.replace(part, pieces=shown if len(shown) == len(part.token_ids) else [], text="".join(shown))
             for event in token_events(turn, head, part, first=not row):
                 yield event
-            sent += "".join(part.pieces) if len(part.pieces) == len(part.token_ids) else part.text
+            sent += "".join(shown)
             row = merge_rows(row, step)
         result = TurnResult.from_row(context, row)
         rest = result.text[len(sent):] if result.text.startswith(sent) else ""

@@ -32,6 +32,16 @@ def non_tensor(handle: BatchHandle, name: str) -> list[Any]:
     return [value for shard in handle.shards for value in shard.non_tensor.get(name, [])]
 
 
+def frozen(value: Any) -> Any:
+    """`value` as a hashable key (lists and tuples as tuples, tables as sorted item tuples): requests
+    whose options freeze equal share a generate_turn call."""
+    if isinstance(value, dict):
+        return ("<table>", tuple(sorted((str(k), frozen(v)) for k, v in value.items())))
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(v) for v in value)
+    return value
+
+
 class AgentGenerationError(RuntimeError):
     """A generate_turn call on the rollout role failed: the run cannot go on without generation.
     `rows`: how many requests that call carried; `__cause__`: the call's own error."""
@@ -78,15 +88,14 @@ class TurnBatcher:
         self.live = 0
         self.calls = 0
         self._seeds = itertools.count(seed) if seed is not None else None
-        self._pending: list[tuple[tuple[Any, ...], list[int], list[Any], asyncio.Future[dict[str, Any]]]] = []
+        self._pending: list[tuple[Any, list[int], list[Any], asyncio.Future[dict[str, Any]], dict[str, Any]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def request(self, context: list[int], append: list[Any], options: dict[str, Any]) -> dict[str, Any]:
         """One turn of one conversation: its row of generate_turn's output."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in options.items()))
-        self._pending.append((key, context, append, future))
+        self._pending.append((frozen(options), context, append, future, options))
         self._maybe_flush()
         return await future
 
@@ -106,14 +115,14 @@ class TurnBatcher:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        groups: dict[tuple[Any, ...], list[Any]] = {}
+        groups: dict[Any, list[Any]] = {}
         for entry in self._pending:
             groups.setdefault(entry[0], []).append(entry)
         self._pending = []
         loop = asyncio.get_running_loop()
         for key, entries in groups.items():
             self.in_flight += 1  # counted here: the task starts later, and a request may come first
-            task = loop.create_task(self._call(dict(key), entries))
+            task = loop.create_task(self._call(dict(entries[0][4]), entries))
             self._tasks.add(task)
             task.add_done_callback(functools.partial(self._call_done, entries))
 

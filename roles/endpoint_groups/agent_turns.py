@@ -24,7 +24,10 @@ from hfrt.daemon.batch import Batch
 from hfrt.roles.common import SAMPLING_OPTIONS, sampling_params
 from hfrt.roles.endpoint_groups.turn_limits import check_request_length, check_text_size, max_token_bytes
 from hfrt.roles.generation.batches import encode_prompt
-from hfrt.roles.generation.hf import SamplingParams, top_log_probs
+from hfrt.roles.generation.build import text_decoder
+from hfrt.roles.generation.hf import SamplingParams, shaper_for, top_log_probs
+from hfrt.roles.generation.logits import Constraint
+from hfrt.roles.generation.stops import Cut, cut_at_stop
 from hfrt.roles.rows import all_reduce, check_rows, merge
 from hfrt.wire.endpoints import Dispatch, endpoint
 
@@ -53,14 +56,14 @@ class TurnOptions:
     request_max: int | None = None
 
 
-def stop_ids(tokenizer: Any, stops: Sequence[str]) -> tuple[int, ...]:
-    """Token ids of stop strings; each must be one token (the engine stops on token ids)."""
-    out = []
+def special_stop_ids(tokenizer: Any, stops: Sequence[str]) -> tuple[int, ...]:
+    """Ids of stop strings that are one special token each (`<|im_end|>`): decoded text skips
+    special tokens, so those end a turn by id; every stop string also ends it by text (stops.py)."""
+    special, out = set(getattr(tokenizer, "all_special_ids", None) or ()), []
     for text in stops:
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if len(ids) != 1:
-            raise ValueError(f"stop string {text!r} is {len(ids)} tokens {ids}: a stop must be exactly one token")
-        out.append(int(ids[0]))
+        if len(ids) == 1 and int(ids[0]) in special:
+            out.append(int(ids[0]))
     return tuple(out)
 
 
@@ -124,23 +127,33 @@ def token_pieces(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     return pieces
 
 
-def top_alternatives(role: Any, contexts: list[list[int]], turn_ids: list[list[int]], k: int,
-                     temperature: float) -> list[list[list[tuple[int, float]]]]:
+def top_alternatives(role: Any, contexts: list[list[int]], turn_ids: list[list[int]], k: int, params: SamplingParams,
+                     constraints: Sequence[Constraint | None] | None = None) -> list[list[list[tuple[int, float]]]]:
     """For each sampled token, the k most likely tokens at its position and their log-probs (of
-    log_softmax(logits / temperature), as the sampled log-probs are), by one forward pass of the
-    role's HF generation model per row. ValueError when the engine exposes no such model."""
+    log_softmax(logits / temperature) after the logits shaping the turn sampled with — bias,
+    penalties, a fresh copy of its constraint replayed — as the sampled log-probs are), by one
+    forward pass of the role's HF generation model per row. ValueError when the engine exposes no
+    such model."""
     model = getattr(getattr(role, "engine", None), "model", None)
     if not isinstance(model, torch.nn.Module):
         raise ValueError("top_logprobs: top log-probs need the HF generation engine (this one returns only the sampled token's)")
     device = next(model.parameters()).device
     out: list[list[list[tuple[int, float]]]] = []
     with torch.no_grad():
-        for context, ids in zip(contexts, turn_ids, strict=True):
+        for row, (context, ids) in enumerate(zip(contexts, turn_ids, strict=True)):
             if not ids:
                 out.append([])
                 continue
             seq = torch.tensor([list(context) + list(ids[:-1])], device=device)
-            out.append(top_log_probs(model(input_ids=seq).logits[0, len(context) - 1:], k, temperature))
+            logits = model(input_ids=seq).logits[0, len(context) - 1:].float()
+            shaper = shaper_for(params, 1, [constraints[row]] if constraints is not None else None)
+            if shaper is not None:  # replayed position by position, as the sampler saw them
+                shaped = []
+                for i, token in enumerate(ids):
+                    shaped.append(shaper.shape(logits[i:i + 1])[0])
+                    shaper.observe(torch.tensor([token], device=device), torch.ones(1, dtype=torch.bool, device=device), logits.shape[-1])
+                logits = torch.stack(shaped)
+            out.append(top_log_probs(logits, k, params.temperature))
     return out
 
 
@@ -227,15 +240,19 @@ class AgentTurns:
         """One sampled turn per row. Reads `context` (token ids so far; [] for a new conversation)
         and `append` (texts tokenised and appended first: the prompt, tool outputs). Returns
         non-tensor `appended` (ids of each appended text), `turn_ids`, `turn_log_probs`, `turn_text`,
-        `weight_version`. `stop`: {"strings": [...]}, one-token strings that end a turn (as stop
-        token ids; a table, as SPLIT dispatch would split a list argument)."""
+        `weight_version`, `turn_finished` and `turn_stop_text` (the text the ids spell past the
+        returned text when a stop string ended the turn). `stop`: {"strings": [...]}, text of any
+        length that ends a turn (roles/generation/stops.py: the ids keep every token up to the one
+        that completed it; the text ends before it unless include_stop_str_in_output; a table, as
+        SPLIT dispatch would split a list argument)."""
         opts = self._turn_options("generate_turn", stop, sampling)
         # every rank, rows or none (a generation group gets none when fewer conversations are
         # live than there are groups), before any row is read: it may be collective
         params, meta = self._turn_prepare(opts.params)
         rows = merge(batch, extra)
         if len(rows) == 0:  # an empty slice of the call's rows carries no columns
-            return Batch({}, {c: [] for c in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version", "turn_finished")}, meta)
+            return Batch({}, {c: [] for c in ("appended", "turn_ids", "turn_log_probs", "turn_text", "weight_version", "turn_finished",
+                                                  "turn_stop_text")}, meta)
         missing = [c for c in TURN_INPUT if c not in rows.non_tensor]
         if missing:
             raise KeyError(f"generate_turn needs non-tensor columns {missing}; the batch has {list(rows.non_tensor)}")
@@ -250,16 +267,17 @@ class AgentTurns:
         mask = out["response_mask"].bool()
         turn_ids = [r[m].tolist() for r, m in zip(out["responses"], mask, strict=True)]
         turn_lp = [lp[m].tolist() for lp, m in zip(out["log_probs"], mask, strict=True)]
-        # text_prefix k: turn_text decodes the context's last k ids too (a turn sampled in chunks)
-        k = opts.text_prefix
-        texts = list(self.tokenizer.batch_decode([c[len(c) - k:] + t if k else t for c, t in zip(contexts, turn_ids, strict=True)],
-                                                 skip_special_tokens=True))
-        columns = {"appended": appended, "turn_ids": turn_ids, "turn_log_probs": turn_lp, "turn_text": texts,
-                   "weight_version": [version] * len(rows), "turn_finished": [self._finished(t, params) for t in turn_ids]}
+        cuts = [self._cut(c, t, params, opts.text_prefix) for c, t in zip(contexts, turn_ids, strict=True)]
+        turn_ids = [t[:cut.tokens] for t, cut in zip(turn_ids, cuts, strict=True)]
+        turn_lp = [lp[:cut.tokens] for lp, cut in zip(turn_lp, cuts, strict=True)]
+        columns = {"appended": appended, "turn_ids": turn_ids, "turn_log_probs": turn_lp, "turn_text": [cut.text for cut in cuts],
+                   "weight_version": [version] * len(rows),
+                   "turn_finished": [bool(cut.stopped_by) or self._finished(t, params) for t, cut in zip(turn_ids, cuts, strict=True)],
+                   "turn_stop_text": [cut.spelled_past for cut in cuts]}
         if opts.pieces:
             columns["turn_pieces"] = [token_pieces(self.tokenizer, ids) for ids in turn_ids]
         if opts.top_k:
-            columns["turn_top"] = top_alternatives(self, contexts, turn_ids, opts.top_k, params.temperature)
+            columns["turn_top"] = top_alternatives(self, contexts, turn_ids, opts.top_k, params)
         return Batch({}, columns, {**meta, **timings, "weight_version": version})
 
     @endpoint(stream=True, keywords=TURN_OPTIONS)
@@ -303,9 +321,10 @@ class AgentTurns:
             stats["closed_early"] += 0 if done else 1
             if isinstance(tokens, Generator):
                 tokens.close()  # drops the KV cache now
-        return {"appended": appended, "turn_ids": turn_ids, "turn_log_probs": log_probs,
-                "turn_text": self.tokenizer.decode(turn_ids, skip_special_tokens=True), "turn_pieces": pieces,
-                "turn_finished": self._finished(turn_ids, params), "weight_version": version, **({"turn_top": tops} if top_k else {})}
+        cut = self._cut(ids, turn_ids, params, 0)
+        return {"appended": appended, "turn_ids": turn_ids[:cut.tokens], "turn_log_probs": log_probs[:cut.tokens], "turn_text": cut.text,
+                "turn_pieces": pieces[:cut.tokens], "turn_finished": bool(cut.stopped_by) or self._finished(turn_ids, params),
+                "turn_stop_text": cut.spelled_past, "weight_version": version, **({"turn_top": tops[:cut.tokens]} if top_k else {})}
 
     @endpoint(dispatch=Dispatch.REPLICATE)
     def turn_streams(self) -> dict[str, int]:
@@ -320,8 +339,9 @@ class AgentTurns:
         pieces, max_prompt = bool(sampling.pop("pieces", False)), sampling.pop("max_prompt_tokens", None)
         top_k, text_prefix = int(sampling.pop("top_logprobs", 0) or 0), int(sampling.pop("text_prefix", 0) or 0)
         fit, request_max = bool(sampling.pop("fit_context", False)), sampling.pop("request_max_tokens", None)
-        stops = tuple(sampling.pop("stop_token_ids", None) or ()) + stop_ids(self.tokenizer, (stop or {}).get("strings", []))
-        params = dataclasses.replace(sampling_params(self.sampling, **sampling), n=1, stop_token_ids=stops)
+        strings = tuple((stop or {}).get("strings", [])) + tuple(sampling.pop("stop_strings", None) or ())
+        stops = tuple(sampling.pop("stop_token_ids", None) or ()) + special_stop_ids(self.tokenizer, strings)
+        params = dataclasses.replace(sampling_params(self.sampling, **sampling), n=1, stop_token_ids=stops, stop_strings=strings)
         return TurnOptions(params, pieces, max_prompt, top_k, text_prefix, fit, None if request_max is None else int(request_max))
 
     def _extend(self, row: int, context: list[int], append: list[Any]) -> tuple[list[int], list[list[int]]]:
@@ -364,6 +384,19 @@ class AgentTurns:
             except ValueError as exc:
                 raise ValueError(f"generate_turn row {i}: {exc}") from exc
         return params
+
+    def _cut(self, context: list[int], turn_ids: list[int], params: SamplingParams, text_prefix: int) -> Cut:
+        """The turn cut at its first stop string (stops.cut_at_stop; the engine may have sampled a
+        few tokens past it, or missed one that began in an earlier chunk, the context's last
+        `text_prefix` ids); its text is the whole turn's, those earlier chunks' included."""
+        prefix = context[len(context) - text_prefix:] if text_prefix else []
+        cut = cut_at_stop(text_decoder(self.tokenizer), turn_ids, params.stop_strings, prefix=prefix,
+                          include=params.include_stop_str_in_output)
+        if not prefix:
+            return cut
+        whole = text_decoder(self.tokenizer)(prefix + turn_ids[:cut.tokens]) if not cut.stopped_by else None
+        base = text_decoder(self.tokenizer)(prefix)
+        return dataclasses.replace(cut, text=whole if whole is not None else base + cut.text)
 
     def _finished(self, turn_ids: list[int], params: SamplingParams) -> bool:
         """Whether a turn ended on eos or a stop token, or before max_new_tokens (False: cut by it)."""

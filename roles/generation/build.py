@@ -5,12 +5,22 @@ options and engine constructors; nothing of training, transitions or endpoints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hfrt.roles.common import build_dataclass
 from hfrt.roles.generation.hf import GenerationEngine, HFGenerationEngine
 from hfrt.roles.models import ModelConfig, load_model, resolve_model_dir
+
+
+def text_decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
+    """The text a response's ids spell, as returned to callers (special tokens skipped): what stop
+    strings are matched against."""
+
+    def decode(ids: Sequence[int]) -> str:
+        return str(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    return decode
 
 
 def generation_engine(
@@ -32,8 +42,10 @@ def generation_engine(
         if lora is not None:
             from hfrt.roles.generation.lora import AdapterHFGeneration
 
-            return AdapterHFGeneration(copy, lora, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        return HFGenerationEngine(copy, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            return AdapterHFGeneration(copy, lora, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                       decode=text_decoder(tokenizer))
+        return HFGenerationEngine(copy, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                  decode=text_decoder(tokenizer))
     if kind == "vllm":
         from hfrt.roles.generation.vllm_engine import VLLMConfig, VLLMGenerationEngine
 

@@ -10,18 +10,22 @@ Output layout (verl's), N = len(prompts) × n rows, samples of one prompt contig
   response_mask [N, R], log_probs [N, R] (0 where masked), input_ids / attention_mask /
   position_ids [N, P + R] ready for the training engine, prompt_index [N].
 Log-probs are of log_softmax(logits / temperature) at the sampled token, before top-k/top-p
-truncation, which is what TrainEngine.forward_logprobs(temperature=...) recomputes.
+truncation, which is what TrainEngine.forward_logprobs(temperature=...) recomputes. Logits shaped
+by logit_bias, penalties or a constraint (roles/generation/logits.py) are shaped first: the
+log-probs are then those of the shaped distribution, the one actually sampled from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 
+from hfrt.roles.generation.logits import Constraint, Shaper
+from hfrt.roles.generation.stops import TextStops
 from hfrt.roles.training.engines.base import default_device
 
 
@@ -55,6 +59,17 @@ class SamplingParams:
     #: naming its row, before anything is sampled (verl's data.max_prompt_length with truncation
     #: "error"); before launch, every role's token budget must hold it (hfrt.roles.check)
     max_prompt_tokens: int | None = None
+    #: text that ends a response once its decoded text holds it (any length); the sampled ids keep
+    #: every token up to the one that completed it
+    stop_strings: tuple[str, ...] = ()
+    #: keep the stop string at the end of the returned text (it is cut off by default)
+    include_stop_str_in_output: bool = False
+    #: subtracted from a token's logit once it was sampled in this response (OpenAI's presence_penalty)
+    presence_penalty: float = 0.0
+    #: subtracted from a token's logit for each time it was sampled in this response (OpenAI's frequency_penalty)
+    frequency_penalty: float = 0.0
+    #: null, or a table {token id: value} added to those tokens' logits before sampling (OpenAI's logit_bias)
+    logit_bias: dict[int, float] | None = None
 
 
 class GenerationEngine(Protocol):
@@ -184,6 +199,7 @@ class HFGenerationEngine:
         eos_token_id: int | None,
         share_weights: bool = False,
         device: torch.device | None = None,
+        decode: Callable[[Sequence[int]], str] | None = None,
     ) -> None:
         if not share_weights:  # a private copy lives where training does (the CUDA device if any)
             model.to(device or default_device())
@@ -191,6 +207,7 @@ class HFGenerationEngine:
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
         self.share_weights = share_weights
+        self.decode = decode  # the tokenizer's decode (skipping special tokens): stop strings need it
         # a tensor-parallel model's parameters are DTensors: push, adopt and free their local
         # pieces (the very tensors the DTensors compute with)
         self._params = {name: _local_piece(p) for name, p in model.named_parameters()}
@@ -267,8 +284,19 @@ class HFGenerationEngine:
             stops.add(self.eos_token_id)
         return torch.tensor(sorted(stops), dtype=torch.long)
 
+    def text_stops(self, params: SamplingParams) -> TextStops | None:
+        """The early stop on params.stop_strings (ValueError when the engine was built without a decode)."""
+        if not params.stop_strings:
+            return None
+        if self.decode is None:
+            raise ValueError("stop_strings: this generation engine was built without its tokenizer's decode")
+        return TextStops(self.decode, params.stop_strings)
+
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 constraints: Sequence[Constraint | None] | None = None) -> dict[str, torch.Tensor]:
+        """Sample params.n responses per prompt; `constraints`, one per row (prompt × n) or None,
+        restrict what each row may sample (structured output) and end it once complete."""
         if not self.awake:
             raise RuntimeError("generation engine is asleep: wake() and push weights first")
         if params.n < 1 or params.max_new_tokens < 1:
@@ -276,11 +304,12 @@ class HFGenerationEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._sample([list(p) for p in prompts for _ in range(params.n)], params)
+            return self._sample([list(p) for p in prompts for _ in range(params.n)], params, constraints)
         finally:
             self.model.train(was_training)
 
-    def _sample(self, rows: list[list[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
+    def _sample(self, rows: list[list[int]], params: SamplingParams,
+                constraints: Sequence[Constraint | None] | None = None) -> dict[str, torch.Tensor]:
         device = next(iter(self._params.values())).device
         seed = params.seed if params.seed is not None else int(torch.randint(2**62, ()).item())
         generator: torch.Generator | list[torch.Generator] = (
@@ -288,6 +317,8 @@ class HFGenerationEngine:
         )
         ids, mask = left_pad(rows, self.pad_token_id)
         stops = self._stop_ids(params).to(device)
+        texts = self.text_stops(params)
+        shaper = shaper_for(params, len(rows), constraints)
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         # the prompt's last position is the only one whose logits sampling reads
@@ -296,12 +327,15 @@ class HFGenerationEngine:
         finished = torch.zeros(len(rows), dtype=torch.bool, device=device)
         attn = mask
         for step in range(params.max_new_tokens):
-            token, logp = sample_next(out.logits[:, -1], params, generator)
+            logits = out.logits[:, -1]
+            token, logp = sample_next(shaper.shape(logits) if shaper is not None else logits, params, generator)
             token = token.masked_fill(finished, self.pad_token_id)
             tokens.append(token)
             logps.append(logp)
             alive.append(~finished)
-            finished = finished | torch.isin(token, stops)
+            if shaper is not None:
+                shaper.observe(token, ~finished, logits.shape[-1])
+            finished = finished | torch.isin(token, stops) | self._ended(texts, shaper, tokens, finished)
             if bool(finished.all()) or step + 1 == params.max_new_tokens:
                 break
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
@@ -321,6 +355,27 @@ class HFGenerationEngine:
             torch.stack(logps, dim=1).float().cpu(),
             params.n,
         )
+
+
+    @staticmethod
+    def _ended(texts: TextStops | None, shaper: Shaper | None, tokens: list[torch.Tensor], finished: torch.Tensor) -> torch.Tensor:
+        """[rows] rows that end after this step besides on a stop token: a stop string now ends their
+        text, or their constraint is complete."""
+        ended = torch.zeros_like(finished)
+        if texts is not None:
+            columns = torch.stack(tokens, dim=1).tolist()
+            live = (~finished).tolist()
+            ended = torch.tensor([live[i] and texts.hit(row) for i, row in enumerate(columns)], device=finished.device)
+        done = shaper.finished() if shaper is not None else None
+        return ended | done.to(finished.device) if done is not None else ended
+
+
+def shaper_for(params: SamplingParams, rows: int, constraints: Sequence[Constraint | None] | None = None) -> Shaper | None:
+    """The logits shaping `params` (and `constraints`) ask for, None when nothing applies."""
+    if not Shaper.needed(params.presence_penalty, params.frequency_penalty, params.logit_bias, constraints):
+        return None
+    return Shaper(rows, presence=params.presence_penalty, frequency=params.frequency_penalty, bias=params.logit_bias,
+                  constraints=constraints)
 
 
 def _local_piece(param: torch.Tensor) -> torch.Tensor:

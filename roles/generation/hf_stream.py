@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams, row_generators, sample_next, top_log_probs
+from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams, row_generators, sample_next, shaper_for, top_log_probs
+from hfrt.roles.generation.logits import Constraint
 
 #: what each step yields: (token id, its log-prob, the top-k alternatives [(id, log-prob)] when asked)
 Step = tuple[int, float, list[tuple[int, float]]]
@@ -36,9 +37,10 @@ def _forward(engine: HFGenerationEngine, **inputs: Any) -> Any:
 
 
 def stream_tokens(engine: HFGenerationEngine, prompt: Sequence[int], params: SamplingParams,
-                  top_k: int = 0) -> Generator[Step, None, None]:
+                  top_k: int = 0, constraint: Constraint | None = None) -> Generator[Step, None, None]:
     """Sample one response to `prompt` token by token (see the module docstring); ends after a stop
-    token (eos unless ignore_eos) or max_new_tokens. Closing the generator drops its KV cache."""
+    token (eos unless ignore_eos), a stop string, a complete `constraint` or max_new_tokens.
+    Closing the generator drops its KV cache."""
     if not engine.awake:
         raise RuntimeError("generation engine is asleep: wake() and push weights first")
     if params.max_new_tokens < 1 or not prompt:
@@ -49,6 +51,9 @@ def stream_tokens(engine: HFGenerationEngine, prompt: Sequence[int], params: Sam
         torch.Generator().manual_seed(seed) if params.row_offset is None else row_generators(seed, params.row_offset, 1)
     )
     stops = {int(t) for t in engine._stop_ids(params).tolist()}
+    texts = engine.text_stops(params)
+    shaper = shaper_for(params, 1, [constraint] if constraint is not None else None)
+    sampled: list[int] = []
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
     attn = torch.ones_like(ids)
     last = len(prompt) - 1  # the prompt's last position
@@ -56,10 +61,16 @@ def stream_tokens(engine: HFGenerationEngine, prompt: Sequence[int], params: Sam
                    use_cache=True, logits_to_keep=1)
     for step in range(params.max_new_tokens):
         logits = out.logits[:, -1]
+        if shaper is not None:
+            logits = shaper.shape(logits)
         token, logp = sample_next(logits, params, generator)
         top = top_log_probs(logits, top_k, params.temperature)[0] if top_k else []
         yield int(token[0]), float(logp[0]), top
-        if int(token[0]) in stops or step + 1 == params.max_new_tokens:
+        sampled.append(int(token[0]))
+        if shaper is not None:
+            shaper.observe(token, torch.ones(1, dtype=torch.bool, device=token.device), logits.shape[-1])
+        ended = (texts is not None and texts.hit(sampled)) or (constraint is not None and constraint.done())
+        if int(token[0]) in stops or ended or step + 1 == params.max_new_tokens:
             return
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
         out = _forward(engine, input_ids=token[:, None], attention_mask=attn,

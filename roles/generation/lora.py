@@ -25,7 +25,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +73,9 @@ class AdapterHFGeneration(HFGenerationEngine):
     never pushed again; the adapters are a few MB)."""
 
     def __init__(self, model: nn.Module, spec: LoraSpec, *, pad_token_id: int, eos_token_id: int | None,
-                 device: torch.device | None = None) -> None:
+                 device: torch.device | None = None, decode: Callable[[Sequence[int]], str] | None = None) -> None:
         model = lora.apply(model, dataclasses.replace(spec, dropout=0.0), "generation options.lora")
-        super().__init__(model, pad_token_id=pad_token_id, eos_token_id=eos_token_id, device=device)
+        super().__init__(model, pad_token_id=pad_token_id, eos_token_id=eos_token_id, device=device, decode=decode)
         self.spec = spec
         self.adapters = {lora.saved_name(n): p for n, p in model.named_parameters() if lora.is_adapter(n)}
 

@@ -252,6 +252,11 @@ class VLLMGenerationEngine:
             ignore_eos=params.ignore_eos,
             seed=params.seed,
             logprobs=0,
+            stop=list(params.stop_strings) or None,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            logit_bias=dict(params.logit_bias) if params.logit_bias else None,
         )
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self._lora_request())

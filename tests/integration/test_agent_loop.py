@@ -135,8 +135,11 @@ async def test_bad_turn_requests_are_refused_and_the_daemon_serves_on() -> None:
         rollout = await ctl.role("rollout", timeout_s=60)
         with pytest.raises(RemoteError, match=r"generate_turn needs non-tensor columns \['append'\]"):
             await rollout.generate_turn(prompts_handle({"context": [[1, 2]]}))
-        with pytest.raises(RemoteError, match="stop string '</calc>' is 7 tokens"):
-            await rollout.generate_turn(prompts_handle({"context": [[5]], "append": [[]]}), stop={"strings": ["</calc>"]})
+        with pytest.raises(RemoteError, match=r"logit_bias: token id 99999 is outside the vocabulary"):
+            await rollout.generate_turn(prompts_handle({"context": [[5]], "append": [[]]}), logit_bias={99999: 1.0})
+        # a stop string of several tokens ends the turn at the text level (here: never met, so max_new_tokens does)
+        out = await rollout.generate_turn(prompts_handle({"context": [[5]], "append": [[]]}), max_new_tokens=3, stop={"strings": ["</calc>"]})
+        assert len(out.shards[0].non_tensor["turn_ids"][0]) <= 3
         with pytest.raises(RemoteError, match="generate_turn row 0: a conversation has no tokens"):
             await rollout.generate_turn(prompts_handle({"context": [[]], "append": [[]]}))
         with pytest.raises(RemoteError, match=r"assemble_trajectories: trajectories \[0\] have no prompt tokens"):

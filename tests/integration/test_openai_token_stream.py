@@ -93,7 +93,7 @@ async def test_the_openai_client_gets_a_chunk_per_token_and_the_session_is_exact
 
 
 async def test_a_refused_streamed_request_gets_a_json_400_naming_the_field(server: OpenAIServer) -> None:
-    for body, param in (({"prompt": [1000000], "max_tokens": 4}, "prompt"), ({"prompt": "hi", "max_tokens": 4, "stop": ["two tokens"]}, "stop")):
+    for body, param in (({"prompt": [1000000], "max_tokens": 4}, "prompt"), ({"prompt": "hi", "max_tokens": 4, "logit_bias": {"99999": 1}}, "logit_bias")):
         status, reply = await in_thread(_post_json, server.url + "/completions", {**body, "stream": True})
         assert status == 400 and reply["error"]["param"] == param, reply
 

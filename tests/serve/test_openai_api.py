@@ -22,6 +22,11 @@ def test_completion_request_forms() -> None:
     assert (ids.context, ids.append, ids.text_prompt, ids.logprobs) == ([3, 4, 5], [], None, True)
     assert completion_request({"prompt": ["one"], "n": 1, "stream": False, "logit_bias": {}}).append == ["one"]
     assert completion_request({"prompt": "x", "n": 4}).n == 4
+    shaped = completion_request({"prompt": "x", "stop": ["Observation:", "\n\n"], "presence_penalty": 0.5, "frequency_penalty": -1,
+                                 "logit_bias": {"7": -100, "9": 2.5}, "include_stop_str_in_output": True})
+    assert shaped.options == {"max_new_tokens": 16, "temperature": 1.0, "top_p": 1.0, "stop": ["Observation:", "\n\n"],
+                              "presence_penalty": 0.5, "frequency_penalty": -1.0, "logit_bias": {"7": -100.0, "9": 2.5},
+                              "include_stop_str_in_output": True}
 
 
 @pytest.mark.parametrize(("body", "param"), [
@@ -31,7 +36,10 @@ def test_completion_request_forms() -> None:
     ({"prompt": "x", "temperature": 3}, "temperature"), ({"prompt": "x", "top_p": 0}, "top_p"),
     ({"prompt": "x", "max_tokens": 4097}, "max_tokens"), ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
     ({"prompt": "x", "stop": ["", "a"]}, "stop"), ({"prompt": "x", "echo": True}, "echo"), ({"prompt": "x", "model": 3}, "model"),
-    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"), ({"prompt": "x", "user": 5}, "user"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"), ({"prompt": "x", "frequency_penalty": "1"}, "frequency_penalty"),
+    ({"prompt": "x", "logit_bias": {"12": 101}}, "logit_bias.12"), ({"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [1]}, "logit_bias"), ({"prompt": "x", "stop": ["x"] * 17}, "stop"),
+    ({"prompt": "x", "include_stop_str_in_output": 1}, "include_stop_str_in_output"), ({"prompt": "x", "user": 5}, "user"),
 ])
 def test_completion_refusals_name_the_field(body: dict[str, Any], param: str) -> None:
     with pytest.raises(BadRequest) as info:
@@ -126,3 +134,23 @@ def test_streamed_responses_are_server_sent_events_token_by_token() -> None:
     plain = completion_request({"prompt": "x", "stream": True})
     events = b"".join(event_stream(plain, [result], completion_body(plain, [result], "m"))).decode().split("\n\n")
     assert [json.loads(e[6:])["choices"][0]["text"] for e in events[:3]] == ["h", "i", ""] and len(events) == 5
+
+
+def test_streamed_text_holds_back_what_may_become_a_stop_string() -> None:
+    from hfrt.serve.stops import StopHoldback
+
+    hold = StopHoldback(["Observation:"])
+    sent = [hold.feed(p) for p in ["I will", " add.\nObs", "erv", "ation: 5", " more"]]
+    assert sent == ["I will", " add.\n", "", "", ""] and hold.stopped
+    kept = StopHoldback(["Observation:"], include=True)
+    assert "".join(kept.feed(p) for p in ["a Obs", "ervation: 5"]) == "a Observation:"
+    loose = StopHoldback(["Observation:"])
+    assert [loose.feed(p) for p in ["Ob", "ject"]] == ["", "Object"]  # not a stop after all: sent once it cannot be one
+    assert [StopHoldback([]).feed(p) for p in ["a", "b"]] == ["a", "b"]
+
+
+def test_pieces_are_clipped_to_the_returned_text() -> None:
+    from hfrt.serve.responses import clip_pieces
+
+    assert clip_pieces(["The", " sum", "\nObs", "ervation:"], "The sum\n") == ["The", " sum", "\n", ""]
+    assert clip_pieces(["a", ""], "ab") == ["a", "b"]  # a character the pieces held back joins the last one

@@ -76,8 +76,8 @@ class AgentOpenAIConfig(AgentGRPOConfig):
     agent_reward: str = "hfrt.flows.agent.smolagents_calc:calc_reward"
     #: conversations at once (0: all of a step's)
     agent_threads: int = 0
-    #: a stop string the driver sends with each request, one token of the model's vocabulary, e.g.
-    #: "}}" to end a tool call's JSON ("": none)
+    #: a stop string the driver sends with each request (text of any length), e.g. "}}" to end a
+    #: tool call's JSON ("": none)
     agent_stop: str = ""
     #: how tool calls are read from the model's text: hermes or llama3
     tool_parser: str = "hermes"

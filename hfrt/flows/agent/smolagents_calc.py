@@ -5,9 +5,10 @@ calculator task's reward on the agent's final answer.
 
 The agent is smolagents' own loop (its tool-call parsing, memory, retries, final-answer step);
 only its prompts are replaced by short ones (its default system prompt is ~1,000 tokens of
-examples, more than small models' context or CPU time allow) and the stop strings are not sent
-(hfrt's endpoint stops on single tokens only; "Observation:" is several). It knows smolagents and
-the OpenAI endpoint's session header; nothing of hfrt's training.
+examples, more than small models' context or CPU time allow) and its stop strings are replaced by
+the flow's `agent_stop` (the short prompts' tool calls end at their JSON, which smolagents' own
+"Observation:" would not catch). It knows smolagents and the OpenAI endpoint's session header;
+nothing of hfrt's training.
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def drive(call: DriverCall) -> Any:
     import smolagents
 
     class EndpointModel(smolagents.OpenAIServerModel):  # type: ignore[misc]
-        """OpenAIServerModel without smolagents' own stop strings (the endpoint stops on single tokens
-        only; "Observation:" is several); the call's `stop` strings are sent instead."""
+        """OpenAIServerModel without smolagents' own stop strings; the call's `stop` strings (the
+        flow's agent_stop) are sent instead."""
 
         @property
         def supports_stop_parameter(self) -> bool:
