@@ -113,6 +113,10 @@ class ActorDaemon(AgentTurns, Daemon):
     #: OpenAI streams of agent_on=actor go in generate_turn chunks); turn_streams reads counters,
     #: serving_info the model's context and vocabulary
     PHASE_FREE = frozenset({"generate", "describe", "weight_version", "hybrid_phase", "generate_turn_stream", "turn_streams", "serving_info"})
+    #: whether setup joined the role's process group (teardown leaves it); False until it does
+    _joined: bool = False
+    #: (training, generation) layouts, set by setup; None: the data-parallel actor (or no setup yet)
+    layouts: tuple[Any, Any] | None = None
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
@@ -150,18 +154,17 @@ class ActorDaemon(AgentTurns, Daemon):
 
     def dp_axes(self) -> dict[str, list[int]]:
         """Training rows by training dp, generation rows by generation dp (Dispatch.SPLIT_GENERATION)."""
-        layouts = getattr(self, "layouts", None)
-        if layouts is None:
+        if self.layouts is None:
             return {}
         from hfrt.roles.training.parallel.layout import dp_axes
 
-        return dp_axes(layouts[0], layouts[1], self.context.rank)
+        return dp_axes(self.layouts[0], self.layouts[1], self.context.rank)
 
     def _generation_dp_rank(self) -> int:
         return self.dp_axes().get("generation", [self.context.dp_rank])[0]
 
     async def teardown(self) -> None:
-        close_group(getattr(self, "_joined", False))
+        close_group(self._joined)
 
     def _temperature(self, batch: Batch, explicit: float | None = None) -> float:
         if explicit is not None:

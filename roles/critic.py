@@ -58,6 +58,9 @@ def critic_loss(cfg: CriticLoss) -> MakeLoss:
 class CriticDaemon(CheckpointEndpoints, Daemon):
     """Endpoints: compute_values, update (SPLIT); save, load (REPLICATE)."""
 
+    #: whether setup joined the role's process group (teardown leaves it); False until it does
+    _joined: bool = False
+
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
         check_options(context, ("lora",))
@@ -75,7 +78,7 @@ class CriticDaemon(CheckpointEndpoints, Daemon):
             self.engine = build_engine(ctx, self.opts, value_head=True)
 
     async def teardown(self) -> None:
-        close_group(getattr(self, "_joined", False))
+        close_group(self._joined)
 
     def dp_axes(self) -> dict[str, list[int]]:
         """At engine tp × pp > 1, ranks of one tp / pp group share rows (see engine_dp_axes)."""

@@ -57,6 +57,9 @@ class ReferenceDaemon(Daemon):
     preference pairs as text) → Batch {ref_chosen_logps, ref_rejected_logps}. Also the `teacher`
     of on-policy distillation (the same log-probs, of the student's samples)."""
 
+    #: whether setup joined the role's process group (teardown leaves it); False until it does
+    _joined: bool = False
+
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
         check_options(context, ())
@@ -72,7 +75,7 @@ class ReferenceDaemon(Daemon):
             self.tokenizer = load_tokenizer(opts.model, opts.seed)
 
     async def teardown(self) -> None:
-        close_group(getattr(self, "_joined", False))
+        close_group(self._joined)
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def compute_log_prob(self, batch: Batch, *extra: Batch, temperature: float | None = None) -> Batch:

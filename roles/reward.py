@@ -80,6 +80,8 @@ class RewardDaemon(Daemon):
     OPTIONS = frozenset({
         "kind", "function", "settings", "row_fields", "token_column", "score_column", "error_score", "score_at", "normalize", "clip",
     })
+    #: whether setup joined the role's process group (teardown leaves it); False until it does
+    _joined: bool = False
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
@@ -130,7 +132,7 @@ class RewardDaemon(Daemon):
                 raise ValueError(f"unknown reward kind {self.kind!r}: use function or model")
 
     async def teardown(self) -> None:
-        close_group(getattr(self, "_joined", False))
+        close_group(self._joined)
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def score(self, batch: Batch, *extra: Batch) -> Batch:

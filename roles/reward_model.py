@@ -72,6 +72,9 @@ def response_ids(tokenizer: Any, prompt: Any, prompt_ids: list[int], response: A
 class RewardModelDaemon(CheckpointEndpoints, Daemon):
     """Endpoints: update, evaluate (SPLIT; rows are pairs); export_hf, save, load (REPLICATE)."""
 
+    #: whether setup joined the role's process group (teardown leaves it); False until it does
+    _joined: bool = False
+
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
         check_options(context, OPTIONS)
@@ -97,7 +100,7 @@ class RewardModelDaemon(CheckpointEndpoints, Daemon):
             self.moments: dict[str, float] = {}  # the last evaluation's score mean / std, for export
 
     async def teardown(self) -> None:
-        close_group(getattr(self, "_joined", False))
+        close_group(self._joined)
 
     # ---------------------------------------------------------------------------- tokenising
 

@@ -58,6 +58,8 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
     generate_turn and assemble_trajectories (SPLIT, roles/endpoint_groups/agent_turns.py: multi-turn agent rollouts)."""
 
     OPTIONS = frozenset({"generator", "sampling", "vllm", "lora"})
+    #: whether setup joined the role's process group (teardown leaves it); False until it does
+    _joined: bool = False
 
     @classmethod
     def check_config(cls, context: DaemonContext) -> None:
@@ -84,9 +86,10 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
             )
             self.version = INITIAL_VERSION
             self.broken: str | None = None  # why the weights are not usable (a failed sync)
+            self.partials = {}  # generate_partial's rollouts in progress (PartialRollouts)
 
     async def teardown(self) -> None:
-        close_group(getattr(self, "_joined", False))
+        close_group(self._joined)
 
     # -- weights --------------------------------------------------------------------------
 

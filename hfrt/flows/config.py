@@ -79,6 +79,8 @@ class FlowConfig:
     advantage: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: whether the flow runs a critic (gae's values); PPO-family configs set it
     CRITIC: ClassVar[bool] = False
+    #: the dict `read` built this config from (set on the instance there; None: built directly)
+    _source: ClassVar[Mapping[str, Any] | None] = None
     #: a JSONL / JSON / Parquet file of prompts (hfrt/flows/data.py), or `reasoning_gym:TASK` (a
     #: reasoning-gym task, `composite`, or a composite's YAML file; hfrt/flows/gym_data.py), checked
     #: before launch; "" uses the built-in addition task
@@ -255,12 +257,17 @@ class FlowConfig:
         """actor.compute_log_prob's options: Σπ² when the advantage table names an optimal token baseline."""
         return {"sum_pi_squared": True} if self.advantage.get("estimator") in TOKEN_BASELINE_ESTIMATORS else {}
 
+    def advantage_options(self) -> dict[str, Any]:
+        """The estimator and options the flow itself passes to compute_advantages, when its config
+        names them (the RLOO family's do); {} where the flow's step names its own."""
+        return {}
+
     def check_advantage_options(self) -> None:
         """Refuse, before launch, an advantage table the flow cannot run (see check_advantage_options)."""
-        own = getattr(self, "advantage_options", None)  # the RLOO-family configs name their estimator there
-        baseline = callable(own) and own().get("estimator") == "remax"
+        baseline = self.advantage_options().get("estimator") == "remax"
+        n = int(getattr(self, "n", 1))  # the `n` field of a config whose flow samples groups
         try:
-            check_advantage_options(self.advantage, int(getattr(self, "n", 1)), critic=self.CRITIC, baseline=baseline)
+            check_advantage_options(self.advantage, n, critic=self.CRITIC, baseline=baseline)
         except ValueError as err:
             raise ValueError(f"config: {err} (from the advantage table)") from None
 
@@ -297,8 +304,7 @@ class FlowConfig:
     @property
     def source(self) -> dict[str, Any]:
         """The dict this config was read from (its fields' values when it was built directly)."""
-        source = getattr(self, "_source", None)
-        return dict(source) if source is not None else {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dict(self._source) if self._source is not None else {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 def did_you_mean(unknown: list[str], known: Iterable[str]) -> str:

@@ -18,8 +18,11 @@ from hfrt.wire.endpoints import Dispatch, endpoint
 
 
 class ProbeDaemon(Daemon):
+    """Tensors and batches without a model: make, reshard, inspect (and what the last inspect saw)."""
+
     async def setup(self) -> None:
         torch.set_num_threads(int(self.context.options.get("threads", 1)))
+        self.seen: list[int] = []  # row ids the last `inspect` received on this rank
 
     @endpoint(dispatch=Dispatch.SPLIT)
     def make(self, row_ids: list[int], width: int = 4) -> Batch:
@@ -52,7 +55,7 @@ class ProbeDaemon(Daemon):
     @endpoint
     def last_seen(self) -> list[int]:
         """Row ids of the batch the last `inspect` call received on this rank."""
-        return list(getattr(self, "seen", []))
+        return list(self.seen)
 
     @endpoint
     def tensor(self, nbytes: int, device: str = "cpu") -> torch.Tensor:

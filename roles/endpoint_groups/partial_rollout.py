@@ -87,7 +87,8 @@ def partial_record(rows: PartialRows, pad_id: int) -> dict[str, torch.Tensor]:
 
 class PartialRollouts:
     """Endpoint generate_partial (SPLIT), for a daemon with `engine`, `tokenizer`, `sampling`,
-    `version`, `broken` and `context` (the rollout role)."""
+    `version`, `broken` and `context` (the rollout role), and `partials` (empty at setup): the
+    rollouts in progress by key."""
 
     engine: Any
     tokenizer: Any
@@ -95,12 +96,7 @@ class PartialRollouts:
     version: int
     broken: str | None
     context: Any
-
-    @property
-    def _partials(self) -> dict[str, PartialRows]:
-        if not hasattr(self, "_partial_state"):
-            self._partial_state: dict[str, PartialRows] = {}
-        return self._partial_state
+    partials: dict[str, PartialRows]
 
     @endpoint(dispatch=Dispatch.SPLIT, keywords=SAMPLING_OPTIONS)
     def generate_partial(
@@ -123,11 +119,11 @@ class PartialRollouts:
         if not isinstance(segment_tokens, int) or isinstance(segment_tokens, bool) or segment_tokens < 1:
             raise ValueError(f"generate_partial: segment_tokens must be an int >= 1, got {segment_tokens!r}")
         prompts = merge(batch, extra)
-        rows = self._partials.get(key)
+        rows = self.partials.get(key)
         if rows is None:
-            while len(self._partials) >= MAX_OPEN:  # rollouts a flow abandoned (cancelled, dropped): oldest first
-                del self._partials[next(iter(self._partials))]
-            rows = self._partials[key] = self._start(prompts, sampling)
+            while len(self.partials) >= MAX_OPEN:  # rollouts a flow abandoned (cancelled, dropped): oldest first
+                del self.partials[next(iter(self.partials))]
+            rows = self.partials[key] = self._start(prompts, sampling)
         elif len(prompts) * rows.params.n != len(rows.done):
             raise ValueError(f"generate_partial {key!r}: continued with {len(prompts)} prompts, started with "
                              f"{len(rows.done) // rows.params.n} (pass the same prompts to every segment)")
@@ -140,7 +136,7 @@ class PartialRollouts:
         if unfinished:
             meta = {"unfinished": unfinished, "segments": rows.segments, "weight_version": self.version}
             return Batch({}, {"finished": list(rows.done)}, meta)
-        del self._partials[key]
+        del self.partials[key]
         out = self._finish(rows)
         if lost:
             out.meta["regenerated"] = True

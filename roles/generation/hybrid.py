@@ -112,8 +112,7 @@ class HybridEngine:
         """True when the generation engine still holds the training weights as they are now:
         pushed at the engine's current step count, and not dropped by sleep since (vLLM on CPU
         ignores sleep; a shared HF module is the training module)."""
-        version = getattr(self.train, "steps", None)
-        return version is not None and version == self.pushed_version and bool(getattr(self.gen, "keeps_weights_asleep", False))
+        return self.train.steps == self.pushed_version and bool(getattr(self.gen, "keeps_weights_asleep", False))
 
     def weights(self) -> Iterator[dict[str, torch.Tensor]]:
         """What to_generate pushes, one bucket at a time: the full weights (AdapterHybrid in
@@ -138,7 +137,7 @@ class HybridEngine:
             pushed = self._push()
             _synchronize()
         self.phase = Phase.GENERATE
-        self.pushed_version = getattr(self.train, "steps", None)
+        self.pushed_version = self.train.steps
         return {
             "timing/reshard_to_generate_s": time.perf_counter() - start,
             "memory/reshard_to_generate_peak_rss_mb": peak.peak_mb,
