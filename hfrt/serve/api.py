@@ -159,7 +159,7 @@ def _logit_bias(body: dict[str, Any]) -> dict[str, float]:
     if not isinstance(value, dict) or len(value) > MAX_BIAS_ENTRIES:
         raise BadRequest("logit_bias", f"must be an object of at most {MAX_BIAS_ENTRIES} {{\"token id\": bias}} entries, not {value!r:.60}")
     out: dict[str, float] = {}
-    for key, bias in value.items():
+    for key in value:
         if not (isinstance(key, str) and key.isdigit() and int(key) <= MAX_TOKEN_ID):
             raise BadRequest("logit_bias", f"{key!r:.40} is not a token id (a string of digits)")
         out[str(int(key))] = _number(value, key, 0.0, -MAX_BIAS, MAX_BIAS, param=f"logit_bias.{key}")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import ipaddress
+import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any

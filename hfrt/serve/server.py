@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfrt.serve.api import BadRequest, Limits, TurnRequest, _message, chat_request, completion_request
-from hfrt.serve.responses import TurnResult, chat_body, completion_body, end_events, event_stream, stream_head, token_events
+from hfrt.serve.responses import (
+    TurnResult,
+    chat_body,
+    completion_body,
+    end_events,
+    event_stream,
+    stream_head,
+    token_events,
+)
 from hfrt.serve.rollout import RolloutClient, merge_rows
 from hfrt.serve.sessions import Session, SessionCall, SessionStore
 from hfrt.serve.stops import StopHoldback

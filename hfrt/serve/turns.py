@@ -120,7 +120,7 @@ class TurnBatcher:
             groups.setdefault(entry[0], []).append(entry)
         self._pending = []
         loop = asyncio.get_running_loop()
-        for key, entries in groups.items():
+        for entries in groups.values():
             self.in_flight += 1  # counted here: the task starts later, and a request may come first
             task = loop.create_task(self._call(dict(entries[0][4]), entries))
             self._tasks.add(task)

@@ -17,7 +17,14 @@ from typing import Any
 
 import torch
 
-from hfrt.roles.generation.hf import HFGenerationEngine, SamplingParams, row_generators, sample_next, shaper_for, top_log_probs
+from hfrt.roles.generation.hf import (
+    HFGenerationEngine,
+    SamplingParams,
+    row_generators,
+    sample_next,
+    shaper_for,
+    top_log_probs,
+)
 from hfrt.roles.generation.logits import Constraint
 
 #: what each step yields: (token id, its log-prob, the top-k alternatives [(id, log-prob)] when asked)

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from hfrt.serve.server import OpenAIServer, ServerLimits
 from hfrt.flows.batches import non_tensor
 from hfrt.protocols import BatchHandle
+from hfrt.serve.server import OpenAIServer, ServerLimits
 
 openai = pytest.importorskip("openai", reason="the openai client is in the `test` extra (pip install openai)")
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]

@@ -32,7 +32,7 @@ async def server(ctl: Any) -> AsyncIterator[OpenAIServer]:  # noqa: F811
         yield srv
 
 
-async def test_a_multi_token_stop_string_ends_the_turn_at_the_text_level(server: OpenAIServer, decode: Any) -> None:
+async def test_a_multi_token_stop_string_ends_the_turn_at_the_text_level(server: OpenAIServer, decode: Any) -> None:  # noqa: F811 (the fixture)
     # only "a" and "b" can be sampled (each +100): "ab" comes within a few tokens and ends the turn
     body = {"prompt": "1+1=", "max_tokens": 200, "logit_bias": {tok("a"): 100, tok("b"): 100}, "stop": ["ab", "never"], "seed": 1,
             "logprobs": 2}

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from hfrt.serve.turns import AgentGenerationError, TurnBatcher
 from hfrt.serve.api import ApiError, BadRequest
 from hfrt.serve.rollout import http_error
 from hfrt.serve.server import OpenAIServer
+from hfrt.serve.turns import AgentGenerationError, TurnBatcher
 from hfrt.wire.errors import DaemonGone, RemoteError
 from tests.flows.test_agent_loop import ScriptedRollout
 
