@@ -7,7 +7,7 @@ It knows the group's endpoint table and the view's declarations; nothing of send
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from hfrt.control.call_check import did_you_mean
@@ -30,15 +30,17 @@ class Group(Protocol):
     def endpoints(self) -> Mapping[str, Any]: ...
 
 
-def typed(group: Group, view: type[H]) -> H:
-    """`group`, typed as `view`; UnknownEndpoint, naming the view and the role, when its daemons
-    lack an endpoint the view declares (a view of another role, or daemons of another kind)."""
+def typed(group: Group, view: Callable[..., H]) -> H:
+    """`group`, typed as `view` (a view class: a Protocol, hence `Callable[..., H]`, which mypy lets a
+    Protocol class be where `type[H]` would not); UnknownEndpoint, naming the view and the role,
+    when its daemons lack an endpoint the view declares (a view of another role, or daemons of
+    another kind)."""
     have = group.endpoints
     missing = [name for name in declared_endpoints(view) if name not in have]
     if missing:
         hints = [f"{name} ({hint})" if (hint := did_you_mean(name, have)) else name for name in missing]
         raise UnknownEndpoint(
-            f"role {group.name!r} lacks endpoint(s) {', '.join(hints)} that the view {view.__name__} declares; "
+            f"role {group.name!r} lacks endpoint(s) {', '.join(hints)} that the view {getattr(view, '__name__', view)} declares; "
             f"its daemons have: {', '.join(sorted(have))}"
         )
     return cast(H, group)

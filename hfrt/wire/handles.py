@@ -2,24 +2,22 @@
 `RoleHandle` (what every role handle has) and `@remote`, which declares a role's endpoints on a
 view class (the built-in roles' views are hfrt.wire.role_views).
 
-`ctl.role("actor", Actor)` (or `typed(group, Actor)`, hfrt.control.typed_roles) returns the role
-group typed as the view `Actor`, so a type checker reads `actor.generate` as `Endpoint[P, R]`:
+`typed(await ctl.role("actor"), Actor)` (hfrt.control.typed_roles) returns the role group typed
+as the view `Actor`, so a type checker reads `actor.generate` as `Endpoint[P, R]`:
 a misspelled endpoint, keyword or argument type in a flow is a type error. The signatures are the
 controller side's, not the daemon's: a daemon method takes and returns `Batch`es and one rank's
 result, while a flow passes `BatchHandle`s (or lists) and awaits a future of what the endpoint's
 dispatch mode collects over the ranks — a `BatchHandle` for a batch split by data-parallel rank,
 a list of per-rank values for a replicated endpoint, rank 0's value for a rank-0 endpoint. A view
-is a type and nothing more: its bodies never run, and the object a flow holds is the role group
-itself (hfrt.control.group), which still checks every call against the table the daemons sent in
-hello before anything is sent (so an untyped flow gets the same refusal, at run time). A test
+is a Protocol, a type and nothing more: its bodies never run, it cannot be instantiated, and the
+object a flow holds is the role group itself (hfrt.control.group), which still checks every call
+against the table the daemons sent in hello before anything is sent (so an untyped flow gets the
+same refusal, at run time). A test
 holds each built-in view to its daemon class (names, kinds, defaults, types with Batch read as
 BatchHandle, results as the dispatch mode collects them).
 
 No torch, no sockets: it knows typing and the BatchHandle record, nothing of dispatch or daemons.
 """
-
-# mypy: disable-error-code="empty-body"
-# (the view classes declare signatures only: their bodies are `...` on purpose)
 
 from __future__ import annotations
 
@@ -78,7 +76,7 @@ def remote(fn: Callable[Concatenate[Any, P], R]) -> Endpoint[P, R]:
     return cast("Endpoint[P, R]", fn)
 
 
-def declared_endpoints(view: type) -> dict[str, Callable[..., Any]]:
+def declared_endpoints(view: Any) -> dict[str, Callable[..., Any]]:
     """The endpoints a view class declares with `@remote` (its bases' included), by name."""
     found: dict[str, Callable[..., Any]] = {}
     for klass in reversed(view.__mro__):
@@ -88,9 +86,9 @@ def declared_endpoints(view: type) -> dict[str, Callable[..., Any]]:
     return found
 
 
-class RoleHandle:
-    """What every role handle has; the base of the typed views. A view is a type for
-    `ctl.role(name, View)`, never made itself: the object behind it is the role group.
+class RoleHandle(Protocol):
+    """What every role handle has; the base of the typed views, each a Protocol of its own
+    (`class Scorer(RoleHandle, Protocol)`), the type `typed(group, View)` gives the role group.
 
     name: the role's name. world_size: its ranks. endpoints: the endpoint table its daemons sent.
     `endpoint(name)`: an endpoint the view does not declare, untyped.
@@ -99,10 +97,6 @@ class RoleHandle:
     name: str
     world_size: int
     endpoints: dict[str, dict[str, Any]]
-
-    def __init__(self) -> None:
-        view = type(self).__name__
-        raise TypeError(f"{view} is a typed view of a role, not a handle to make: get one with ctl.role(name, {view})")
 
     def endpoint(self, name: str) -> Endpoint[..., Any]: ...
 

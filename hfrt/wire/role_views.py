@@ -11,12 +11,9 @@ holds equal, with every signature here, to the daemon classes in hfrt.roles.
 Types only: no torch, nothing of the daemons' code; nothing here runs.
 """
 
-# mypy: disable-error-code="empty-body"
-# (views declare signatures only: their bodies are `...` on purpose)
-
 from __future__ import annotations
 
-from typing import Any, TypedDict, Unpack
+from typing import Any, Protocol, TypedDict, Unpack
 
 from hfrt.protocols import BatchHandle
 from hfrt.wire.handles import RoleHandle, remote
@@ -130,7 +127,7 @@ class Advantages(TypedDict, total=False):
     rollout_is_threshold: float
 
 
-class Checkpointed(RoleHandle):
+class Checkpointed(RoleHandle, Protocol):
     """A role whose state goes into run checkpoints (every rank writes or reads its part)."""
 
     @remote
@@ -140,7 +137,7 @@ class Checkpointed(RoleHandle):
     def load(self, path: str) -> list[dict[str, int]]: ...
 
 
-class Turns(RoleHandle):
+class Turns(RoleHandle, Protocol):
     """A role that samples agent turns (the actor and the rollout role)."""
 
     @remote
@@ -165,7 +162,7 @@ class Turns(RoleHandle):
     def weight_version(self) -> list[int]: ...
 
 
-class Actor(Checkpointed, Turns):
+class Actor(Checkpointed, Turns, Protocol):
     """The actor (hfrt.roles.actor, and actor_ref, the actor that also serves the reference)."""
 
     @remote
@@ -225,7 +222,7 @@ class Actor(Checkpointed, Turns):
     def load_advantage_state(self, state: dict[str, Any]) -> None: ...
 
 
-class Critic(Checkpointed):
+class Critic(Checkpointed, Protocol):
     """The critic (hfrt.roles.critic)."""
 
     @remote
@@ -235,7 +232,7 @@ class Critic(Checkpointed):
     def update(self, batch: BatchHandle, *extra: BatchHandle, **loss: Unpack[CriticUpdate]) -> list[dict[str, float]]: ...
 
 
-class Reference(RoleHandle):
+class Reference(RoleHandle, Protocol):
     """The reference policy (hfrt.roles.reference; or the LoRA actor standing in for it)."""
 
     @remote
@@ -245,14 +242,14 @@ class Reference(RoleHandle):
     def compute_pair_log_probs(self, batch: BatchHandle, *extra: BatchHandle, max_length: int | None = None) -> BatchHandle: ...
 
 
-class Reward(RoleHandle):
+class Reward(RoleHandle, Protocol):
     """A reward (or cost) role (hfrt.roles.reward): a rule or a model scores each response."""
 
     @remote
     def score(self, batch: BatchHandle, *extra: BatchHandle) -> BatchHandle: ...
 
 
-class RewardModel(Checkpointed):
+class RewardModel(Checkpointed, Protocol):
     """A reward model being trained on preference pairs (hfrt.roles.reward_model)."""
 
     @remote
@@ -265,7 +262,7 @@ class RewardModel(Checkpointed):
     def export_hf(self, path: str) -> list[str]: ...
 
 
-class Rollout(Turns):
+class Rollout(Turns, Protocol):
     """A generation-only role (hfrt.roles.rollout) that takes published weights."""
 
     @remote
@@ -279,7 +276,7 @@ class Rollout(Turns):
     def load_weights(self, sync: dict[str, Any]) -> list[dict[str, Any]]: ...
 
 
-class Echo(RoleHandle):
+class Echo(RoleHandle, Protocol):
     """The diagnostic echo role (hfrt.roles.diagnostic.echo): round trips, sleeps, errors, streams."""
 
     @remote

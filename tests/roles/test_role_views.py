@@ -148,5 +148,5 @@ def test_a_drifted_signature_is_found() -> None:
 
 
 def test_a_view_is_a_type_not_a_handle() -> None:
-    with pytest.raises(TypeError, match=r"Actor is a typed view of a role.*ctl\.role\(name, Actor\)"):
+    with pytest.raises(TypeError, match="Protocols cannot be instantiated"):
         role_views.Actor()
