@@ -17,9 +17,10 @@ from typing import Any
 from hfrt.log import get_logger
 from hfrt.serve.errors import ApiError, BadRequest
 from hfrt.serve.turns import TURN_TIMEOUT_S, AgentGenerationError, TurnBatcher
-from hfrt.wire.errors import CallTimeout, DaemonGone, RemoteError
+from hfrt.wire.errors import CallTimeout, ContextTooLong, DaemonGone, RemoteError
 
-#: remote error types that mean the request's input was refused (a 400, not a server fault)
+#: remote error types that mean the request's input was refused (a 400, not a server fault),
+#: besides any error naming the refused argument (RemoteError.param)
 INPUT_ERRORS = ("ValueError", "TypeError", "KeyError")
 #: what a 503 tells a client to wait while a dead rollout daemon is being replaced (seconds)
 RETRY_AFTER_S = 5
@@ -198,8 +199,8 @@ def http_error(exc: AgentGenerationError, kind: str = "completion") -> ApiError:
     """400 when the rollout daemon refused the input (the field named), 503 when it is gone or
     timed out, else 500; the client hears no server paths, logs or tracebacks (the log has them)."""
     cause = exc.__cause__
-    if isinstance(cause, RemoteError) and cause.type_name in INPUT_ERRORS:
-        return _refusal(cause.message, kind)
+    if isinstance(cause, RemoteError) and (cause.param is not None or cause.type_name in INPUT_ERRORS):
+        return _refusal(cause, kind)
     incident = uuid.uuid4().hex[:12]
     get_logger(part="openai_server").warning("generation_failed", incident=incident, error=f"{type(cause).__name__}: {cause or exc}")
     if isinstance(cause, (DaemonGone, CallTimeout)):
@@ -208,15 +209,17 @@ def http_error(exc: AgentGenerationError, kind: str = "completion") -> ApiError:
     return ApiError(500, f"generate_turn failed: {where} (incident {incident}; the server log has the details)")
 
 
-def _refusal(text: str, kind: str) -> BadRequest:
-    """The daemon's refusal of the input as a 400 naming the field it was about."""
-    param = "stop" if "stop string" in text else "messages" if ("chat_template" in text or "chat template" in text) else None
-    param = "top_logprobs" if "top_logprobs:" in text else "logit_bias" if "logit_bias:" in text else param
-    code = "context_length_exceeded" if "model's context" in text else None
-    if param is None and ("prompt:" in text or "vocabulary" in text):
-        param = "messages" if kind in ("chat", "responses") else "prompt"
+def _refusal(cause: RemoteError, kind: str) -> BadRequest:
+    """The daemon's refusal of the input as a 400 naming the request field it was about: the
+    argument the daemon named (`cause.param`; the conversation, "prompt", is a chat's `messages`),
+    with OpenAI's context_length_exceeded when it did not fit the model's context (ContextTooLong)."""
+    param = cause.param
+    if param == "prompt" and kind in ("chat", "responses"):
+        param = "messages"
+    code = "context_length_exceeded" if cause.type_name == ContextTooLong.__name__ else None
+    text = cause.message
     text = text.split(": ", 1)[-1] if text.startswith("generate_turn row") else text
-    text = text.split(": ", 1)[-1] if text.startswith(("prompt: ", f"{param}: ")) else text
+    text = text.split(": ", 1)[-1] if cause.param is not None and text.startswith(f"{cause.param}: ") else text
     return BadRequest(param, f"the rollout daemon refused the request: {text}", code=code)
 
 

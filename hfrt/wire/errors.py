@@ -24,6 +24,15 @@ class InvalidArgument(ValueError):
         super().__init__(message)
         self.param = param
 
+    def at(self, where: str) -> InvalidArgument:
+        """The same refusal (its class and param) with `where` before its message, e.g. the row it is about."""
+        return type(self)(self.param, f"{where}: {self}")
+
+
+class ContextTooLong(InvalidArgument):
+    """The input (with the tokens asked for) does not fit the model's context: what OpenAI's
+    API calls context_length_exceeded. Its type name travels in the error record."""
+
 
 class RemoteError(HfrtError):
     """An endpoint raised on a daemon; carries the remote type name, message and traceback, and

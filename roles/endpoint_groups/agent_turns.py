@@ -30,6 +30,7 @@ from hfrt.roles.generation.logits import Constraint
 from hfrt.roles.generation.stops import Cut, cut_at_stop
 from hfrt.roles.rows import all_reduce, check_rows, merge
 from hfrt.wire.endpoints import Dispatch, endpoint
+from hfrt.wire.errors import ContextTooLong, InvalidArgument
 
 #: non-tensor columns generate_turn reads (one row per conversation)
 TURN_INPUT = ("context", "append")
@@ -74,7 +75,7 @@ def render_chat(tokenizer: Any, item: Mapping[str, Any]) -> list[int]:
     results, a user turn, the generation prompt) is tokenised."""
     messages, tools, after = list(item["messages"]), item.get("tools") or None, item.get("after")
     if not messages:
-        raise ValueError("a chat item has no messages")
+        raise InvalidArgument("prompt", "a chat item has no messages")
     if after is None:
         ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
         return [int(t) for t in (ids["input_ids"] if isinstance(ids, Mapping) else ids)]
@@ -82,7 +83,7 @@ def render_chat(tokenizer: Any, item: Mapping[str, Any]) -> list[int]:
     held = tokenizer.apply_chat_template(messages[:after], tools=tools, add_generation_prompt=False, tokenize=False)
     if not full.startswith(held):
         at = next((i for i, (a, b) in enumerate(zip(full, held, strict=False)) if a != b), min(len(full), len(held)))
-        raise ValueError(f"the chat template renders the first {after} messages differently once more follow (from character {at}: "
+        raise InvalidArgument("prompt", f"the chat template renders the first {after} messages differently once more follow (from character {at}: "
                          f"{held[at:at + 40]!r} vs {full[at:at + 40]!r}), so the session cannot continue its exact tokens")
     return [int(t) for t in tokenizer(full[len(held):], add_special_tokens=False)["input_ids"]]
 
@@ -101,15 +102,15 @@ def extend_context(tokenizer: Any, context: Sequence[int], append: Sequence[Any]
         elif isinstance(item, str):
             piece = list(tokenizer(item, add_special_tokens=False)["input_ids"])
         else:
-            raise TypeError(f"appended item {index} must be text, not {item!r:.80}")
+            raise InvalidArgument("prompt", f"appended item {index} must be text, not {item!r:.80}")
         pieces.append([int(t) for t in piece])
         ids += piece
     if not ids:
-        raise ValueError("a conversation has no tokens to continue from (empty context and nothing appended)")
+        raise InvalidArgument("prompt", "a conversation has no tokens to continue from (empty context and nothing appended)")
     vocab = len(tokenizer)
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
-        raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab})")
+        raise InvalidArgument("prompt", f"prompt: token id {bad} is outside the vocabulary [0, {vocab})")
     return ids, pieces
 
 
@@ -136,7 +137,7 @@ def top_alternatives(role: Any, contexts: list[list[int]], turn_ids: list[list[i
     such model."""
     model = getattr(getattr(role, "engine", None), "model", None)
     if not isinstance(model, torch.nn.Module):
-        raise ValueError("top_logprobs: top log-probs need the HF generation engine (this one returns only the sampled token's)")
+        raise InvalidArgument("top_logprobs", "top_logprobs: top log-probs need the HF generation engine (this one returns only the sampled token's)")
     device = next(model.parameters()).device
     out: list[list[list[tuple[int, float]]]] = []
     with torch.no_grad():
@@ -335,7 +336,7 @@ class AgentTurns:
     def _turn_options(self, where: str, stop: Any, sampling: dict[str, Any]) -> TurnOptions:
         """A turn call's keywords read out (see TurnOptions)."""
         if stop is not None and not isinstance(stop, dict):
-            raise TypeError(f"{where}: stop must be a table {{'strings': [...]}}, not {stop!r:.80}")
+            raise InvalidArgument("stop", f"{where}: stop must be a table {{'strings': [...]}}, not {stop!r:.80}")
         pieces, max_prompt = bool(sampling.pop("pieces", False)), sampling.pop("max_prompt_tokens", None)
         top_k, text_prefix = int(sampling.pop("top_logprobs", 0) or 0), int(sampling.pop("text_prefix", 0) or 0)
         fit, request_max = bool(sampling.pop("fit_context", False)), sampling.pop("request_max_tokens", None)
@@ -350,6 +351,8 @@ class AgentTurns:
         try:
             check_text_size(list(append), context_limit(self), self._token_bytes)
             return extend_context(self.tokenizer, context, append)
+        except InvalidArgument as exc:
+            raise exc.at(f"generate_turn row {row}") from exc
         except (TypeError, ValueError) as exc:
             raise ValueError(f"generate_turn row {row}: {exc}") from exc
 
@@ -373,16 +376,16 @@ class AgentTurns:
         if opts.fit and limit is not None:
             left = limit - max(len(c) for c in contexts)
             if left < 1:
-                raise ValueError(f"prompt: the prompt is {limit - left} tokens, which leaves no room in the model's context of {limit} tokens")
+                raise ContextTooLong("prompt", f"prompt: the prompt is {limit - left} tokens, which leaves no room in the model's context of {limit} tokens")
             params = dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, left))
         asked = params.max_new_tokens if opts.fit or opts.request_max is None else opts.request_max
         for i, ids in enumerate(contexts):
             try:
                 if opts.max_prompt is not None and len(ids) > opts.max_prompt:
-                    raise ValueError(f"prompt: {len(ids)} tokens, more than the max_prompt_tokens limit of {opts.max_prompt}")
+                    raise InvalidArgument("prompt", f"prompt: {len(ids)} tokens, more than the max_prompt_tokens limit of {opts.max_prompt}")
                 check_request_length(len(ids), asked, limit)
-            except ValueError as exc:
-                raise ValueError(f"generate_turn row {i}: {exc}") from exc
+            except InvalidArgument as exc:
+                raise exc.at(f"generate_turn row {i}") from exc
         return params
 
     def _cut(self, context: list[int], turn_ids: list[int], params: SamplingParams, text_prefix: int) -> Cut:

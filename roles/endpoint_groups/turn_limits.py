@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from hfrt.wire.errors import ContextTooLong
+
 
 def max_token_bytes(tokenizer: Any) -> int:
     """The most UTF-8 bytes any token of the vocabulary spells (special tokens included): an upper
@@ -37,20 +39,20 @@ def item_bytes(item: Any) -> int:
 
 
 def check_text_size(append: list[Any], context_tokens: int | None, token_bytes: int) -> None:
-    """ValueError, before tokenising, when the appended text alone is more bytes than the model's
+    """ContextTooLong, before tokenising, when the appended text alone is more bytes than the model's
     context can hold as tokens (context_tokens × token_bytes); nothing when the context is unknown."""
     if context_tokens is None:
         return
     cap = context_tokens * token_bytes
     size = sum(item_bytes(a) for a in append)
     if size > cap:
-        raise ValueError(f"prompt: the text is {size} bytes, more than the model's context of {context_tokens} tokens can hold "
+        raise ContextTooLong("prompt", f"prompt: the text is {size} bytes, more than the model's context of {context_tokens} tokens can hold "
                          f"(no token spans more than {token_bytes} bytes, so at most {cap} bytes fit)")
 
 
 def check_request_length(prompt_tokens: int, max_tokens: int, context_tokens: int | None) -> None:
-    """ValueError naming the request's own numbers when its prompt plus max_tokens passes the context."""
+    """ContextTooLong naming the request's own numbers when its prompt plus max_tokens passes the context."""
     if context_tokens is not None and prompt_tokens + max_tokens > context_tokens:
-        raise ValueError(f"prompt: the model's context is {context_tokens} tokens, and this request asks for "
+        raise ContextTooLong("prompt", f"prompt: the model's context is {context_tokens} tokens, and this request asks for "
                          f"{prompt_tokens + max_tokens} ({prompt_tokens} in the prompt, {max_tokens} for max_tokens): "
                          "shorten the prompt or lower max_tokens")

@@ -15,6 +15,8 @@ from typing import Protocol
 
 import torch
 
+from hfrt.wire.errors import InvalidArgument
+
 
 class Constraint(Protocol):
     """One row's constraint on what it may sample next (e.g. a grammar matcher)."""
@@ -39,7 +41,7 @@ def bias_vector(bias: Mapping[int, float] | None, vocab: int, device: torch.devi
     out = torch.zeros(vocab, dtype=torch.float32, device=device)
     for token, value in bias.items():
         if not 0 <= int(token) < vocab:
-            raise ValueError(f"logit_bias: token id {token} is outside the vocabulary [0, {vocab})")
+            raise InvalidArgument("logit_bias", f"logit_bias: token id {token} is outside the vocabulary [0, {vocab})")
         out[int(token)] = float(value)
     return out
 

@@ -135,13 +135,18 @@ async def test_bad_turn_requests_are_refused_and_the_daemon_serves_on() -> None:
         rollout = await ctl.role("rollout", timeout_s=60)
         with pytest.raises(RemoteError, match=r"generate_turn needs non-tensor columns \['append'\]"):
             await rollout.generate_turn(prompts_handle({"context": [[1, 2]]}))
-        with pytest.raises(RemoteError, match=r"logit_bias: token id 99999 is outside the vocabulary"):
+        with pytest.raises(RemoteError, match=r"logit_bias: token id 99999 is outside the vocabulary") as bias:
             await rollout.generate_turn(prompts_handle({"context": [[5]], "append": [[]]}), logit_bias={99999: 1.0})
+        assert bias.value.param == "logit_bias"  # the refused option, named in the error record
         # a stop string of several tokens ends the turn at the text level (here: never met, so max_new_tokens does)
         out = await rollout.generate_turn(prompts_handle({"context": [[5]], "append": [[]]}), max_new_tokens=3, stop={"strings": ["</calc>"]})
         assert len(out.shards[0].non_tensor["turn_ids"][0]) <= 3
-        with pytest.raises(RemoteError, match="generate_turn row 0: a conversation has no tokens"):
+        with pytest.raises(RemoteError, match="generate_turn row 0: a conversation has no tokens") as empty:
             await rollout.generate_turn(prompts_handle({"context": [[]], "append": [[]]}))
+        assert (empty.value.type_name, empty.value.param) == ("InvalidArgument", "prompt")
+        with pytest.raises(RemoteError, match="leaves no room in the model's context") as full:
+            await rollout.generate_turn(prompts_handle({"context": [[5] * 600], "append": [[]]}), fit_context=True)  # tiny: 512
+        assert (full.value.type_name, full.value.param) == ("ContextTooLong", "prompt")
         with pytest.raises(RemoteError, match=r"assemble_trajectories: trajectories \[0\] have no prompt tokens"):
             await rollout.assemble_trajectories(prompts_handle(
                 {"prompt_ids": [[]], "response_ids": [[3]], "response_gen_mask": [[1]], "response_log_probs": [[0.0]]}))

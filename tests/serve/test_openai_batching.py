@@ -80,15 +80,22 @@ def test_generation_errors_become_http_statuses() -> None:
         error.rows, error.__cause__ = 1, cause
         return error
 
-    refused = http_error(failed(RemoteError("rollout:0", "ValueError", "generate_turn row 0: stop string '\\n\\n' is 2 tokens")))
+    refused = http_error(failed(RemoteError("rollout:0", "InvalidArgument", "generate_turn: stop must be a table, not 'x'", param="stop")))
     assert isinstance(refused, BadRequest) and refused.status == 400 and refused.param == "stop"
+    unnamed = http_error(failed(RemoteError("rollout:0", "ValueError", "generate_turn row 0: stop string '\\n\\n' is 2 tokens")))
+    assert unnamed.status == 400 and unnamed.param is None  # a refusal is not guessed from its words
     gone = http_error(failed(DaemonGone("rollout:0 exited; its log: /runs/x/rollout-0.log (last lines: ...)")))
     assert gone.status == 503 and "/runs/" not in gone.message and "log:" not in gone.message and "incident" in gone.message
     crashed = http_error(failed(RemoteError("rollout:0", "RuntimeError", "CUDA error at /src/x.py", "Traceback ...")))
     assert crashed.status == 500 and "Traceback" not in crashed.message and "/src/" not in crashed.message
     assert "rollout:0 raised RuntimeError" in crashed.message
-    vocab = http_error(failed(RemoteError("rollout:0", "ValueError", "generate_turn row 0: prompt: token id 9 is outside the vocabulary")), "chat")
-    assert vocab.status == 400 and vocab.param == "messages"
+    vocab = http_error(failed(RemoteError("rollout:0", "InvalidArgument", "generate_turn row 0: prompt: token id 9 is outside the vocabulary",
+                                          param="prompt")), "chat")
+    assert vocab.status == 400 and vocab.param == "messages" and vocab.code is None
+    assert vocab.message == "messages: the rollout daemon refused the request: token id 9 is outside the vocabulary"
+    long = http_error(failed(RemoteError("rollout:0", "ContextTooLong", "generate_turn row 0: prompt: the model's context is 8 tokens",
+                                         param="prompt")))
+    assert (long.status, long.param, long.code) == (400, "prompt", "context_length_exceeded")
 
 
 async def test_sessions_are_recorded_and_the_oldest_dropped_past_max_sessions() -> None:
