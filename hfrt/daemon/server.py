@@ -9,8 +9,11 @@ own thread, so a long endpoint never looks like death. Shutdown waits for every 
 threaded ones included, within its grace period before teardown, and names any it gave up on.
 The server owns its collaborators and calls them through their interfaces, each given what it
 needs: the running-call records (hfrt.daemon.running), the outcome sender (replies), the stream
-runner (streaming), the tensor plane (tensor_serving) and the heartbeat thread (heartbeat). It
-knows the protocol and the Daemon base class; nothing of any particular role or of the algorithm.
+runner (streaming), the tensor plane (tensor_serving) and the heartbeat thread (heartbeat). A
+daemon host (hfrt.daemon.host) runs many servers in one process and lends each its shared parts
+(`Hosting`: one ZeroMQ context, one heartbeat thread, one data-plane server; signals are the
+host's). It knows the protocol and the Daemon base class; nothing of any particular role or of
+the algorithm.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ import socket
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -58,6 +62,9 @@ from hfrt.wire.channel import Channel
 from hfrt.wire.endpoints import EndpointSpec, endpoint_table
 from hfrt.wire.shm import host_id
 
+if TYPE_CHECKING:
+    from hfrt.daemon.tensors.plane import DataPlaneServer
+
 EXIT_OK, EXIT_SETUP_FAILED, EXIT_PROTOCOL, EXIT_ORPHANED = 0, 1, 2, 3
 
 
@@ -82,6 +89,37 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_heartbeat_s(self.heartbeat_s, "ServeConfig.heartbeat_s")
+
+
+class Beats(Protocol):
+    """A server's heartbeat (HeartbeatThread, or a daemon host's share of one thread): started with
+    the server, told each Welcome, stopped and joined at its end; it reports HeartbeatEvents
+    through the `notify` function it was made with."""
+
+    interval_s: float
+
+    def welcome(self, session: str, interval_s: float) -> None: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+#: Makes one server's Beats: (identity, its ServeConfig, notify(event, detail)) → Beats.
+BeatsFactory = Callable[[str, "ServeConfig", Callable[[HeartbeatEvent, str], None]], Beats]
+
+
+@dataclass(frozen=True, slots=True)
+class Hosting:
+    """What a daemon host lends every server it runs in its one process (hfrt.daemon.host): its
+    ZeroMQ context, its heartbeat thread (`beats` makes each server's share) and its data-plane
+    server (whose address each server's hello declares). The host owns them and the signals."""
+
+    zmq: zmq.Context[Any]
+    beats: BeatsFactory
+    data_plane: DataPlaneServer
 
 
 class _Queued:
@@ -117,31 +155,26 @@ class DaemonServer:
 
     # -- life cycle ---------------------------------------------------------------------------
 
-    async def run(self) -> int:
+    async def run(self, hosting: Hosting | None = None) -> int:
+        """Serve until shutdown, SIGTERM or orphaning; return the exit code. Alone, the server owns
+        a ZeroMQ context, a heartbeat thread, a data-plane server and the process's signals; with
+        `hosting` those are a daemon host's, shared by every server it runs."""
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._stopped: asyncio.Future[tuple[str, int, float]] = loop.create_future()
-        zctx: zmq.Context[Any] = zmq.Context()
+        zctx: zmq.Context[Any] = zmq.Context() if hosting is None else hosting.zmq
         sock = zctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, self.context.identity.encode())
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.config.controller)
-        hb = HeartbeatThread(
-            zctx,
-            self.context.identity,
-            self.config.controller,
-            self._key,
-            interval_s=self.config.heartbeat_s,
-            orphan_timeout_s=self.config.orphan_timeout_s,
-            notify=self._notify_from_heartbeat_thread,
-            limits=self.config.limits,
-            exit_with_controller=self.config.exit_with_controller,
-        )
+        hb = self._own_heartbeat(zctx) if hosting is None else hosting.beats(
+            self.context.identity, self.config, self._notify_from_heartbeat_thread)
         self._hb = hb
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop, f"signal {signal.Signals(sig).name}", EXIT_OK)
+        if hosting is None:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop, f"signal {signal.Signals(sig).name}", EXIT_OK)
         hb.start()
-        self.tensors.start(self.config.controller)
+        self.tensors.start(self.config.controller, None if hosting is None else hosting.data_plane)
         reason, code = "", EXIT_OK
         try:
             reason, code = await self._serve(sock)
@@ -156,11 +189,25 @@ class DaemonServer:
                 self._channel.close(linger_ms=linger)
             else:
                 sock.close(linger=linger)
-            zctx.term()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+            if hosting is None:
+                zctx.term()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
         self._log.info("daemon_exit", reason=reason, exit_code=code)
         return code
+
+    def _own_heartbeat(self, zctx: zmq.Context[Any]) -> HeartbeatThread:
+        return HeartbeatThread(
+            zctx,
+            self.context.identity,
+            self.config.controller,
+            self._key,
+            interval_s=self.config.heartbeat_s,
+            orphan_timeout_s=self.config.orphan_timeout_s,
+            notify=self._notify_from_heartbeat_thread,
+            limits=self.config.limits,
+            exit_with_controller=self.config.exit_with_controller,
+        )
 
     def _notify_from_heartbeat_thread(self, event: HeartbeatEvent, detail: str) -> None:
         self._loop.call_soon_threadsafe(self._on_heartbeat_event, event, detail)

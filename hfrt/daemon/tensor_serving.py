@@ -48,12 +48,17 @@ class TensorServing:
         self._options = options
         self._table = table
         self._data: DataPlaneServer | None = None
+        self._own_data = True  # False: a daemon host's shared server, not this one's to stop
         self._runtime: TensorRuntime | None = None
-        self._directory: dict[str, Any] = {}  # where every daemon's data plane is (the controller's latest)
+        self._directory: dict[str, Any] = {}  # the data planes of the daemons this one was told of, so far
         self._handle_calls: set[int] = set()  # call ids whose arguments hold handles
 
-    def start(self, controller: str) -> None:
-        """Open and start the data-plane server, on the interface that reaches `controller`."""
+    def start(self, controller: str, shared: DataPlaneServer | None = None) -> None:
+        """Open and start the data-plane server, on the interface that reaches `controller`; or,
+        in a daemon host, use the host's `shared` one (started, stopped and owned by the host)."""
+        if shared is not None:
+            self._data, self._own_data = shared, False
+            return
         self._data = DataPlaneServer(self._identity, self._key, host=advertised_host(controller))
         self._data.start()
 
@@ -68,6 +73,9 @@ class TensorServing:
             from hfrt.daemon.tensors.runtime import TensorRuntime
 
             assert self._data is not None, "tensor serving not started"
+            if not self._own_data:
+                raise RuntimeError(f"{self._identity} runs in a daemon host, which shares one data-plane server "
+                                   "and keeps no tensors: its endpoints may only name handles")
             self._runtime = TensorRuntime(self._data, self._key, self._options)
             self._runtime.peers_update(self._directory)
         return self._runtime
@@ -99,8 +107,8 @@ class TensorServing:
         what it raises. A daemon that never made a tensor answers the directory, frees and stats
         without creating the runtime."""
         self._handle_calls.discard(call.call_id)
-        if call.endpoint == "_hfrt_peers":
-            self._directory = call.args[0]  # kept here: a daemon without tensors needs no torch
+        if call.endpoint == "_hfrt_peers":  # entries added or renewed (hfrt.control.tensor_plane.PeerDirectory)
+            self._directory.update(call.args[0])  # kept here: a daemon without tensors needs no torch
         if self._runtime is None and call.endpoint in WITHOUT_RUNTIME:
             return {"store_tensors": 0, "store_bytes": 0} if call.endpoint == "_hfrt_stats" else None
         return getattr(self.runtime(), INTERNAL[call.endpoint])(*call.args, **call.kwargs)
@@ -108,14 +116,14 @@ class TensorServing:
     def export(self, value: Any) -> Any:
         """A result value with its tensors stored here and replaced by handles (only a daemon that
         imported torch can return tensors: otherwise `value` as it is)."""
-        if "torch" in sys.modules:
+        if "torch" in sys.modules and self._own_data:  # a hosted daemon keeps no tensors
             return self.runtime().export(value)
         return value
 
     def close(self) -> None:
-        """Close the runtime (its store's shared memory) and stop the data-plane server."""
+        """Close the runtime (its store's shared memory) and stop the data-plane server (its own)."""
         if self._runtime is not None:
             self._runtime.close()
-        if self._data is not None:
+        if self._data is not None and self._own_data:
             self._data.stop()
             self._data.join(timeout=2.0)
