@@ -59,7 +59,7 @@ from hfrt.roles.generation.batches import (
     with_uids,
 )
 from hfrt.roles.generation.hf import SamplingParams
-from hfrt.roles.generation.hybrid import compare_weights, generation_parameters
+from hfrt.roles.generation.hybrid import Phase, compare_weights, generation_parameters
 from hfrt.roles.models import export_model_dir, load_tokenizer, resolve_model_dir
 from hfrt.roles.reference import masked_log_probs
 from hfrt.roles.rows import all_reduce, check_rows, forward_inputs, merge, reduce_metrics
@@ -231,7 +231,7 @@ class ActorDaemon(AgentTurns, Daemon):
 
     @endpoint(dispatch=Dispatch.REPLICATE)
     def hybrid_phase(self) -> dict[str, Any]:
-        """This rank's phase ("train" | "generate"), how many transitions to each did work since
+        """This rank's phase (Phase's value: "train" | "generate"), how many transitions to each did work since
         the daemon started (to_generate pushes the weights), and the weight version."""
         return {"phase": self.hybrid.phase, **self.transitions, "weight_version": self.engine.steps}
 
@@ -257,7 +257,7 @@ class ActorDaemon(AgentTurns, Daemon):
         return params, meta
 
     def _turn_generate(self, contexts: list[list[int]], params: SamplingParams) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        if self.hybrid.phase != "generate":
+        if self.hybrid.phase is not Phase.GENERATE:
             raise RuntimeError(f"actor {self.context.identity}: a turn must be sampled in the generation phase (it is in {self.hybrid.phase!r})")
         start = time.perf_counter()
         out = self.generator.generate(contexts, params)
