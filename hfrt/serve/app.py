@@ -34,7 +34,7 @@ from hfrt.serve.schema import openapi_schema
 #: what the app serves: an OpenAIServer (limits, api_key, model, requests, chat_turn, completion_turn, complete)
 OpenAIServer = Any
 
-ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/openapi.json")
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/openapi.json")
 
 
 def _error(exc: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -93,8 +93,8 @@ async def read_json(request: Request, limits: Any) -> Any:
 
 
 def build_app(server: OpenAIServer) -> Starlette:
-    """The Starlette app serving `server`: /v1/models, /v1/completions, /v1/chat/completions
-    and the OpenAPI schema at /openapi.json."""
+    """The Starlette app serving `server`: /v1/models, /v1/completions, /v1/chat/completions,
+    /v1/responses and the OpenAPI schema at /openapi.json."""
     limits, log = server.limits, get_logger(part="openai_server")
     in_progress = 0
 
@@ -140,6 +140,16 @@ def build_app(server: OpenAIServer) -> Starlette:
         results, reply = await server.complete(turn, request.headers.get("x-session-id"))
         return JSONResponse(reply)
 
+    async def responses(request: Request) -> Response:
+        rt = server.responses_turn(await read_json(request, limits))
+        session = request.headers.get("x-session-id")
+        if rt.turn.stream:  # the first events wait for the first token: a refused request still gets its JSON error
+            events = server.respond_stream(rt, session)
+            first = await events.__anext__()
+            return StreamingResponse(_events(first, events, responses_error), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return JSONResponse(await server.respond(rt, session))
+
     async def completions(request: Request) -> Response:
         return await sample(request, "completion")
 
@@ -159,6 +169,7 @@ def build_app(server: OpenAIServer) -> Starlette:
     routes = [Route("/v1/models", guarded(models), methods=["GET"]),
               Route("/v1/completions", guarded(completions), methods=["POST"]),
               Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
+              Route("/v1/responses", guarded(responses), methods=["POST"]),
               Route("/openapi.json", schema, methods=["GET"])]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
 
@@ -175,17 +186,29 @@ def _unauthorized(api_key: str | None, request: Request) -> Response | None:
     return _error(ApiError(401, why, code="invalid_api_key"), {"WWW-Authenticate": "Bearer"})
 
 
-async def _events(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+def chat_error(exc: ApiError) -> bytes:
+    """A chat or completions stream's error after the 200: OpenAI's error shape as one event."""
+    return f"data: {json.dumps(error_body(exc))}\n\n".encode()
+
+
+def responses_error(exc: ApiError) -> bytes:
+    """A Responses stream's error after the 200: an `error` event."""
+    err = error_body(exc)["error"]
+    data = {"type": "error", "code": err["code"], "message": err["message"], "param": err["param"]}
+    return f"event: error\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def _events(first: bytes, rest: AsyncIterator[bytes], error: Callable[[ApiError], bytes] = chat_error) -> AsyncIterator[bytes]:
     """The stream's events; an error after the 200 went out ends it with an error event."""
     yield first
     try:
         async for chunk in rest:
             yield chunk
     except ApiError as exc:
-        yield f"data: {json.dumps(error_body(exc))}\n\n".encode()
+        yield error(exc)
     except Exception as exc:  # logged; the client hears no details
         get_logger(part="openai_server").exception("stream_failed", error=f"{type(exc).__name__}: {exc}")
-        yield f"data: {json.dumps(error_body(ApiError(500, 'the server failed on this request (the server log has the details)')))}\n\n".encode()
+        yield error(ApiError(500, "the server failed on this request (the server log has the details)"))
 
 
 class _Uvicorn(uvicorn.Server):

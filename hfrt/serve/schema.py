@@ -65,6 +65,19 @@ def openapi_schema(model: str, limits: Any) -> dict[str, Any]:
             "tools": {"type": "array", "items": tool}, "parallel_tool_calls": {"type": "boolean"},
             "tool_choice": {"oneOf": [{"enum": ["auto", "none", "required"]}, {"type": "object", "properties": {
                 "type": {"const": "function"}, "function": {"type": "object", "properties": {"name": _STRING}}}}]}}
+    item = {"type": "object", "properties": {"type": {"enum": ["message", "function_call", "function_call_output"]}, "role": _STRING,
+                                              "content": {"oneOf": [_STRING, {"type": "array"}]}, "call_id": _STRING, "name": _STRING,
+                                              "arguments": _STRING, "output": _STRING}}
+    responses = {"model": _STRING, "input": {"oneOf": [_STRING, {"type": "array", "items": item}]}, "instructions": _STRING,
+                 "tools": {"type": "array", "items": {"type": "object", "required": ["type", "name"], "properties": {
+                     "type": {"const": "function"}, "name": _STRING, "description": _STRING, "parameters": {"type": "object"},
+                     "strict": {"type": "boolean"}}}},
+                 "tool_choice": chat["tool_choice"], "parallel_tool_calls": {"type": "boolean"},
+                 "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": limits.max_tokens},
+                 "temperature": _sampling(limits)["temperature"], "top_p": _sampling(limits)["top_p"], "stream": {"type": "boolean"},
+                 "text": {"type": "object", "properties": {"format": {"type": "object"}}}, "previous_response_id": _STRING,
+                 "include": {"type": "array", "items": _STRING}, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+                 "store": {"type": "boolean"}, "metadata": {"type": "object"}}
     error = {"type": "object", "properties": {"error": {"type": "object", "properties": {
         "message": _STRING, "type": _STRING, "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
     return {
@@ -78,6 +91,7 @@ def openapi_schema(model: str, limits: Any) -> dict[str, Any]:
                                    "responses": {"200": {"description": "the one model served"}}}},
             "/v1/completions": _request("createCompletion", completion, ["prompt"]),
             "/v1/chat/completions": _request("createChatCompletion", chat, ["messages"]),
+            "/v1/responses": _request("createResponse", responses, ["input"]),
         },
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": {"error": error},
                        "responses": {"error": {"description": "OpenAI's error shape; param names the field, code the limit",

@@ -29,6 +29,8 @@ from hfrt.serve.responses import (
     stream_head,
     token_events,
 )
+from hfrt.serve.responses_api import Remembered, ResponseMemory, ResponsesTurn, responses_request
+from hfrt.serve.responses_events import ResponseEvents, ResponseShape, text_logprobs
 from hfrt.serve.rollout import RolloutClient, merge_rows
 from hfrt.serve.sessions import Session, SessionCall, SessionStore
 from hfrt.serve.stops import StopHoldback
@@ -94,6 +96,7 @@ class OpenAIServer:
         self.client = RolloutClient(rollout, batch_size=batch_size, flush_after_s=flush_after_s, idle_flush=idle_flush,
                                     timeout_s=timeout_s, token_stream=self.limits.token_stream, replacing=replacing)
         self.store = SessionStore(max_sessions)
+        self.memory = ResponseMemory(max_sessions)  # responses by id, for previous_response_id
         self.requests = 0
         self.created = int(time.time())
         self.host, self.port = host, port
@@ -220,19 +223,28 @@ class OpenAIServer:
 
     async def stream(self, turn: TurnRequest, session: str | None = None) -> AsyncIterator[bytes]:
         """`turn` as server-sent events sent as it is sampled: a chunk per token as the rollout daemon
-        samples it (see RolloutClient.token_steps; else stream_chunk_tokens per generate_turn call,
-        each call's tokens sent as they come), then the finish chunk (and usage); the session is
-        recorded at the end. With n > 1 or tools the turn is sampled whole first (tool calls are
-        parsed from the whole text), then sent a chunk per token."""
+        samples it (see parts), then the finish chunk (and usage); the session is recorded at the
+        end. With n > 1 or tools the turn is sampled whole first (tool calls are parsed from the
+        whole text), then sent a chunk per token."""
         if turn.n > 1 or turn.tools:
             results, body = await self.complete(turn, session)
             for event in event_stream(turn, results, body):
                 yield event
             return
+        head = stream_head(turn, self.model)
+        async for part, first, end in self.parts(turn, session):
+            for event in token_events(turn, head, part, first=first) if end is None else end_events(turn, head, end):
+                yield event
+
+    async def parts(self, turn: TurnRequest, session: str | None = None) -> AsyncIterator[tuple[TurnResult, bool, dict[str, Any] | None]]:
+        """One choice of `turn` as it is sampled: (part, first, None) for each part — one token as
+        the rollout daemon samples it (RolloutClient.token_steps), else one generate_turn call's
+        tokens — whose text holds back what may become a stop string; then (the whole result,
+        False, its response body) once, after the session was recorded."""
         await self._check(turn)
         context, append = self._continuation(turn, session)
         options, batcher = self._options(turn, context, append)
-        head, row, sent = stream_head(turn, self.model), dict[str, Any](), ""
+        row, sent = dict[str, Any](), ""
         holdback = StopHoldback(options.get("stop") or [], bool(options.get("include_stop_str_in_output")))
         async for step in await self._steps(turn, context, append, options, batcher):
             if "final" in step:  # the daemon's whole row: the same tokens, with turn_text and turn_finished
@@ -241,21 +253,61 @@ class OpenAIServer:
             part = TurnResult.from_row(context if not row else [], step)
             pieces = part.pieces if len(part.pieces) == len(part.token_ids) else [part.text]
             shown = [holdback.feed(p) for p in pieces]  # stop text (or what may start one) is held back
-            part = dataclasses.replace(part, pieces=shown if len(shown) == len(part.token_ids) else [], text="".join(shown))
-            for event in token_events(turn, head, part, first=not row):
-                yield event
+            yield dataclasses.replace(part, pieces=shown if len(shown) == len(part.token_ids) else [], text="".join(shown)), not row, None
             sent += "".join(shown)
             row = merge_rows(row, step)
         result = TurnResult.from_row(context, row)
         rest = result.text[len(sent):] if result.text.startswith(sent) else ""
-        if rest:  # text the last pieces held back (a character cut at the turn's end): one chunk without a token
-            for event in token_events(turn, head, TurnResult([], [], [], rest, result.weight_version, [rest]), first=False):
-                yield event
+        if rest:  # text the last pieces held back (a character cut at the turn's end): a part without a token
+            yield TurnResult([], [], [], rest, result.weight_version, [rest]), False, None
         body = chat_body(turn, [result], self.model, self.tool_parser) if turn.kind == "chat" else completion_body(turn, [result], self.model)
         if session:
             self._record(session, turn, result, body["choices"][0]["message"] if turn.kind == "chat" else None)
-        for event in end_events(turn, head, body):
-            yield event
+        yield result, False, body
+
+    # -- /v1/responses --------------------------------------------------------------------
+
+    def responses_turn(self, body: Any) -> ResponsesTurn:
+        return responses_request(body, limits=Limits(self.limits.max_tokens, self.limits.max_n), tool_parser=self.tool_parser,
+                                 memory=self.memory)
+
+    async def respond(self, rt: ResponsesTurn, session: str | None = None) -> dict[str, Any]:
+        """The Response object of `rt` (recorded under `session` as its chat turn is, and
+        remembered for previous_response_id)."""
+        results, body = await self.complete(rt.turn, session)
+        return self._final(ResponseShape(rt, self.model, int(time.time())), rt, results[0], body)
+
+    async def respond_stream(self, rt: ResponsesTurn, session: str | None = None) -> AsyncIterator[bytes]:
+        """`rt` as Responses server-sent events: the text as it is sampled (with tools offered: the
+        whole turn first, whose calls are parsed from its whole text), then every item's closing
+        events and response.completed. The first events wait for the first token, so a request
+        refused before it gets its JSON error rather than a stream."""
+        shape = ResponseShape(rt, self.model, int(time.time()))
+        events = ResponseEvents(shape)
+        if rt.turn.tools:
+            results, body = await self.complete(rt.turn, session)
+            final = self._final(shape, rt, results[0], body)
+            for event in (*events.start(), *events.finish(final)):
+                yield event
+            return
+        started = False
+        async for part, _, end in self.parts(rt.turn, session):
+            out = [] if started else list(events.start())
+            started = True
+            if end is None and part.text:
+                out += events.text_delta(part.text, text_logprobs(part) if rt.logprobs else [])
+            elif end is not None:
+                out += events.finish(self._final(shape, rt, part, end))
+            for event in out:
+                yield event
+
+    def _final(self, shape: ResponseShape, rt: ResponsesTurn, result: TurnResult, body: dict[str, Any]) -> dict[str, Any]:
+        """The whole Response from the chat body of its turn; remembered unless store is false."""
+        choice = body["choices"][0]
+        final = shape.final(result, choice["message"], choice["finish_reason"])
+        if rt.echo.get("store", True) is not False:
+            self.memory.remember(final["id"], Remembered(rt.messages + [choice["message"]], rt.tools))
+        return final
 
     async def _steps(self, turn: TurnRequest, context: list[int], append: list[Any], options: dict[str, Any],
                      batcher: TurnBatcher) -> AsyncIterator[dict[str, Any]]:
