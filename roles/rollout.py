@@ -31,7 +31,7 @@ from hfrt.roles.common import (
 )
 from hfrt.roles.components.weight_sync import WeightSyncError, apply_sync
 from hfrt.roles.endpoint_groups.agent_turns import AgentTurns
-from hfrt.roles.endpoint_groups.partial_rollout import NO_VERSION, PartialRollouts
+from hfrt.roles.endpoint_groups.partial_rollout import NO_VERSION, PartialRollouts, PartialRows
 from hfrt.roles.generation.batches import (
     decode_responses,
     encode_prompts,
@@ -86,7 +86,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
             )
             self.version = INITIAL_VERSION
             self.broken: str | None = None  # why the weights are not usable (a failed sync)
-            self.partials = {}  # generate_partial's rollouts in progress (PartialRollouts)
+            self.partials: dict[str, PartialRows] = {}  # generate_partial's rollouts in progress (PartialRollouts)
 
     async def teardown(self) -> None:
         close_group(self._joined)
