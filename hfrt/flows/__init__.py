@@ -43,6 +43,8 @@ BUILTIN: dict[str, str] = {
     "agent_calc": "hfrt.flows.recipes.agent_calc",
     "agent_openai": "hfrt.flows.agent.openai_grpo",
     "rm": "hfrt.flows.recipes.rm",
+    "sft": "hfrt.flows.recipes.sft",
+    "dpo": "hfrt.flows.recipes.dpo",
 }
 
 #: a module's `flow(ctl, config)`: config is its Config read from the dict, or the dict itself

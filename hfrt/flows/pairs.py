@@ -27,7 +27,8 @@ class PairDataError(ValueError):
     """A preference file or row that cannot be trained on; the message names the file and row."""
 
 
-def _raw_rows(file: Path) -> list[Any]:
+def raw_rows(file: Path) -> list[Any]:
+    """The rows of a .jsonl / .json (a list) / .parquet file as read, unchecked (PairDataError naming the file)."""
     suffix = file.suffix.lower()
     if suffix == ".jsonl":
         rows = []
@@ -97,7 +98,7 @@ def read_pairs(path: str | Path) -> list[dict[str, Any]]:
     file = Path(path)
     if not file.is_file():
         raise PairDataError(f"pair file {file} does not exist")
-    rows = [check_pair(row, f"{file}: row {number}") for number, row in enumerate(_raw_rows(file), start=1)]
+    rows = [check_pair(row, f"{file}: row {number}") for number, row in enumerate(raw_rows(file), start=1)]
     if not rows:
         raise PairDataError(f"{file}: no rows")
     for number, row in enumerate(rows, start=1):
@@ -105,13 +106,13 @@ def read_pairs(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def split_pairs(rows: list[dict[str, Any]], fraction: float, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def split_pairs(rows: list[dict[str, Any]], fraction: float, seed: int, noun: str = "pair") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(train, held-out): a seeded `fraction` of the rows held out (at least one row each)."""
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     held = min(max(1, round(fraction * len(rows))), len(rows) - 1)
     if len(rows) < 2:
-        raise PairDataError(f"{len(rows)} pair(s): holding some out for validation needs at least 2 (or set val_data)")
+        raise PairDataError(f"{len(rows)} {noun}(s): holding some out for validation needs at least 2 (or set val_data)")
     return [rows[i] for i in sorted(order[held:])], [rows[i] for i in sorted(order[:held])]
 
 

@@ -38,6 +38,8 @@ class Stage(enum.StrEnum):
     SYNC = "sync"
     #: agent flows: the trajectories assembled into one batch
     ASSEMBLE = "assemble"
+    #: dpo: the reference's log-probs of the step's pairs (started while the previous update ran)
+    REFERENCE = "reference"
 
 
 #: stages a step times that `hfrt plan` does not list in STAGES: their calls are priced inside a

@@ -1,0 +1,119 @@
+"""`hfrt controller --flow sft` and `--flow dpo` as a user runs them, on real daemons and the tiny
+preset: SFT on a conversation file (assistant turns only) checkpoints, resumes where it stopped and
+exports a folder transformers loads; SFT on two FSDP2 ranks gives the one-rank run's held-out loss
+and token accuracy; SFT with LoRA exports the merged model and the adapter; DPO against a reference
+daemon raises the held-out reward accuracy; DPO with LoRA takes its reference from the actor
+(adapters off: the margins before training are exactly 0) and launches no reference daemon; a bad
+row is refused before any daemon starts, naming it. docs/pipeline.md describes these runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+QUIET = ("--set", "progress=off", "--set", "tensorboard=false", "--set", "trace=false")
+
+
+def hfrt(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hfrt", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def summary(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout[done.stdout.index("{"):]))
+
+
+def records(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def conversations(tmp_path: Path, count: int = 40) -> Path:
+    """Two-turn addition conversations: the assistant answers two sums; the user's turns are context."""
+    path = tmp_path / "chats.jsonl"
+    with path.open("w") as f:
+        for i in range(count):
+            a, b, c = i % 3, (i // 3) % 3, (i // 9) % 3
+            f.write(json.dumps({"messages": [
+                {"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": str(a + b)},
+                {"role": "user", "content": f"{b}+{c}="}, {"role": "assistant", "content": str(b + c)}]}) + "\n")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sft_on_conversations_checkpoints_resumes_and_exports(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    data, run = conversations(tmp_path), tmp_path / "sft"
+    base = ("--flow", "sft", "--set", f"data={data}", "--set", "rows_per_step=8", "--set", "val_every=2", *QUIET)
+    first = summary(hfrt("controller", *base, "--set", "max_steps=2", "--set", "checkpoint_every=2",
+                         "--set", "export_hf=false", "--run-dir", str(run)))
+    assert (first["steps"], first["train_rows"], first["val_rows"]) == (2, 36, 4) and "hf_export" not in first
+    second = summary(hfrt("controller", "--flow", "sft", "--resume", str(run), "--set", "max_steps=4", "--set", "export_hf=true"))
+    assert second["resumed_from_step"] == 2 and second["steps"] == 4
+    steps = records(run)
+    assert [r["step"] for r in steps] == [0, 1, 2, 3] and steps[0]["val_before/loss"] > steps[-1]["val/loss"]
+    assert all(r["controller_bulk_bytes"] == 0 for r in steps)  # rows travel as text, tensors never through the controller
+    assert second["val_tokens"] == 4 * 4  # 4 held-out conversations, two answers of a digit and "\n" each
+    model = AutoModelForCausalLM.from_pretrained(second["hf_export"])
+    assert model.config.num_hidden_layers == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sft_on_two_fsdp2_ranks_gives_the_one_rank_numbers(tmp_path: Path) -> None:
+    common = ("--flow", "sft", "--set", "max_steps=3", "--set", "rows_per_step=16", "--set", "rows_count=200",
+              "--set", "export_hf=false", *QUIET)
+    one = summary(hfrt("controller", *common, "--run-dir", str(tmp_path / "one")))
+    two = summary(hfrt("controller", *common, "--run-dir", str(tmp_path / "two"), "--set", "roles.actor.world_size=2",
+                       "--set", "roles.actor.options.engine.backend=fsdp2"))
+    assert two["val_loss"] == pytest.approx(one["val_loss"], abs=1e-4) and one["val_loss"] < one["val_before_loss"]
+    assert two["val_token_accuracy"] == pytest.approx(one["val_token_accuracy"], abs=1e-6) and one["val_token_accuracy"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sft_with_lora_exports_the_merged_model_and_the_adapter(tmp_path: Path) -> None:
+    done = summary(hfrt("controller", "--flow", "sft", "--run-dir", str(tmp_path / "lora"), "--set", "max_steps=3",
+                        "--set", "rows_count=200", "--set", "roles.actor.options.lora.rank=8",
+                        "--set", "roles.actor.options.lora.target_modules=all-linear", *QUIET))
+    assert done["val_loss"] < done["val_before_loss"]
+    assert (Path(done["hf_export"]) / "adapter" / "adapter_config.json").is_file()
+
+
+DPO = ("--flow", "dpo", "--set", "pairs_count=400", "--set", "pairs_per_step=16", "--set", "export_hf=false", *QUIET)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dpo_against_a_reference_daemon_learns_the_preferences(tmp_path: Path) -> None:
+    run = tmp_path / "dpo"
+    done = summary(hfrt("controller", *DPO, "--set", "max_steps=8", "--set", "val_every=4", "--run-dir", str(run)))
+    assert done["val_before_rewards_margins"] == 0.0  # policy and reference start equal
+    assert done["val_rewards_accuracies"] > 0.6 and done["val_rewards_margins"] > 0 and done["val_loss"] < done["val_before_loss"]
+    steps = records(run)
+    assert [r["step"] for r in steps] == list(range(8)) and all(r["dpo/pairs"] == 16 for r in steps)
+    assert all("timing/reference_s" in r and "rewards/accuracies" in r for r in steps)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dpo_with_lora_takes_its_reference_from_the_actor(tmp_path: Path) -> None:
+    run = tmp_path / "dpo-lora"
+    done = summary(hfrt("controller", *DPO, "--set", "max_steps=4", "--run-dir", str(run), "--set", "loss_type=ipo",
+                        "--set", "roles.actor.options.lora.rank=8", "--set", "roles.actor.options.lora.target_modules=all-linear"))
+    assert done["val_before_rewards_margins"] == 0.0 and done["val_rewards_margins"] != 0.0
+    assert "reference" not in json.loads((run / "config.json").read_text())["roles"]  # no reference daemon launched
+
+
+def test_a_bad_row_is_refused_before_launch_naming_it(tmp_path: Path) -> None:
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "completion": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")
+    done = hfrt("controller", "--flow", "sft", "--set", f"data={data}", "--run-dir", str(tmp_path / "x"), timeout=60)
+    assert done.returncode == 2 and f"{data}: row 2: an SFT row has `messages`, or `prompt` and `completion`" in done.stderr
