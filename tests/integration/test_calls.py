@@ -98,7 +98,8 @@ class Picky(Daemon):
 
 async def test_a_refused_argument_is_named_by_the_error(tmp_path: Path) -> None:
     """An endpoint raising InvalidArgument: the controller's RemoteError carries the argument's
-    name as `param` (a field of the error record, not read from the message); other errors carry None."""
+    name as `param` (a field of the error record, not read from the message); other errors carry
+    None (docs/roles-and-losses.md, protocols/README.md)."""
     module = tmp_path / "picky_role.py"
     module.write_text(PICKY)
     async with local_cluster([DaemonSpec("picky", 0, 1, impl=f"{module}:Picky")]) as (ctl, _):

@@ -75,6 +75,8 @@ async def test_one_bad_request_fails_alone_and_the_others_are_served() -> None:
 
 
 def test_generation_errors_become_http_statuses() -> None:
+    """A refusal's HTTP fields come from its param and type, never its words (docs/agents-and-openai.md)."""
+
     def failed(cause: Exception) -> AgentGenerationError:
         error = AgentGenerationError("generate_turn on the rollout role failed for 1 conversations")
         error.rows, error.__cause__ = 1, cause
