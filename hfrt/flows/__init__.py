@@ -45,6 +45,7 @@ BUILTIN: dict[str, str] = {
     "rm": "hfrt.flows.recipes.rm",
     "sft": "hfrt.flows.recipes.sft",
     "dpo": "hfrt.flows.recipes.dpo",
+    "distill": "hfrt.flows.recipes.distill",
 }
 
 #: a module's `flow(ctl, config)`: config is its Config read from the dict, or the dict itself

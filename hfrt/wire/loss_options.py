@@ -35,7 +35,7 @@ ROLLOUT_RS_OPTIONS = (
 #: compute_advantages' estimators (hfrt.roles.components.advantage; docs/roles-and-losses.md has each formula)
 ESTIMATORS = (
     "gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo", "grpo_passk",
-    "gpg", "optimal_token_baseline", "tir_optimal_token_baseline",
+    "gpg", "optimal_token_baseline", "tir_optimal_token_baseline", "on_policy_distill",
 )
 #: estimators that compare the samples of one prompt (grouped by uid), so need n >= 2 samples a prompt
 GROUP_ESTIMATORS = (
@@ -52,7 +52,7 @@ ADVANTAGE_OPTIONS = (
     "gamma", "lam", "norm_adv_by_std", "epsilon", "use_kl_in_reward", "kl_penalty", "kl_ctrl", "kl_coef", "target_kl",
     "horizon", "score_column", "index_column", "baseline_column", "cost_column", "cost_coef", "overlong_buffer_len",
     "overlong_penalty_factor", "max_response_len", "f_norm", "sum_pi_squared_column", "handle_zero_tail", "rollout_is",
-    "rollout_is_threshold",
+    "rollout_is_threshold", "teacher_column", "distill_reward_coef", "distill_baseline",
 )
 #: loss_agg_mode (see hfrt.roles.losses.agg_loss)
 AGG_MODES = (

@@ -125,6 +125,9 @@ class Advantages(TypedDict, total=False):
     handle_zero_tail: bool | None
     rollout_is: str | None
     rollout_is_threshold: float
+    teacher_column: str
+    distill_reward_coef: float
+    distill_baseline: bool
 
 
 class Checkpointed(RoleHandle, Protocol):

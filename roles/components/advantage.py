@@ -39,6 +39,7 @@ from hfrt.roles.losses import (
     masked_mean,
 )
 from hfrt.roles.losses.corrections import is_weights
+from hfrt.roles.losses.distill import compute_on_policy_distill_advantage
 from hfrt.roles.reward_fns import token_level_rewards
 from hfrt.roles.rows import merge, take
 from hfrt.wire.loss_options import ESTIMATORS as ESTIMATORS  # declared torch-free, checked before launch
@@ -63,6 +64,10 @@ class AdvantageParams:
     else with rollout_is ("token" | "sequence") the truncated weights π_old / π_rollout at
     rollout_is_threshold (from `old_log_probs` and `rollout_log_probs`; verl's decoupled-mode
     weights); handle_zero_tail: None is verl's default (False for optimal_token_baseline, True for tir_...).
+    on_policy_distill reads the teacher's per-token log-probs (teacher_column: a reference
+    implementation's compute_log_prob of the rollout) against the student's (`old_log_probs`, else
+    the sampler's `rollout_log_probs`), plus distill_reward_coef × each sequence's score, less each
+    response position's batch mean with distill_baseline (hfrt.roles.losses.distill).
     """
 
     gamma: float = 1.0
@@ -88,6 +93,9 @@ class AdvantageParams:
     handle_zero_tail: bool | None = None
     rollout_is: str | None = None
     rollout_is_threshold: float = 2.0
+    teacher_column: str = "ref_log_prob"
+    distill_reward_coef: float = 0.0
+    distill_baseline: bool = True
 
 
 def make_kl_controller(p: AdvantageParams) -> FixedKLController | AdaptiveKLController:
@@ -109,6 +117,8 @@ def estimate(
         return compute_reinforce_plus_plus_outcome_advantage(rewards, mask, p.gamma)
     if estimator == "remax":
         return compute_remax_outcome_advantage(rewards, _column(batch, p.baseline_column), mask)
+    if estimator == "on_policy_distill":
+        return _distill(rewards, mask, batch, p)
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {estimator!r}: use one of {', '.join(ESTIMATORS)}")
     index = list(_non_tensor(batch, p.index_column))
@@ -148,6 +158,14 @@ def _token_baseline(
     zero_tail = p.handle_zero_tail if p.handle_zero_tail is not None else estimator.startswith("tir")
     return fn(rewards, mask, index, cols[old_name].float(), cols[p.sum_pi_squared_column].float(),
               None if weights is None else weights.float(), zero_tail)
+
+
+def _distill(rewards: torch.Tensor, mask: torch.Tensor, batch: Batch, p: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """On-policy distillation's advantages with the columns they read (see AdvantageParams)."""
+    student = "old_log_probs" if "old_log_probs" in batch.tensors else "rollout_log_probs"
+    cols = take(batch, [p.teacher_column, student], "compute_advantages(on_policy_distill)")
+    return compute_on_policy_distill_advantage(
+        rewards, mask, cols[p.teacher_column].float(), cols[student].float(), p.distill_reward_coef, p.distill_baseline)
 
 
 def _non_tensor(batch: Batch, name: str) -> list[Any]:

@@ -103,7 +103,8 @@ def test_kl_estimators_and_whitening() -> None:
 
 def test_every_estimator_feeds_every_policy_loss_mode() -> None:
     """Any estimator × any loss mode: compute_advantages' output trains every mode to a finite loss
-    and gradient (the columns each estimator reads given: values, a baseline, Σπ², old log-probs)."""
+    and gradient (the columns each estimator reads given: values, a baseline, Σπ², old log-probs, a
+    teacher's log-probs)."""
     from hfrt.daemon.batch import Batch
     from hfrt.roles.components.advantage import Advantages
     from hfrt.wire.loss_options import ESTIMATORS, POLICY_LOSS_MODES
@@ -114,7 +115,8 @@ def test_every_estimator_feeds_every_policy_loss_mode() -> None:
     scores[torch.arange(6), mask.sum(-1).long() - 1] = torch.tensor([1.0, 0.0, 1.0, 0.5, 0.0, 1.0])
     old = -torch.rand(6, 4, generator=g) - 0.1
     batch = Batch({"response_mask": mask, "token_level_scores": scores, "old_log_probs": old, "values": torch.rand(6, 4, generator=g),
-                   "sum_pi_squared": torch.rand(6, 4, generator=g) * 0.5, "baseline_score": torch.rand(6, generator=g)},
+                   "sum_pi_squared": torch.rand(6, 4, generator=g) * 0.5, "baseline_score": torch.rand(6, generator=g),
+                   "ref_log_prob": -torch.rand(6, 4, generator=g) - 0.1},  # on_policy_distill's teacher
                   {"uid": ["a", "a", "a", "b", "b", "b"]})
     for estimator in ESTIMATORS:
         adv = Advantages().compute(batch, estimator=estimator)["advantages"]
