@@ -22,6 +22,12 @@ EXT_OOB = 0
 _TIMESTAMP_MARKS = (b"\xd6\xff", b"\xd7\xff", b"\x04\xff", b"\x08\xff", b"\x0c\xff")
 
 
+def _may_hold_timestamp(body: bytes) -> bool:
+    """Whether `body` holds a timestamp mark. Every mark ends in 0xff, which most bodies lack:
+    one byte search decides for them, the five mark searches run only for the rest."""
+    return b"\xff" in body and any(mark in body for mark in _TIMESTAMP_MARKS)
+
+
 def _refuse_timestamps(value: Any) -> None:
     """Raise ValueError if `value` holds a msgpack Timestamp (ext -1 is not an hfrt type)."""
     stack = [value]
@@ -122,6 +128,9 @@ class Codec:
         #: registered records (handles) in the last decoded value: lets a receiver skip walking
         #: values that cannot contain any
         self.records_seen = 0
+        #: the registered records (handles) the last encoded value held, in the order packed: lets a
+        #: sender see what a message names without walking the value again
+        self.records_packed: list[Any] = []
         self._packer = msgpack.Packer(default=self._default, use_bin_type=True)
         limit = self.limits.max_frame_bytes
         self._unpack = functools.partial(
@@ -139,13 +148,15 @@ class Codec:
 
     def encode(self, value: Any) -> tuple[bytes, list[Any]]:
         """Return the msgpack body and the out-of-band buffers it refers to by index."""
+        if self.records_packed:
+            self.records_packed = []
         try:
             body = self._packer.pack(value)
         except Exception:
             self._packer.reset()
             self._buffers = []
             raise
-        if any(mark in body for mark in _TIMESTAMP_MARKS):
+        if _may_hold_timestamp(body):
             try:
                 _refuse_timestamps(value)
             except ValueError:
@@ -162,7 +173,7 @@ class Codec:
         self._frames = buffers or []
         self.records_seen = 0
         value = self._unpack(body)
-        if any(mark in body for mark in _TIMESTAMP_MARKS):
+        if _may_hold_timestamp(body):
             _refuse_timestamps(value)
         return value
 
@@ -185,6 +196,7 @@ class Codec:
     def _default(self, obj: Any) -> Any:
         code = _CODES_BY_TYPE.get(type(obj))
         if code is not None:
+            self.records_packed.append(obj)
             return msgpack.ExtType(code, msgpack.packb(obj.to_wire(), use_bin_type=True))
         if isinstance(obj, OutOfBand):
             self._buffers.append(obj.buffer)

@@ -10,11 +10,20 @@ message kinds; it knows nothing of sockets or routing identities.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import msgpack
+
 from hfrt.protocols.codec import Codec, Limits
-from hfrt.protocols.messages import KINDS, Message
+from hfrt.protocols.messages import KINDS, Call, Message
 from hfrt.protocols.signing import SIGNATURE_BYTES, Signer
+
+# pack_calls writes a Call's body as [KIND, call_id] + its other fields encoded once: that needs
+# the layout [kind, call_id, endpoint, args, kwargs, reply] with nothing optional.
+assert Call.FIELD_NAMES == ("call_id", "endpoint", "args", "kwargs", "reply") and not Call.OPTIONAL
+#: a six-element msgpack array's header and the Call kind (a positive fixint)
+_CALL_HEAD = bytes((0x96, Call.KIND))
 
 
 class WireError(ValueError):
@@ -49,6 +58,7 @@ class Wire:
         self.signer = Signer(key)
         # A body this small makes a one-frame message that needs no further size checks.
         self._single_frame_max = self.limits.max_frame_bytes - SIGNATURE_BYTES
+        self._ints = msgpack.Packer()  # call ids for pack_calls
 
     def pack(self, message: Message) -> list[Any]:
         body, buffers = self.codec.encode(message.to_wire())
@@ -60,6 +70,23 @@ class Wire:
         if problem:
             raise FrameTooLarge(f"cannot send {message.NAME}: {problem}")
         return [self.signer.sign(self._signed(body, buffers)) + body, *buffers]
+
+    def pack_calls(self, call_ids: Sequence[int], endpoint: str, args: list[Any], kwargs: dict[str, Any],
+                   reply: bool = True) -> list[list[Any]]:
+        """The frames pack() makes for `Call(call_id, endpoint, args, kwargs, reply)`, one list per
+        id, with the arguments encoded once: a broadcast's messages differ only in their call id,
+        so each costs its id, a concatenation and its signature. Raises as pack() does."""
+        fields, buffers = self.codec.encode([endpoint, args, kwargs, reply])
+        tail = fields[1:]  # the four fields without their array header (one byte: 0x94)
+        sizes = [memoryview(f).nbytes for f in buffers]
+        out = []
+        for call_id in call_ids:
+            body = _CALL_HEAD + self._ints.pack(call_id) + tail
+            problem = self.limits.check([SIGNATURE_BYTES + len(body), *sizes]) if buffers or len(body) > self._single_frame_max else None
+            if problem:
+                raise FrameTooLarge(f"cannot send {Call.NAME}: {problem}")
+            out.append([self.signer.sign(self._signed(body, buffers) if buffers else (body,)) + body, *buffers])
+        return out
 
     def _signed(self, body: Any, buffers: list[Any]) -> list[Any]:
         if self.sign_buffers:

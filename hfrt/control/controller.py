@@ -1,4 +1,4 @@
-"""The controller: one ROUTER socket, a call-id → future table, the daemon registry and liveness.
+"""The controller: one ROUTER socket, the calls in flight, the daemon registry and liveness.
 
 Every call returns an asyncio future as soon as its message is sent, so independent calls overlap
 by construction (start early, await late). A daemon that exits, is killed or stops beating fails
@@ -8,14 +8,14 @@ process they own exits, through `mark_gone`). After `record_calls()`, every sett
 one span (daemon, endpoint, call id, sent, settled, status) to `trace` (hfrt.control.trace). Its
 liveness watcher and gone-listeners are supervised (hfrt.control.supervision): if one fails, the
 session fails loudly (pending calls, later calls and close() raise ControllerFailed). It owns its
-collaborators, each given what it needs (a send function, registry views, counters): the roster,
-the tensor plane, the open streams, the stray-reply count and the supervisor.
+collaborators, each given what it needs (a send function, registry views, counters): the calls in
+flight (hfrt.control.calls: call id → pending call; a group call is one future over its ranks'
+calls), the roster, the tensor plane, the open streams, the stray-reply count and the supervisor.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import secrets
 import time
 from pathlib import Path
@@ -24,20 +24,20 @@ from typing import Any
 import zmq
 
 from hfrt.control import liveness
+from hfrt.control.calls import CallTable, Combine
 from hfrt.control.daemons import DaemonInfo, GoneListener
 from hfrt.control.group import CallLayer, RoleGroup
-from hfrt.control.pending import Pending, fail_all, settle
+from hfrt.control.pending import Pending
 from hfrt.control.roster import Roster
 from hfrt.control.strays import StrayReplies
 from hfrt.control.streams import CallStream, StreamCalls
 from hfrt.control.supervision import Supervisor
-from hfrt.control.tensor_plane import TensorPlane
+from hfrt.control.tensor_plane import DIRECTORY_CALL, TensorPlane
 from hfrt.control.trace import MAX_SPANS, CallTrace
 from hfrt.log import get_logger
 from hfrt.protocols import (
     PROTOCOL_VERSION,
     Bye,
-    Call,
     Cancel,
     Error,
     Heartbeat,
@@ -54,7 +54,7 @@ from hfrt.protocols import (
 )
 from hfrt.wire import shm
 from hfrt.wire.channel import Channel
-from hfrt.wire.errors import CallTimeout, ControllerFailed, DaemonGone, RemoteError
+from hfrt.wire.errors import ControllerFailed, DaemonGone
 
 
 class Controller:
@@ -81,21 +81,16 @@ class Controller:
         self.requested_address = address
         self.address = address
         self.heartbeat_s = check_heartbeat_s(heartbeat_s, "controller heartbeat_s")
-        self.default_timeout_s = default_timeout_s
         self.session = secrets.token_hex(8)
         self._wire = Wire(key, limits)
         self._limits = self._wire.limits
         self._roster = Roster()  # every daemon that said hello, and what a hello means
-        self._calls: dict[int, Pending] = {}
-        self._next_id = 1
         self._changed: asyncio.Event | None = None
         self._channel: Channel | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._zmq: zmq.Context[Any] | None = None
         self._log = get_logger(part="controller", session=self.session)
         self._supervisor = Supervisor(self._log, self._fail_session)  # owns the watcher, guards listeners
-        #: spans of the calls sent since record_calls() (None: not recording)
-        self.trace: CallTrace | None = None
         #: told of every daemon declared gone, before the calls pending on it fail
         self.gone_listeners: list[GoneListener] = []
         #: the call layer role groups route calls through (None: recovery off)
@@ -105,11 +100,17 @@ class Controller:
         self.launched_roles: frozenset[str] | None = None
         if recovery is not None:
             recovery.attach(self)
-        names = ("calls_sent", "replies", "errors", "dropped_frames", "dropped_replies", "controller_bulk_bytes", "keys_freed")
+        names = ("calls_sent", "replies", "errors", "dropped_frames", "dropped_replies", "controller_bulk_bytes", "keys_freed",
+                 "peer_directory_bytes")
         self._stats: dict[str, int] = dict.fromkeys(names, 0)
         self._strays = StrayReplies(self._stats, self._log)  # late_replies, unmatched_replies
         self._plane = TensorPlane(self._roster.all, self._roster.get, self.submit, self._stats)
-        self._streams = StreamCalls(self._send_call, self._calls.get, self._restart_deadline, self._stats, self._strays)
+        self._table = CallTable(self._wire, self._send_frames, introduce=self._plane.introduce, track=self._plane.track,
+                                refusal=self._refusal, overdue=self._overdue, cancel=self._cancel_call, strays=self._strays,
+                                stats=self._stats, log=self._log, default_timeout_s=default_timeout_s,
+                                byte_counts={DIRECTORY_CALL: "peer_directory_bytes"})
+        self._streams = StreamCalls(self._send_call, self._table.calls.get, self._table.restart_deadline, self._stats,
+                                    self._strays)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -131,6 +132,7 @@ class Controller:
         sock.bind(self.requested_address)
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._plane.start(self._loop)
+        self._table.start(self._loop)
         self._channel = Channel(sock, self._on_frames, self._loop, routed=True, limits=self._limits)
         self._channel.on_unroutable = self._on_unroutable
         self._channel.on_dropped = self._on_dropped
@@ -143,7 +145,7 @@ class Controller:
         """Fail whatever is pending and close the socket (daemons are not told: see shutdown_daemons).
         Raises ControllerFailed, after closing, if the session failed (hfrt.control.supervision)."""
         await self._supervisor.close()
-        fail_all(self._calls, lambda p: DaemonGone(f"controller closed before {p.endpoint} finished"), self._span)
+        self._table.fail_all(lambda p: DaemonGone(f"controller closed before {p.endpoint} finished"))
         if self._channel is not None:
             self._channel.close()
             self._channel = None
@@ -154,7 +156,7 @@ class Controller:
 
     def _fail_session(self, failure: ControllerFailed) -> None:
         """The supervisor's verdict: fail every pending call with it, wake whoever waits for a role."""
-        fail_all(self._calls, lambda p: self._supervisor.error(f"{p.where} did not finish"), self._span)
+        self._table.fail_all(lambda p: self._supervisor.error(f"{p.where} did not finish"))
         self.notify_change()
 
     async def shutdown_daemons(self, reason: str = "controller finished", *, grace_s: float = 5.0, wait_s: float = 10.0) -> None:
@@ -226,70 +228,56 @@ class Controller:
         (self._log.info if expected else self._log.warning)("daemon_gone", daemon=info.describe(), reason=reason)
         for listener in self.gone_listeners:  # one that raises fails the session (not this loop)
             self._supervisor.guarded("gone-listener", listener, info, reason, expected)
-        fail_all(self._calls, lambda p: DaemonGone(f"{info.describe()} is gone ({reason}); {p.endpoint} did not finish"),
-                 self._span, of=info)
+        self._table.fail_all(lambda p: DaemonGone(f"{info.describe()} is gone ({reason}); {p.endpoint} did not finish"), of=info)
         self.notify_change()
 
     # -- calls --------------------------------------------------------------------------------
+
+    @property
+    def trace(self) -> CallTrace | None:
+        """Spans of the calls sent since record_calls() (None: not recording)."""
+        return self._table.trace
+
+    @property
+    def default_timeout_s(self) -> float | None:
+        """The per-call timeout when a call gives none (None: wait forever; a dead daemon still fails it)."""
+        return self._table.default_timeout_s
 
     def record_calls(self, max_spans: int = MAX_SPANS, path: str | Path | None = None) -> CallTrace:
         """From now on, record a span for every call this controller sends: streamed to `path` as a
         Chrome trace (`CallTrace.close()` ends it), or without one, the latest `max_spans` kept in
         memory (`CallTrace.write(path)` saves them)."""
-        self.trace = CallTrace(max_spans, path)
-        return self.trace
+        self._table.trace = CallTrace(max_spans, path)
+        return self._table.trace
 
-    def _span(self, call_id: int, pending: Pending, status: str) -> None:
-        if status != "error":  # gone, timeout, cancelled: given up on, its reply may still come
-            self._strays.given_up(call_id)
-        if self.trace is not None:
-            self.trace.add(pending.daemon.identity, pending.endpoint, call_id, pending.sent, status)
-
-    def submit(
-        self,
-        info: DaemonInfo,
-        endpoint: str,
-        args: list[Any],
-        kwargs: dict[str, Any],
-        *,
-        timeout_s: float | None = None,
-        reply: bool = True,
-    ) -> asyncio.Future[Any]:
+    def submit(self, info: DaemonInfo, endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
+               timeout_s: float | None = None, reply: bool = True) -> asyncio.Future[Any]:
         """Send one Call to one daemon now; the future resolves with its Reply value."""
-        future: asyncio.Future[Any] = self._loop.create_future()
+        return self._table.send(info, endpoint, args, kwargs, timeout_s=timeout_s, reply=reply)
+
+    def submit_all(self, infos: list[DaemonInfo], endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
+                   timeout_s: float | None = None, combine: Combine = list) -> asyncio.Future[Any]:
+        """Send the same Call to every daemon of `infos` now, its arguments encoded once; the future
+        resolves with combine(their values, in order), or fails with the first failure."""
+        return self._table.send_all(infos, endpoint, args, kwargs, timeout_s=timeout_s, combine=combine)
+
+    def submit_each(self, parts: list[tuple[DaemonInfo, list[Any], dict[str, Any]]], endpoint: str, *,
+                    timeout_s: float | None = None, combine: Combine = list) -> asyncio.Future[Any]:
+        """Send one Call per (daemon, args, kwargs) now; one future: combine(their values, in order)."""
+        return self._table.send_each(parts, endpoint, timeout_s=timeout_s, combine=combine)
+
+    def _refusal(self, info: DaemonInfo, endpoint: str) -> BaseException | None:
+        """Why `endpoint` cannot be called on `info` now (the session failed, the daemon is gone), if it cannot."""
         if self._supervisor.failure is not None:
-            future.set_exception(self._supervisor.error(f"{info.role}[{info.rank}].{endpoint} not sent"))
-            return future
+            return self._supervisor.error(f"{info.role}[{info.rank}].{endpoint} not sent")
         if not info.alive:
-            future.set_exception(DaemonGone(f"{info.describe()} is gone ({info.gone_reason}); cannot call {endpoint}"))
-            return future
-        call_id = self._next_id
-        self._next_id = call_id + 1
-        try:
-            frames = self._wire.pack(Call(call_id, endpoint, args, kwargs, reply))
-        except (WireError, TypeError, ValueError, OverflowError) as exc:
-            future.set_exception(type(exc)(f"{info.role}[{info.rank}].{endpoint}: cannot send arguments: {exc}"))
-            return future
-        sent = time.perf_counter()
-        if reply:
-            pending = Pending(future, info, endpoint, sent)
-            self._calls[call_id] = pending
-            timeout = self.default_timeout_s if timeout_s is None else timeout_s
-            if timeout is not None:
-                pending.timer = self._loop.call_later(timeout, self._expire, call_id, timeout)
-            future.add_done_callback(functools.partial(self._on_future_done, call_id))
-        else:
-            future.set_result(None)
-            if self.trace is not None:
-                self.trace.add(info.identity, endpoint, call_id, sent, "sent")
-        self._stats["calls_sent"] += 1
-        self._send_frames(info, frames)
-        return future
+            return DaemonGone(f"{info.describe()} is gone ({info.gone_reason}); cannot call {endpoint}")
+        return None
 
     def _send_call(self, info: DaemonInfo, endpoint: str, args: list[Any], kwargs: dict[str, Any],
                    timeout_s: float | None) -> tuple[int, asyncio.Future[Any]]:
         """submit(), also giving the call id it sends the call under (streams route partials by it)."""
-        call_id = self._next_id
+        call_id = self._table.next_id
         return call_id, self.submit(info, endpoint, args, kwargs, timeout_s=timeout_s)
 
     def submit_stream(self, info: DaemonInfo, endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
@@ -298,35 +286,18 @@ class Controller:
         `timeout_s` (else default_timeout_s) bounds each wait (hfrt.control.streams.StreamCalls.open)."""
         return self._streams.open(info, endpoint, args, kwargs, self.default_timeout_s if timeout_s is None else timeout_s)
 
-    def _restart_deadline(self, call_id: int, pending: Pending, timeout: float) -> None:
-        """A pending call with a deadline gets `timeout` seconds from now (a stream's partial arrived)."""
-        if pending.timer is not None:
-            pending.timer.cancel()
-            pending.timer = self._loop.call_later(timeout, self._expire, call_id, timeout)
-
-    def _expire(self, call_id: int, timeout: float) -> None:
-        pending = self._calls.pop(call_id, None)
-        if pending is None:
-            return
+    def _overdue(self, call_id: int, pending: Pending, timeout: float) -> bool:
+        """A call ran past its deadline: with recovery on and its daemon hung, that daemon is declared
+        gone (its calls fail with it, to be retried); True then, False for a plain timeout."""
         info = pending.daemon
-        if self.recovery is not None and self.recovery.hung(info):  # treated as a death: replaced, retried
-            self._calls[call_id] = pending
-            self.mark_gone(info.identity, f"hung: {pending.endpoint} ran past its {timeout:.1f}s deadline")
-            return
-        self._span(call_id, pending, "timeout")
-        self._send_to(info, Cancel(call_id))
-        timed_out = f"{info.role}[{info.rank}].{pending.endpoint} did not finish within {timeout}s; cancelled"
-        settle(pending.future, exc=CallTimeout(timed_out))
+        if self.recovery is None or not self.recovery.hung(info):
+            return False
+        self._table.calls[call_id] = pending
+        self.mark_gone(info.identity, f"hung: {pending.endpoint} ran past its {timeout:.1f}s deadline")
+        return True
 
-    def _on_future_done(self, call_id: int, future: asyncio.Future[Any]) -> None:
-        if not future.cancelled():
-            return
-        pending = self._calls.pop(call_id, None)
-        if pending is not None:
-            self._span(call_id, pending, "cancelled")
-            if pending.timer is not None:
-                pending.timer.cancel()
-            self._send_to(pending.daemon, Cancel(call_id))
+    def _cancel_call(self, info: DaemonInfo, call_id: int) -> None:
+        self._send_to(info, Cancel(call_id))
 
     # -- incoming -----------------------------------------------------------------------------
 
@@ -350,9 +321,9 @@ class Controller:
     def _dispatch_message(self, ident: bytes, msg: Message) -> None:
         kind = type(msg)
         if kind is Reply:
-            self._on_reply(ident, msg)  # type: ignore[arg-type]
+            self._table.reply(ident, msg, self._loop.time())  # type: ignore[arg-type]
         elif kind is Error:
-            self._on_error(ident, msg)  # type: ignore[arg-type]
+            self._table.error(ident, msg)  # type: ignore[arg-type]
         elif kind is Heartbeat:
             self._on_heartbeat(ident, msg)  # type: ignore[arg-type]
         elif kind is Partial:  # a streaming endpoint's yielded value (hfrt.control.streams)
@@ -363,48 +334,6 @@ class Controller:
             self._on_bye(ident, msg)  # type: ignore[arg-type]
         else:
             self._log.warning("unexpected_message", peer=ident.decode("utf-8", "replace"), kind=msg.NAME)
-
-    def _pending_from(self, ident: bytes, call_id: int, kind: str) -> Pending | None:
-        """The pending call `call_id` if `ident` is the daemon it was sent to; a reply or error for
-        it from any other peer (even one holding the key) is dropped, logged and counted."""
-        pending = self._calls.get(call_id)
-        if pending is None:
-            self._strays.arrived(ident, call_id, kind)  # given up on (counted), or never ours (also logged)
-            return None
-        if ident != pending.daemon.route:
-            self._stats["dropped_replies"] += 1
-            self._log.warning("dropped_reply", peer=ident.decode("utf-8", "replace"), kind=kind, call_id=call_id,
-                              sent_to=pending.daemon.identity)
-            return None
-        del self._calls[call_id]
-        return pending
-
-    def _on_reply(self, ident: bytes, msg: Reply) -> None:
-        pending = self._pending_from(ident, msg.call_id, "reply")
-        if pending is None:
-            return
-        if self.trace is not None:
-            self.trace.add(pending.daemon.identity, pending.endpoint, msg.call_id, pending.sent, "ok")
-        pending.daemon.last_seen = self._loop.time()
-        if pending.timer is not None:
-            pending.timer.cancel()
-        self._stats["replies"] += 1
-        if self._wire.codec.records_seen:
-            self._plane.track(msg.value)
-        if not pending.future.done():
-            pending.future.set_result(msg.value)
-
-    def _on_error(self, ident: bytes, msg: Error) -> None:
-        self._stats["errors"] += 1
-        pending = self._pending_from(ident, msg.call_id, "error") if msg.call_id else None
-        if pending is None:
-            if msg.call_id not in self._calls:  # a forged one was logged as dropped_reply
-                self._log.warning("daemon_error", peer=ident.decode("utf-8", "replace"), type=msg.type, message=msg.message)
-            return
-        self._span(msg.call_id, pending, "error")
-        if pending.timer is not None:
-            pending.timer.cancel()
-        settle(pending.future, exc=RemoteError(pending.where, msg.type, msg.message, msg.traceback, msg.param))
 
     def _on_heartbeat(self, ident: bytes, msg: Heartbeat) -> None:
         owner = self._roster.of_heartbeat(ident)
@@ -469,7 +398,7 @@ class Controller:
     def stats(self) -> dict[str, Any]:
         """Counters since start; controller_bulk_bytes counts tensor payload that passed through here."""
         out: dict[str, Any] = dict(self._stats)
-        out["pending_calls"] = len(self._calls)
+        out["pending_calls"] = len(self._table.calls)
         out["daemons_alive"] = sum(d.alive for d in self._roster.all())
         out["live_tensor_keys"] = self._plane.live_keys
         return out

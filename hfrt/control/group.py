@@ -2,7 +2,7 @@
 and `.stream` for a streaming endpoint.
 
 A RoleGroup is a view of one role's ranks; an EndpointRef turns a call into per-rank messages by
-the endpoint's declared dispatch mode and combines the per-rank futures. Calling sends at once and
+the endpoint's declared dispatch mode and gathers the per-rank replies into one future. Calling sends at once and
 returns a future: start early, await late. A call layer (`CallLayer`, hfrt.control.recovery's
 Recovery), when the controller has one, sits between a group and the controller's submit(): the
 future it returns may send the call once more. A call whose arguments do not fit the parameters
@@ -80,12 +80,19 @@ class CallLayer(Protocol):
 
 
 class Caller(Protocol):
-    """What a role group needs of the controller: its submit() and its call layer."""
+    """What a role group needs of the controller: its submit() — of one call, or of one call to each
+    of several ranks as one future (submit_all: the same arguments, encoded once) — and its call layer."""
 
     recovery: CallLayer | None
 
     def submit(self, info: DaemonInfo, endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
                timeout_s: float | None = None, reply: bool = True) -> asyncio.Future[Any]: ...
+
+    def submit_all(self, infos: list[DaemonInfo], endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
+                   timeout_s: float | None = None) -> asyncio.Future[Any]: ...
+
+    def submit_each(self, parts: list[tuple[DaemonInfo, list[Any], dict[str, Any]]], endpoint: str, *,
+                    timeout_s: float | None = None, combine: Callable[[list[Any]], Any]) -> asyncio.Future[Any]: ...
 
 
 class RoleGroup:
@@ -206,8 +213,9 @@ class EndpointRef:
     def _send(self, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
         adverb, rank, timeout_s = how.adverb, how.rank, how.timeout_s
         group = self.group
-        if adverb is Adverb.CALL:
-            return _combine([self._submit(d, list(args), kwargs, timeout_s) for d in group.daemons], list)
+        caller = group._controller
+        if adverb is Adverb.CALL or (adverb is Adverb.DISPATCH and self.mode is Dispatch.REPLICATE):
+            return caller.submit_all(group.daemons, self.name, list(args), kwargs, timeout_s=timeout_s)  # encoded once
         if adverb is Adverb.CALL_ONE:
             return self._submit(next(d for d in group.daemons if d.rank == rank), list(args), kwargs, timeout_s)
         if self.mode is Dispatch.RANK0:
@@ -219,10 +227,10 @@ class EndpointRef:
             future.set_exception(ValueError(f"{group.name}.{exc}"))
             return future
         by_rank = {d.rank: d for d in group.daemons}
-        futures = [self._submit(by_rank[slot.rank], a, kw, timeout_s) for slot, a, kw in plan]
         slots = [slot for slot, _, _ in plan]
         mode = self.mode
-        return _combine(futures, lambda results: collect(mode, slots, results))
+        return caller.submit_each([(by_rank[slot.rank], a, kw) for slot, a, kw in plan], self.name, timeout_s=timeout_s,
+                                  combine=lambda results: collect(mode, slots, results))
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every rank and return at once; failures are logged by the controller."""
@@ -233,40 +241,3 @@ class EndpointRef:
 
     def _submit(self, daemon: DaemonInfo, args: list[Any], kwargs: dict[str, Any], timeout_s: float | None) -> asyncio.Future[Any]:
         return self.group._controller.submit(daemon, self.name, args, kwargs, timeout_s=timeout_s)
-
-
-def _combine(futures: list[asyncio.Future[Any]], combine: Callable[[list[Any]], Any]) -> asyncio.Future[Any]:
-    """One future over several: the combined results, or the first failure (the rest still run).
-
-    Cancelling the combined future cancels every part, which tells each daemon to cancel.
-    """
-    loop = asyncio.get_running_loop()
-    outer: asyncio.Future[Any] = loop.create_future()
-    remaining = len(futures)
-
-    def part_done(part: asyncio.Future[Any]) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if outer.done():
-            if not part.cancelled():
-                part.exception()  # mark retrieved: the caller already has the first failure
-            return
-        if part.cancelled():
-            outer.cancel()
-        elif part.exception() is not None:
-            outer.set_exception(part.exception())  # type: ignore[arg-type]
-        elif remaining == 0:
-            try:
-                outer.set_result(combine([f.result() for f in futures]))
-            except Exception as exc:
-                outer.set_exception(exc)
-
-    def outer_done(_: asyncio.Future[Any]) -> None:
-        if outer.cancelled():
-            for part in futures:
-                part.cancel()
-
-    for part in futures:
-        part.add_done_callback(part_done)
-    outer.add_done_callback(outer_done)
-    return outer

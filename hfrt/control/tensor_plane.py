@@ -1,5 +1,5 @@
 """The controller's side of the tensor plane, an object the Controller owns: the peer directory
-(where each daemon's data plane is, and who is told when), freeing the daemon tensors of handles
+(where each daemon's data plane is, and which daemon is told which entries, when), freeing the daemon tensors of handles
 the flow dropped, fetching handles on purpose, per-daemon figures, and forming the distributed
 data-plane group.
 
@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hfrt.control.lifetimes import HandleTracker
+from hfrt.protocols import BatchHandle, TensorHandle
+from hfrt.protocols.handles import INLINE_OWNER
 from hfrt.wire.errors import DaemonGone
 
 if TYPE_CHECKING:
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 
 #: what a daemon's hello declares (its meta) that the directory passes on: data-plane address, host, pid
 DIRECTORY_FIELDS = ("data", "host", "pid")
+#: the internal call that tells a daemon directory entries (hfrt.daemon.tensor_serving answers it)
+DIRECTORY_CALL = "_hfrt_peers"
 
 
 class Submit(Protocol):
@@ -34,47 +38,100 @@ class Submit(Protocol):
 
 
 class PeerDirectory:
-    """Where every daemon's data plane is, and who is told when.
+    """Where every daemon's data plane is, and who has been told what.
 
-    Each change — a daemon joins, the data-plane group is formed — pushes the whole directory to
-    every live daemon: per join N messages of N entries, so O(N²) bytes over a start-up of N
-    daemons. This class alone decides what goes to whom, so a change for scale (the newcomer told
-    everything and the others only the newcomer, or daemons asking on demand) is made here.
+    A daemon is told the entries it needs when it first needs them: before a call that names
+    handles of owners it has not been told of goes out, it gets one directory message with just
+    those entries (`introduce`; the call follows it on the same ordered channel). A start-up sends
+    nothing, and a run sends each daemon the entries of the owners whose handles it is actually
+    given — a few per rank in a PPO-style flow (the rows its data-parallel peers made, rank 0's
+    whole-batch results), N² entries only for traffic that really is all-to-all; pushing the whole
+    directory to everyone on every join sent N² entries per start-up, N³ bytes. When a known
+    identity comes back as a new process, whoever was told of the old one gets the new entry and
+    the newcomer starts knowing nothing; when the data-plane group is formed, every daemon gets
+    its known entries again with their group ranks. This class alone decides what goes to whom.
 
-    daemons: every daemon that said hello (alive or not), read at each push.
-    submit: sends one call (here: `_hfrt_peers`, without waiting for a reply).
+    daemon: one daemon that said hello, by identity (None: unknown); daemons: all of them.
+    submit: sends one call (here: DIRECTORY_CALL, without waiting for a reply).
     """
 
-    def __init__(self, daemons: Callable[[], Iterable[DaemonInfo]], submit: Submit) -> None:
+    def __init__(self, daemon: Callable[[str], DaemonInfo | None], daemons: Callable[[], Iterable[DaemonInfo]],
+                 submit: Submit) -> None:
+        self._daemon = daemon
         self._daemons = daemons
         self._submit = submit
+        self._told: dict[str, set[str]] = {}  # recipient → owners whose entries it has
+        self._told_of: dict[str, set[str]] = {}  # owner → recipients that have its entry
         #: identity → rank in the distributed data-plane group (empty until one is formed)
         self.plane_ranks: dict[str, int] = {}
 
+    def entry(self, info: DaemonInfo) -> dict[str, Any]:
+        """{data, host, pid, plane_rank} of one daemon (plane_rank -1: not in a formed group)."""
+        return {**{k: info.meta.get(k) for k in DIRECTORY_FIELDS}, "plane_rank": self.plane_ranks.get(info.identity, -1)}
+
     def entries(self) -> dict[str, dict[str, Any]]:
-        """identity → {data, host, pid, plane_rank} of every live daemon with a data plane
-        (plane_rank -1: not in a formed group)."""
-        return {
-            d.identity: {**{k: d.meta.get(k) for k in DIRECTORY_FIELDS}, "plane_rank": self.plane_ranks.get(d.identity, -1)}
-            for d in self._daemons()
-            if d.alive and d.meta.get("data")
-        }
+        """identity → entry of every live daemon with a data plane."""
+        return {d.identity: self.entry(d) for d in self._daemons() if d.alive and d.meta.get("data")}
+
+    def told(self, recipient: str) -> set[str]:
+        """The owners whose entries `recipient` has been told."""
+        return set(self._told.get(recipient, ()))
+
+    def introduce(self, recipient: DaemonInfo, records: Iterable[Any]) -> None:
+        """A call to `recipient` names `records` (handles): first tell it the entries of their
+        owners it lacks (it needs none for itself or inline rows). A gone owner's last entry is
+        told too: the daemon's pull then fails saying that owner is gone, not that it is unknown."""
+        told = self._told.setdefault(recipient.identity, set())
+        new: dict[str, dict[str, Any]] = {}
+        for owner in _owners(records):
+            if owner in told or owner in new or owner == recipient.identity:
+                continue
+            info = self._daemon(owner)
+            if info is not None and info.meta.get("data"):
+                new[owner] = self.entry(info)
+        if new:
+            self._tell(recipient, new)
 
     def joined(self, info: DaemonInfo) -> None:
-        """`info` said hello as a new process. Called as it is welcomed, so the directory reaches
-        everyone before any handle of the newcomer can."""
-        self._push()
+        """`info` said hello as a new process. Called as it is welcomed, before any call can name
+        its handles: it knows no entries yet, and whoever knew an earlier process of its identity
+        gets its new entry."""
+        for owner in self._told.pop(info.identity, set()):
+            self._told_of.get(owner, set()).discard(info.identity)
+        if not info.meta.get("data"):
+            return
+        update = {info.identity: self.entry(info)}
+        for identity in sorted(self._told_of.get(info.identity, ())):
+            recipient = self._daemon(identity)
+            if recipient is not None and recipient.alive:
+                self._submit(recipient, DIRECTORY_CALL, [update], {}, reply=False)
 
     def formed(self, ranks: dict[str, int]) -> None:
-        """The data-plane group was formed with these ranks; every live daemon learns them."""
+        """The data-plane group was formed with these ranks; every live daemon gets the entries it
+        knows again, with their ranks (later introductions carry them)."""
         self.plane_ranks = dict(ranks)
-        self._push()
+        for recipient in self._daemons():
+            known = [self._daemon(owner) for owner in sorted(self._told.get(recipient.identity, ()))]
+            update = {o.identity: self.entry(o) for o in known if o is not None and o.alive}
+            if recipient.alive and update:
+                self._submit(recipient, DIRECTORY_CALL, [update], {}, reply=False)
 
-    def _push(self) -> None:
-        directory = self.entries()
-        for info in self._daemons():
-            if info.alive:
-                self._submit(info, "_hfrt_peers", [directory], {}, reply=False)
+    def _tell(self, recipient: DaemonInfo, entries: dict[str, dict[str, Any]]) -> None:
+        self._told[recipient.identity].update(entries)
+        for owner in entries:
+            self._told_of.setdefault(owner, set()).add(recipient.identity)
+        self._submit(recipient, DIRECTORY_CALL, [entries], {}, reply=False)
+
+
+def _owners(records: Iterable[Any]) -> Iterator[str]:
+    """The owning daemons of handle records, in order, repeats included (inline rows have none)."""
+    for record in records:
+        if isinstance(record, BatchHandle):
+            for shard in record.shards:
+                if shard.owner != INLINE_OWNER:
+                    yield shard.owner
+        elif isinstance(record, TensorHandle):
+            yield record.owner
 
 
 class TensorPlane:
@@ -87,7 +144,7 @@ class TensorPlane:
 
     def __init__(self, daemons: Callable[[], Iterable[DaemonInfo]], daemon: Callable[[str], DaemonInfo | None],
                  submit: Submit, stats: dict[str, int]) -> None:
-        self.directory = PeerDirectory(daemons, submit)
+        self.directory = PeerDirectory(daemon, daemons, submit)
         self._daemons = daemons
         self._daemon = daemon
         self._submit = submit
@@ -101,6 +158,11 @@ class TensorPlane:
     def joined(self, info: DaemonInfo) -> None:
         """A new daemon process said hello (see PeerDirectory.joined)."""
         self.directory.joined(info)
+
+    def introduce(self, recipient: DaemonInfo, records: list[Any]) -> None:
+        """A call to `recipient` names these handle records: it gets the directory entries of
+        their owners it lacks first (see PeerDirectory.introduce)."""
+        self.directory.introduce(recipient, records)
 
     def track(self, value: Any) -> None:
         """Hold every handle in a freshly decoded reply value; when the flow drops the last one
@@ -136,7 +198,6 @@ class TensorPlane:
         are counted as controller_bulk_bytes. Imports torch on first use.
         """
         from hfrt.control.fetch import batch_from, tensor_from
-        from hfrt.protocols import BatchHandle, TensorHandle
 
         if isinstance(value, TensorHandle):
             [buf] = await self._fetch_bytes(value.owner, [value])

@@ -75,6 +75,18 @@ class RecordingCaller:
         future.set_result(None)
         return future
 
+    def submit_all(self, infos: list[DaemonInfo], endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
+                   timeout_s: float | None = None) -> asyncio.Future[Any]:
+        return self.submit_each([(info, args, kwargs) for info in infos], endpoint, combine=list)
+
+    def submit_each(self, parts: list[tuple[DaemonInfo, list[Any], dict[str, Any]]], endpoint: str, *,
+                    timeout_s: float | None = None, combine: Any = list) -> asyncio.Future[Any]:
+        for info, args, kwargs in parts:
+            self.submit(info, endpoint, args, kwargs)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(combine([None] * len(parts)))
+        return future
+
 
 def group_of(cls: type, world: int = 2) -> tuple[RoleGroup, RecordingCaller]:
     table = received_table(cls)

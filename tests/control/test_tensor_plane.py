@@ -1,5 +1,5 @@
 """The controller's tensor plane through its own interface, without sockets or daemon processes:
-what the peer directory holds and whom it is pushed to, frees of dropped handles, fetch's
+what the peer directory holds and which daemon is told which entries, when, frees of dropped handles, fetch's
 refusals and its count of bytes through the controller, per-daemon figures and forming the
 data-plane group. A recording stand-in takes the place of the controller's submit."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from hfrt.control.daemons import DaemonInfo
 from hfrt.control.tensor_plane import TensorPlane
-from hfrt.protocols import OutOfBand, TensorHandle
+from hfrt.protocols import BatchHandle, OutOfBand, Shard, TensorHandle
 from hfrt.wire.errors import DaemonGone
 
 pytestmark = pytest.mark.timeout(30)
@@ -58,15 +58,56 @@ async def test_the_directory_lists_live_daemons_with_a_data_plane_before_any_gro
     assert tp.directory.entries() == {"actor:0": {"data": "tcp://h:1", "host": "h1", "pid": 100, "plane_rank": -1}}
 
 
-async def test_a_join_pushes_the_whole_directory_to_every_live_daemon_without_waiting() -> None:
-    daemons = [daemon("actor:0"), daemon("actor:1"), daemon("critic:0", alive=False)]
+def shards(*owners: str) -> BatchHandle:
+    return BatchHandle(tuple(Shard(o, 1, {"x": TensorHandle(o, f"k-{o}", (1,), "float32", "cpu", 4)}) for o in owners))
+
+
+async def test_a_join_tells_nobody_and_a_call_first_tells_its_daemon_the_owners_it_lacks() -> None:
+    daemons = [daemon("actor:0"), daemon("actor:1"), daemon("critic:0"), daemon("critic:1", alive=False)]
     sent = Sent()
     tp, _ = plane(daemons, sent)
-    tp.joined(daemons[1])
-    pushes = sent.to("_hfrt_peers")
-    assert [who for who, _, _ in pushes] == ["actor:0", "actor:1"], "a gone daemon is not told, every live one is"
-    assert all(not reply for _, _, reply in pushes), "the directory goes out without a reply to wait for"
-    assert pushes[0][1] == [tp.directory.entries()] and set(pushes[0][1][0]) == {"actor:0", "actor:1"}
+    for d in daemons:
+        tp.joined(d)
+    assert sent.to("_hfrt_peers") == [], "a start-up sends no directory"
+    inline = BatchHandle.inline({"prompt": ["a"]})
+    tp.introduce(daemons[0], [shards("actor:0", "actor:1", "critic:1"), TensorHandle("critic:0", "k", (1,), "float32", "cpu", 4),
+                              inline, shards("actor:1")])
+    [(who, args, reply)] = sent.to("_hfrt_peers")
+    assert who == "actor:0" and not reply, "one message, sent without a reply to wait for"
+    assert args == [{"actor:1": tp.directory.entry(daemons[1]), "critic:1": tp.directory.entry(daemons[3]),
+                     "critic:0": tp.directory.entry(daemons[2])}], "not itself nor inline rows; a gone owner's last entry"
+    tp.introduce(daemons[0], [shards("actor:1", "critic:0", "critic:1")])
+    assert len(sent.to("_hfrt_peers")) == 1, "what a daemon was told is not told again"
+    assert tp.directory.told("actor:0") == {"actor:1", "critic:0", "critic:1"}
+
+
+async def test_a_replaced_owner_is_told_anew_to_those_that_knew_it_and_the_newcomer_starts_empty() -> None:
+    registry = {d.identity: d for d in (daemon("actor:0"), daemon("actor:1"), daemon("critic:0"))}
+    sent = Sent()
+    tp = TensorPlane(registry.values, registry.get, sent, {})
+    tp.introduce(registry["actor:0"], [shards("actor:1")])
+    tp.introduce(registry["actor:1"], [shards("critic:0")])
+    fresh = registry["actor:1"] = daemon("actor:1", data="tcp://h:2")  # the roster now holds the new process
+    tp.joined(fresh)
+    update = sent.to("_hfrt_peers")[-1]
+    assert update == ("actor:0", [{"actor:1": tp.directory.entry(fresh)}], False)
+    assert update[1][0]["actor:1"]["data"] == "tcp://h:2"
+    assert tp.directory.told("actor:1") == set(), "the new process was told nothing yet"
+    tp.introduce(fresh, [shards("critic:0")])
+    assert sent.to("_hfrt_peers")[-1][0] == "actor:1", "so it is told again when it needs to be"
+
+
+async def test_the_directory_grows_with_the_owners_each_daemon_reads_not_with_all_pairs() -> None:
+    n = 64
+    daemons = [daemon(f"actor:{r}") for r in range(n)] + [daemon(f"critic:{r}") for r in range(n)]
+    sent = Sent()
+    tp, _ = plane(daemons, sent)
+    rollout = shards(*(f"actor:{r}" for r in range(n)))
+    for _step in range(3):  # each critic rank reads its own slice of the actor's rollout, every step
+        for r in range(n):
+            tp.introduce(daemons[n + r], [rollout.slice(r, r + 1)])
+    entries = sum(len(args[0]) for _, args, _ in sent.to("_hfrt_peers"))
+    assert entries == n, f"{entries} entries: one per critic rank, once"
 
 
 async def test_forming_the_data_plane_opens_on_the_first_by_identity_joins_all_and_tells_everyone() -> None:
@@ -80,9 +121,18 @@ async def test_forming_the_data_plane_opens_on_the_first_by_identity_joins_all_a
     assert joins == [("actor:0", ["tcp://master:5", 3, 0, "gloo"]), ("actor:1", ["tcp://master:5", 3, 1, "gloo"]),
                      ("reward:0", ["tcp://master:5", 3, 2, "gloo"])]
     assert all(t == 7.0 for _, ep, _, _, t in sent.calls if ep.startswith("_hfrt_plane"))
-    [directory] = {str(args[0]) for _, args, _ in sent.to("_hfrt_peers")}
-    assert len(sent.to("_hfrt_peers")) == 3 and "'plane_rank': 2" in directory
+    assert sent.to("_hfrt_peers") == [], "a daemon told nothing is told nothing more"
     assert tp.directory.entries()["actor:1"]["plane_rank"] == 1
+
+
+async def test_forming_tells_every_daemon_its_known_entries_again_with_their_ranks() -> None:
+    daemons = [daemon("actor:0"), daemon("actor:1"), daemon("reward:0")]
+    sent = Sent({"_hfrt_plane_open": "tcp://master:5", "_hfrt_plane_join": None})
+    tp, _ = plane(daemons, sent)
+    tp.introduce(daemons[2], [shards("actor:0", "actor:1")])
+    await tp.form_data_plane("gloo")
+    [_, (who, args, _)] = sent.to("_hfrt_peers")
+    assert who == "reward:0" and {k: v["plane_rank"] for k, v in args[0].items()} == {"actor:0": 0, "actor:1": 1}
 
 
 async def test_forming_with_no_live_daemon_is_refused() -> None:

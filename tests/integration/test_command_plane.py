@@ -47,7 +47,7 @@ async def test_replies_from_any_peer_but_the_callee_are_dropped() -> None:
         assert await echo.ping.call_one(0) == "pong"
         pending = [echo.sleep.call_one(0, 1.5, tag=i) for i in range(3)]
         await asyncio.sleep(0.1)
-        call_ids = sorted(ctl._calls)
+        call_ids = sorted(ctl._table.calls)
         assert len(call_ids) == 3
         ctx: zmq.Context[Any] = zmq.Context()
         try:

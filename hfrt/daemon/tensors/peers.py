@@ -64,10 +64,11 @@ class Peers:
         self._log = get_logger(part="peers", daemon=me)
 
     def update(self, directory: dict[str, dict[str, Any]]) -> None:
-        self.directory = {
+        """Add or renew entries (the controller tells each daemon the owners it needs, when it needs them)."""
+        self.directory.update({
             name: PeerInfo(str(d["data"]), str(d["host"]), int(d["pid"]), int(d.get("plane_rank", -1)))
             for name, d in directory.items()
-        }
+        })
 
     def backend_for(self, handle: TensorHandle, force: str | None = None) -> str:
         force = force or self.force
