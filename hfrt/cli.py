@@ -1,4 +1,4 @@
-"""The `hfrt` command line: `controller`, `daemon`, `launch`, `stop`, `plot`, `plan`, `bench` and `serve-openai` subcommands (argparse).
+"""The `hfrt` command line: `controller`, `daemon`, `daemon-host`, `launch`, `stop`, `plot`, `plan`, `bench` and `serve-openai` subcommands (argparse).
 
 It parses flags and hands off; it holds no runtime logic of its own.
 """
@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hfrt import daemon_host
+
 BENCHES = {
     "latency": "hfrt.bench.latency", "transfer": "hfrt.bench.transfer", "transition": "hfrt.bench.transition",
     "step": "hfrt.bench.step", "memory": "hfrt.bench.memory",
     "vs-trl": "hfrt.bench.vs_trl", "reshard": "hfrt.bench.reshard", "openai-serve": "hfrt.bench.openai_serve",
-    "openai-stream": "hfrt.bench.openai_stream",
+    "openai-stream": "hfrt.bench.openai_stream", "scale": "hfrt.bench.scale",
     "recovery": "hfrt.bench.recovery_cost", "pipeline": "hfrt.bench.pipeline",
     "token-budget": "hfrt.bench.token_budget", "lora-sync": "hfrt.bench.lora_sync",
 }
@@ -423,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--log-level", default="info", help="debug, info, warning or error")
     d.add_argument("--log-format", default="console", choices=["console", "json"], help="log line format")
 
+    daemon_host.add_arguments(sub.add_parser("daemon-host", help="serve N daemons of one role in one process, for benchmarks and tests of the controller at scale"))
     la = sub.add_parser("launch", help="start the daemons a cluster spec places, wait for them, write attach.json")
     la.add_argument("spec", help="cluster + placement spec (TOML); see docs/deploy.md")
     la.add_argument("--run-dir", help="where the key, logs and attach.json go (default: runs/launch-NAME-TIMESTAMP)")
@@ -485,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     handlers = {"controller": _controller, "daemon": _daemon, "launch": _launch, "stop": _stop, "plot": _plot, "plan": _plan,
-                "serve-openai": _serve_openai}
+                "serve-openai": _serve_openai, "daemon-host": daemon_host.main}
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:  # Ctrl-C before or after the event loop (hfrt.signals handles it during)

@@ -54,7 +54,17 @@ def test_a_runs_daemon_is_orphaned_when_its_welcomed_controller_is_dead() -> Non
     assert v.judge(early, welcomed=True, connected=False, interval_s=INTERVAL).silence is Silence.FINE, "not silent long enough"
     gone = v.judge(dead_after, welcomed=True, connected=False, interval_s=INTERVAL)
     assert gone.silence is Silence.ORPHANED and gone.controller_dead
-    assert gone.detail.startswith("its controller is gone (connection closed), no echo for 2.1")
+    assert gone.detail.startswith(f"its controller is gone (connection closed), no echo for {dead_after:.1f}")
+
+
+def test_a_killed_controller_is_known_dead_within_one_interval_of_the_kill() -> None:
+    # beats (and so echoes) come twice per interval: the last echo is at most half an interval old at the kill
+    for last_echo in (0.0, INTERVAL / 2):
+        v = vigil(exit_with_controller=True)
+        v.echo(last_echo, "s1", own_session="s1", interval_s=INTERVAL)
+        killed = INTERVAL / 2
+        verdict = v.judge(killed + INTERVAL + 0.01, welcomed=True, connected=False, interval_s=INTERVAL)
+        assert verdict.silence is Silence.ORPHANED, f"last echo at {last_echo}: not known dead one interval after the kill"
 
 
 def test_a_kept_daemon_outlives_a_dead_controller_until_its_orphan_timeout() -> None:

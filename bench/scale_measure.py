@@ -1,0 +1,251 @@
+"""One rank count of the scale benchmark (bench/scale.py), measured in this process, which is the
+controller: a real Controller (recovery on), its daemons in `hfrt daemon-host` processes
+(bench/scale_hosts.py), and one real `hfrt daemon` process to kill -9.
+
+Two phases over the same controller. Ranks: one role of N simulated daemons — start-up (ready_s,
+peer_directory_bytes), broadcasts (`ping` on every rank, all replies gathered), dispatches (`take`
+of a batch with one shard handle per rank, split by data-parallel rank), and a death: the separate
+daemon (role `cost`, stateless, so recovery relaunches it) is killed and the controller must find
+out from its heartbeats alone, then recovery replaces it. Step: the PPO roles (actor, critic,
+reference, reward, N/4 ranks each, at least one) run hfrt.flows.recipes.ppo's own step with no
+compute, so the step's time is the runtime's. CPU is this process's (all threads: the event loop
+and ZeroMQ's I/O thread), RSS its resident memory. It knows the controller's public API and the
+PPO step; nothing of how the daemons serve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hfrt.bench.scale_hosts import Fleet
+from hfrt.control.controller import Controller
+from hfrt.control.daemons import DaemonInfo
+from hfrt.control.group import RoleGroup
+from hfrt.control.recovery import Recovery, RecoveryPolicy
+from hfrt.deploy.launchers.base import DaemonSpec
+from hfrt.deploy.launchers.local import LocalLauncher
+from hfrt.flows.recipes.ppo import PPOFlowConfig, ppo_step
+from hfrt.protocols import BatchHandle, Shard, TensorHandle, new_key
+
+#: the daemon that is killed: its own process, a stateless role recovery relaunches
+VICTIM_ROLE, VICTIM_IMPL = "cost", "hfrt.roles.diagnostic.scale:SimReward"
+RANKS_ROLE = "rank"
+PPO_ROLES = ("actor", "critic", "reference", "reward")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one measurement runs: ranks, daemons per host process, the heartbeat interval, how many
+    broadcasts, dispatches and PPO steps, and where logs go."""
+
+    ranks: int
+    per_host: int = 256
+    heartbeat_s: float = 2.0
+    broadcasts: int = 100
+    dispatches: int = 100
+    steps: int = 20
+    log_dir: Path = Path("runs/bench-scale")
+    ready_timeout_s: float = 600.0
+
+
+class Deaths:
+    """When the controller declared each daemon gone (a gone-listener)."""
+
+    def __init__(self, ctl: Controller) -> None:
+        self.at: dict[str, float] = {}
+        self.unexpected: list[str] = []
+        ctl.gone_listeners.append(self._heard)
+
+    def _heard(self, info: DaemonInfo, reason: str, expected: bool) -> None:
+        self.at.setdefault(info.identity, time.monotonic())
+        if not expected:
+            self.unexpected.append(f"{info.identity}: {reason}")
+
+
+def rss_mb() -> tuple[float, float]:
+    """(resident, peak resident) memory of this process in MB."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def timed(n: int, call: Any) -> tuple[list[float], float]:
+    """(wall seconds of each of n awaited calls, this process's CPU seconds over all of them),
+    after two calls not counted."""
+    for _ in range(2):
+        await call()
+    samples = []
+    cpu = time.process_time()
+    for _ in range(n):
+        start = time.perf_counter()
+        await call()
+        samples.append(time.perf_counter() - start)
+    return samples, time.process_time() - cpu
+
+
+def shard_batch(group: RoleGroup, rows_per_rank: int = 4) -> BatchHandle:
+    """A batch with one shard per rank of `group`, each owned by its rank (made-up handles)."""
+    shards = tuple(
+        Shard(d.identity, rows_per_rank, {"x": TensorHandle(d.identity, f"x-{d.rank}", (rows_per_rank, 8), "float32", "cpu",
+                                                             rows_per_rank * 32)})
+        for d in group.daemons)
+    return BatchHandle(shards)
+
+
+async def wait_ready(ctl: Controller, fleet: Fleet, role: str, timeout_s: float) -> RoleGroup:
+    """The role group once every rank said hello; a daemon host that exits first fails it, named."""
+    task = asyncio.ensure_future(ctl.role(role, timeout_s=timeout_s))
+    while not task.done():
+        await asyncio.wait([task], timeout=1.0)
+        why = fleet.failed()
+        if why is not None and not task.done():
+            task.cancel()
+            raise RuntimeError(f"{role}: {why} (logs in {fleet.log_dir})")
+    return task.result()
+
+
+async def phase_ranks(ctl: Controller, fleet: Fleet, launcher: LocalLauncher, key: bytes, s: Settings,
+                      deaths: Deaths) -> dict[str, Any]:
+    start = time.monotonic()
+    fleet.start(RANKS_ROLE, s.ranks)
+    await launcher.start([DaemonSpec(VICTIM_ROLE, 0, 1, VICTIM_IMPL, exit_with_controller=True)],
+                         controller=ctl.address, key=key, on_exit=lambda identity, reason: None)
+    group = await wait_ready(ctl, fleet, RANKS_ROLE, s.ready_timeout_s)
+    ready_s = time.monotonic() - start
+    directory = ctl.stats()["peer_directory_bytes"]
+    await ctl.role(VICTIM_ROLE, timeout_s=s.ready_timeout_s)
+    bcast, bcast_cpu = await timed(s.broadcasts, group.ping.call)
+    batch = shard_batch(group)
+    disp, disp_cpu = await timed(s.dispatches, lambda: group.take(batch))
+    out: dict[str, Any] = {
+        "ready_s": ready_s, "peer_directory_bytes": directory,
+        "broadcast_p50_ms": statistics.median(bcast) * 1e3, "broadcast_p99_ms": pct(bcast, 0.99) * 1e3,
+        "dispatch_p50_ms": statistics.median(disp) * 1e3, "dispatch_p99_ms": pct(disp, 0.99) * 1e3,
+        "controller_cpu_ms_per_broadcast": bcast_cpu / s.broadcasts * 1e3,
+        "controller_cpu_ms_per_dispatch": disp_cpu / s.dispatches * 1e3,
+    }
+    out |= await kill_and_replace(ctl, deaths, s)
+    out["controller_rss_mb_ranks"] = rss_mb()[0]
+    return out
+
+
+async def kill_and_replace(ctl: Controller, deaths: Deaths, s: Settings) -> dict[str, float]:
+    """kill -9 the victim; seconds until the controller declared it gone (heartbeats only: its
+    launcher does not report the exit), and from then until its replacement said hello."""
+    identity = f"{VICTIM_ROLE}:0"
+    victim = ctl.daemon(identity)
+    assert victim is not None and victim.alive
+    killed = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    while identity not in deaths.at:
+        await ctl.wait_change(1.0)
+        if time.monotonic() - killed > 20 * s.heartbeat_s:
+            raise RuntimeError(f"{identity} was killed {time.monotonic() - killed:.0f}s ago and is still thought alive")
+    gone = deaths.at[identity]
+    while True:
+        info = ctl.daemon(identity)
+        if info is not None and info.alive and info.pid != victim.pid:
+            break
+        if time.monotonic() - gone > s.ready_timeout_s:
+            raise RuntimeError(f"{identity} was not replaced within {s.ready_timeout_s:.0f}s")
+        await ctl.wait_change(1.0)
+    return {"detect_dead_s": gone - killed, "replace_s": time.monotonic() - gone}
+
+
+async def phase_step(ctl: Controller, fleet: Fleet, s: Settings) -> dict[str, Any]:
+    per_role = max(1, s.ranks // len(PPO_ROLES))
+    start = time.monotonic()
+    for role in PPO_ROLES:
+        fleet.start(role, per_role)
+    groups = {role: await wait_ready(ctl, fleet, role, s.ready_timeout_s) for role in PPO_ROLES}
+    ready_s = time.monotonic() - start
+    prompts_n = max(8, 2 * per_role)
+    cfg = PPOFlowConfig.read({"prompts_per_step": prompts_n})
+    prompts = BatchHandle.inline({"prompt": ["1+1="] * prompts_n, "ground_truth": ["2"] * prompts_n})
+    roles: dict[str, Any] = dict(groups)
+    step = 0
+
+    async def one() -> None:
+        nonlocal step
+        await ppo_step(cfg, step, prompts, **roles)
+        step += 1
+
+    samples, cpu = await timed(s.steps, one)
+    return {
+        "step_ranks": per_role * len(PPO_ROLES), "step_ready_s": ready_s, "prompts_per_step": prompts_n,
+        "step_overhead_ms": statistics.median(samples) * 1e3, "step_p99_ms": pct(samples, 0.99) * 1e3,
+        "controller_cpu_s_per_step": cpu / s.steps,
+    }
+
+
+async def measure(s: Settings) -> dict[str, Any]:
+    """Every figure of one rank count (see the module docstring)."""
+    key = new_key()
+    launcher = LocalLauncher(heartbeat_s=s.heartbeat_s, orphan_timeout_s=30.0, log_dir=s.log_dir / "victim")
+    recovery = Recovery(launcher, RecoveryPolicy(enabled=True, roles=frozenset({VICTIM_ROLE})))
+    out: dict[str, Any] = {"ranks": s.ranks, "heartbeat_s": s.heartbeat_s, "daemons_per_host": s.per_host}
+    async with Controller("tcp://127.0.0.1:0", key, heartbeat_s=s.heartbeat_s, recovery=recovery) as ctl:
+        deaths = Deaths(ctl)
+        fleet = Fleet(ctl.address, key, heartbeat_s=s.heartbeat_s, per_host=s.per_host, log_dir=s.log_dir)
+        try:
+            out |= await phase_ranks(ctl, fleet, launcher, key, s, deaths)
+            await stop_all(ctl, fleet, recovery)
+            false_deaths = [d for d in deaths.unexpected if not d.startswith(VICTIM_ROLE)]
+            deaths.unexpected = []
+            out |= await phase_step(ctl, fleet, s)
+            out["false_deaths"] = len(false_deaths) + len(deaths.unexpected)
+            rss, peak = rss_mb()
+            out |= {"controller_rss_mb": rss, "controller_peak_rss_mb": peak, "calls_sent": ctl.stats()["calls_sent"]}
+        finally:
+            await stop_all(ctl, fleet, recovery)
+            await launcher.stop()
+    return out
+
+
+async def stop_all(ctl: Controller, fleet: Fleet, recovery: Recovery) -> None:
+    """Shut every daemon down in order and wait for their hosts to exit (killing stragglers)."""
+    recovery.closing = True
+    await ctl.shutdown_daemons("benchmark phase over", wait_s=60.0)
+    fleet.wait(30.0)
+    fleet.stop()
+    recovery.closing = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hfrt.bench.scale_measure RANKS ...`: one rank count, its figures as one JSON line."""
+    from hfrt.log import configure
+    from hfrt.wire.loop import run
+
+    p = argparse.ArgumentParser(prog="python -m hfrt.bench.scale_measure", description=__doc__)
+    p.add_argument("ranks", type=int, help="simulated ranks")
+    p.add_argument("--per-host", type=int, default=Settings.per_host, help="most daemons per daemon-host process")
+    p.add_argument("--heartbeat", type=float, default=Settings.heartbeat_s, help="heartbeat interval in seconds")
+    p.add_argument("--broadcasts", type=int, default=Settings.broadcasts, help="broadcasts measured")
+    p.add_argument("--dispatches", type=int, default=Settings.dispatches, help="dispatches measured")
+    p.add_argument("--steps", type=int, default=Settings.steps, help="PPO steps measured")
+    p.add_argument("--log-dir", default=str(Settings.log_dir), help="where the daemon hosts' logs go")
+    args = p.parse_args(argv)
+    configure("warning")
+    settings = Settings(args.ranks, args.per_host, args.heartbeat, args.broadcasts, args.dispatches, args.steps,
+                        Path(args.log_dir))
+    result = run(measure(settings))
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
