@@ -8,8 +8,9 @@ of a batch with one shard handle per rank, split by data-parallel rank), and a d
 daemon (role `cost`, stateless, so recovery relaunches it) is killed and the controller must find
 out from its heartbeats alone, then recovery replaces it. Step: the PPO roles (actor, critic,
 reference, reward, N/4 ranks each, at least one) run hfrt.flows.recipes.ppo's own step with no
-compute, so the step's time is the runtime's. CPU is this process's (all threads: the event loop
-and ZeroMQ's I/O thread), RSS its resident memory. It knows the controller's public API and the
+compute, so the step's time is the runtime's, with its calls traced to a file as a run traces
+them. CPU is this process's (all threads: the event loop and ZeroMQ's I/O thread), RSS its
+resident memory; a soak runs more steps and samples memory at their first tenth and their end. It knows the controller's public API and the
 PPO step; nothing of how the daemons serve.
 """
 
@@ -56,6 +57,8 @@ class Settings:
     steps: int = 20
     log_dir: Path = Path("runs/bench-scale")
     ready_timeout_s: float = 600.0
+    #: after the measured steps, this many more, with memory sampled at the first and the last
+    soak_steps: int = 0
 
 
 class Deaths:
@@ -184,12 +187,36 @@ async def phase_step(ctl: Controller, fleet: Fleet, s: Settings) -> dict[str, An
         await ppo_step(cfg, step, prompts, **roles)
         step += 1
 
+    trace = ctl.record_calls(path=s.log_dir / "trace.json")  # as a run does (RUN_DIR/trace.json)
     samples, cpu = await timed(s.steps, one)
-    return {
+    trace.flush()
+    out = {
         "step_ranks": per_role * len(PPO_ROLES), "step_ready_s": ready_s, "prompts_per_step": prompts_n,
         "step_overhead_ms": statistics.median(samples) * 1e3, "step_p99_ms": pct(samples, 0.99) * 1e3,
         "controller_cpu_s_per_step": cpu / s.steps,
+        "trace_spans_per_step": trace.recorded / (s.steps + 2), "trace_bytes_per_step": trace_bytes(trace) / (s.steps + 2),
     }
+    if s.soak_steps:
+        out |= await soak(one, s.soak_steps)
+    trace.close()
+    return out
+
+
+def trace_bytes(trace: Any) -> int:
+    return trace.path.stat().st_size if trace.path is not None and trace.path.exists() else 0
+
+
+async def soak(one: Any, steps: int) -> dict[str, Any]:
+    """`steps` more steps: resident memory after the first tenth and at the end, and how long it ran."""
+    start = time.monotonic()
+    warm = max(1, steps // 10)
+    for _ in range(warm):
+        await one()
+    rss_warm = rss_mb()[0]
+    for _ in range(steps - warm):
+        await one()
+    return {"soak_steps": steps, "soak_s": time.monotonic() - start, "soak_rss_mb_first": rss_warm,
+            "soak_rss_mb_last": rss_mb()[0]}
 
 
 async def measure(s: Settings) -> dict[str, Any]:
@@ -198,6 +225,7 @@ async def measure(s: Settings) -> dict[str, Any]:
     launcher = LocalLauncher(heartbeat_s=s.heartbeat_s, orphan_timeout_s=30.0, log_dir=s.log_dir / "victim")
     recovery = Recovery(launcher, RecoveryPolicy(enabled=True, roles=frozenset({VICTIM_ROLE})))
     out: dict[str, Any] = {"ranks": s.ranks, "heartbeat_s": s.heartbeat_s, "daemons_per_host": s.per_host}
+    started = time.monotonic()
     async with Controller("tcp://127.0.0.1:0", key, heartbeat_s=s.heartbeat_s, recovery=recovery) as ctl:
         deaths = Deaths(ctl)
         fleet = Fleet(ctl.address, key, heartbeat_s=s.heartbeat_s, per_host=s.per_host, log_dir=s.log_dir)
@@ -209,7 +237,9 @@ async def measure(s: Settings) -> dict[str, Any]:
             out |= await phase_step(ctl, fleet, s)
             out["false_deaths"] = len(false_deaths) + len(deaths.unexpected)
             rss, peak = rss_mb()
-            out |= {"controller_rss_mb": rss, "controller_peak_rss_mb": peak, "calls_sent": ctl.stats()["calls_sent"]}
+            stats = ctl.stats()
+            out |= {"controller_rss_mb": rss, "controller_peak_rss_mb": peak, "calls_sent": stats["calls_sent"],
+                    "peer_directory_bytes_run": stats["peer_directory_bytes"], "run_s": time.monotonic() - started}
         finally:
             await stop_all(ctl, fleet, recovery)
             await launcher.stop()
@@ -237,11 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--broadcasts", type=int, default=Settings.broadcasts, help="broadcasts measured")
     p.add_argument("--dispatches", type=int, default=Settings.dispatches, help="dispatches measured")
     p.add_argument("--steps", type=int, default=Settings.steps, help="PPO steps measured")
-    p.add_argument("--log-dir", default=str(Settings.log_dir), help="where the daemon hosts' logs go")
+    p.add_argument("--log-dir", default=str(Settings.log_dir), help="where the daemon hosts' logs and the call trace go")
+    p.add_argument("--soak-steps", type=int, default=0, help="PPO steps more, memory sampled at the first tenth and the end")
     args = p.parse_args(argv)
     configure("warning")
     settings = Settings(args.ranks, args.per_host, args.heartbeat, args.broadcasts, args.dispatches, args.steps,
-                        Path(args.log_dir))
+                        Path(args.log_dir), soak_steps=args.soak_steps)
     result = run(measure(settings))
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}))
     return 0

@@ -77,7 +77,7 @@ def daemons(args: argparse.Namespace) -> list[Any]:
     from hfrt.daemon.base import DaemonContext
     from hfrt.daemon.host import Hosted
     from hfrt.roles import resolve_impl
-    from hfrt.roles.diagnostic.scale import SIM_ROLES, SimDaemon
+    from hfrt.roles.diagnostic.scale import SIM_ROLES, SimDaemon, with_compute
 
     if args.count < 1 or args.first_rank < 0:
         raise ValueError(f"--count {args.count} / --first-rank {args.first_rank}: need count >= 1 and first-rank >= 0")
@@ -92,6 +92,8 @@ def daemons(args: argparse.Namespace) -> list[Any]:
         options.setdefault("compute_s", plan_compute_s(args.workload, args.role, args.time_scale))
     elif args.compute_s:
         options.setdefault("compute_s", dict.fromkeys(_endpoints(cls), args.compute_s))
+    if issubclass(cls, SimDaemon) and any(v > 0 for v in options.get("compute_s", {}).values()):
+        cls = with_compute(cls)  # its endpoints sleep: async, so the host's other daemons run meanwhile
     impl = args.impl or f"sim-{args.role}"
     out = []
     for rank in range(args.first_rank, args.first_rank + args.count):

@@ -132,6 +132,7 @@ class Codec:
         #: sender see what a message names without walking the value again
         self.records_packed: list[Any] = []
         self._packer = msgpack.Packer(default=self._default, use_bin_type=True)
+        self._record_packer = msgpack.Packer(use_bin_type=True)  # a record's fields (plain values)
         limit = self.limits.max_frame_bytes
         self._unpack = functools.partial(
             msgpack.unpackb,
@@ -197,7 +198,7 @@ class Codec:
         code = _CODES_BY_TYPE.get(type(obj))
         if code is not None:
             self.records_packed.append(obj)
-            return msgpack.ExtType(code, msgpack.packb(obj.to_wire(), use_bin_type=True))
+            return msgpack.ExtType(code, self._record_packer.pack(obj.to_wire()))
         if isinstance(obj, OutOfBand):
             self._buffers.append(obj.buffer)
             return msgpack.ExtType(EXT_OOB, msgpack.packb(len(self._buffers) - 1))

@@ -55,6 +55,8 @@ class Message:
 
     def to_wire(self) -> list[Any]:
         values = [getattr(self, n) for n in self.FIELD_NAMES]
+        if not self.OPTIONAL:
+            return [self.KIND, *values]
         end, first_optional = len(values), len(values) - self.OPTIONAL
         while end > first_optional and values[end - 1] is None:
             end -= 1

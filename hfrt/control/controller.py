@@ -56,6 +56,10 @@ from hfrt.wire import shm
 from hfrt.wire.channel import Channel
 from hfrt.wire.errors import ControllerFailed, DaemonGone
 
+#: connections the controller's socket lets wait to be accepted (ZeroMQ's default, 100, makes the rest
+#: of a thousand daemons starting together retry; the kernel caps it at net.core.somaxconn)
+LISTEN_BACKLOG = 4096
+
 
 class Controller:
     """Binds `address`, welcomes daemons, and turns endpoint calls into futures.
@@ -129,6 +133,7 @@ class Controller:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished daemon raises, never drops
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted daemon takes its identity back
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_frame_bytes + 1024)  # strangers cannot balloon us
+        sock.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)  # thousands of daemons connect at once
         sock.bind(self.requested_address)
         self.address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._plane.start(self._loop)
@@ -390,7 +395,7 @@ class Controller:
         identity = peer.decode("utf-8", "replace")
         if self._roster.get(identity) is not None:
             self.mark_gone(identity, f"unreachable: {exc.strerror}")
-        else:
+        elif self._roster.of_heartbeat(peer) is None:  # an echo to an exiting daemon's closed heartbeat socket is no news
             self._log.warning("send_failed", peer=identity, reason=exc.strerror)
 
     # -- metrics ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from zmq.utils.monitor import recv_monitor_message
 from hfrt.daemon.heartbeat import BEATS_PER_INTERVAL, SEND_HWM, HeartbeatEvent, Silence, Vigil
 from hfrt.log import get_logger
 from hfrt.protocols import Heartbeat, Limits, Wire, WireError, check_heartbeat_s
+from hfrt.wire.channel import unbatch
 
 if TYPE_CHECKING:
     from hfrt.daemon.server import ServeConfig
@@ -53,7 +54,7 @@ class HubBeats:
         self.orphan_timeout_s = config.orphan_timeout_s
         self.exit_with_controller = config.exit_with_controller
         self.notify = notify
-        self.connected = False
+        self.connected = True  # until a DISCONNECTED event (see HeartbeatThread.connected)
         self.seq = 0
         self.next_beat = 0.0
         self.vigil: Vigil | None = None
@@ -205,16 +206,21 @@ class BeatHub(threading.Thread):
                 frames = member.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            try:
-                msg = self._wire.unpack(frames)
-            except WireError as exc:
-                self._log.warning("dropped_frame", daemon=member.identity, reason=str(exc), error=type(exc).__name__)
-                continue
-            if not isinstance(msg, Heartbeat):
-                self._log.warning("unexpected_message", daemon=member.identity, kind=msg.NAME)
-                continue
-            if member.vigil.echo(now, msg.session, member.session, member.interval_s):
-                member.notify(HeartbeatEvent.REHELLO, msg.session)
+            for message in unbatch(frames):  # echoes queued while the controller was busy leave as one batch
+                self._echoed(member, message, now)
+
+    def _echoed(self, member: HubBeats, frames: list[bytes], now: float) -> None:
+        assert member.vigil is not None
+        try:
+            msg = self._wire.unpack(frames)
+        except WireError as exc:
+            self._log.warning("dropped_frame", daemon=member.identity, reason=str(exc), error=type(exc).__name__)
+            return
+        if not isinstance(msg, Heartbeat):
+            self._log.warning("unexpected_message", daemon=member.identity, kind=msg.NAME)
+            return
+        if member.vigil.echo(now, msg.session, member.session, member.interval_s):
+            member.notify(HeartbeatEvent.REHELLO, msg.session)
 
     def _beat(self, now: float) -> None:
         for member in self._members.values():

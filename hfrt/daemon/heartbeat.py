@@ -36,6 +36,7 @@ import zmq
 
 from hfrt.log import get_logger
 from hfrt.protocols import Heartbeat, Limits, Wire, WireError, check_heartbeat_s
+from hfrt.wire.channel import unbatch
 
 POLL_CAP_S = 0.05
 #: Beats sent per heartbeat interval (the controller declares death after hfrt.control.liveness.DEAD_AFTER intervals).
@@ -163,7 +164,9 @@ class HeartbeatThread(threading.Thread):
         self._notify = notify
         self._exit_grace_s = exit_grace_s
         self.exit_with_controller = exit_with_controller
-        self.connected = False  # the heartbeat socket's connection to the controller is up
+        # False once a DISCONNECTED event said the controller's end closed, until it connects again: a
+        # socket still connecting (a controller busy accepting thousands) is no sign of a dead controller
+        self.connected = True
         self._stopping = threading.Event()
         self._log = get_logger(daemon=identity, part="heartbeat")
 
@@ -220,9 +223,10 @@ class HeartbeatThread(threading.Thread):
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            session = self._read_echo(frames)
-            if session is not None and vigil.echo(time.monotonic(), session, self.session, self.interval_s):
-                self._notify(HeartbeatEvent.REHELLO, session)
+            for message in unbatch(frames):  # echoes queued while the controller was busy leave as one batch
+                session = self._read_echo(message)
+                if session is not None and vigil.echo(time.monotonic(), session, self.session, self.interval_s):
+                    self._notify(HeartbeatEvent.REHELLO, session)
 
     def _act_on(self, judgement: Judgement) -> None:
         if judgement.silence is Silence.ORPHANED:

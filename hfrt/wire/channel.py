@@ -68,6 +68,15 @@ def recv_frames(socket: zmq.Socket[Any], routed: bool = False) -> list[bytes]:
     return parts
 
 
+def unbatch(frames: list[bytes]) -> list[list[bytes]]:
+    """The messages of one received multipart message (no routing id): a Channel's coalesced batch
+    `[b"", m1, m2, ...]` is several one-frame messages, anything else one message. For readers of
+    a Channel's peer without a Channel of their own (a daemon's heartbeat thread)."""
+    if len(frames) > 1 and frames[0] == BATCH_MARK:
+        return [[frame] for frame in frames[1:]]
+    return [frames]
+
+
 def readable(socket: zmq.Socket[Any]) -> bool:
     return bool(_get(socket, _EVENTS) & _POLLIN)
 

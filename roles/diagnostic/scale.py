@@ -2,9 +2,10 @@
 
 The PPO roles' endpoints — actor, critic, reference, reward — under the built-in roles' names,
 dispatch modes and parameters, so hfrt.flows.recipes.ppo's step runs against them unchanged.
-They compute nothing: each call sleeps the seconds the daemon's options state for its endpoint
-(`compute_s`: endpoint → seconds, 0 by default; `hfrt daemon-host --workload` takes them from
-`hfrt plan`'s cost model) and answers with handles naming tensors that exist nowhere: a rollout
+They compute nothing: each call answers at once, or, in the class `with_compute` makes of one,
+sleeps first the seconds the daemon's options state for its endpoint (`compute_s`: endpoint →
+seconds; `hfrt daemon-host --workload` takes them from `hfrt plan`'s cost model). Each answers
+with handles naming tensors that exist nowhere: a rollout
 has the rows a real one would have, one handle column per shard, owned by the daemon that
 answered, so the controller slices, concatenates, dispatches, tracks and frees them as it does
 real ones (nothing pulls them: every endpoint takes raw handles). Every daemon also answers
@@ -16,17 +17,21 @@ It knows handles and the endpoint decorator; no torch, nothing of the controller
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from hfrt.daemon.base import Daemon, DaemonContext
 from hfrt.protocols import BatchHandle, Shard, TensorHandle
-from hfrt.wire.endpoints import Dispatch, chunk_bounds, endpoint
+from hfrt.wire.endpoints import Dispatch, chunk_bounds, endpoint, endpoint_table
 
 #: the width (tokens) of a made-up response column
 RESPONSE_WIDTH = 64
 #: the metrics an update returns on every rank (reduce_rank_metrics wants the same keys everywhere)
 UPDATE_METRICS = ("loss", "grad_norm", "timing/update_s")
+#: endpoints every simulated daemon answers at once, compute or not
+BASE_ENDPOINTS = frozenset({"describe", "ping", "take"})
 
 
 class SimDaemon(Daemon):
@@ -68,10 +73,9 @@ class SimActor(SimDaemon):
     """The actor's PPO endpoints (hfrt.roles.actor): generate, log-probs, advantages, update."""
 
     @endpoint(dispatch=Dispatch.SPLIT_GENERATION, raw_handles=True)
-    async def generate(self, batch: BatchHandle, *extra: BatchHandle, chunk: int | None = None, chunks: int = 1,
+    def generate(self, batch: BatchHandle, *extra: BatchHandle, chunk: int | None = None, chunks: int = 1,
                        **sampling: Any) -> BatchHandle:
         """`n` responses per prompt of this rank's rows (of chunk `chunk` of `chunks`, when given)."""
-        await self.work("generate")
         rows = len(batch)
         if chunk is not None:
             lo, hi = chunk_bounds(rows, chunks)[chunk]
@@ -81,21 +85,18 @@ class SimActor(SimDaemon):
         return self.batch(rows, "responses", meta)
 
     @endpoint(dispatch=Dispatch.SPLIT, raw_handles=True)
-    async def compute_log_prob(self, batch: BatchHandle, *extra: BatchHandle, temperature: float | None = None,
+    def compute_log_prob(self, batch: BatchHandle, *extra: BatchHandle, temperature: float | None = None,
                                sum_pi_squared: bool = False) -> BatchHandle:
-        await self.work("compute_log_prob")
         return self.batch(len(batch), "old_log_prob")
 
     @endpoint(dispatch=Dispatch.RANK0, raw_handles=True)
-    async def compute_advantages(self, batch: BatchHandle, *extra: BatchHandle, estimator: str = "gae",
+    def compute_advantages(self, batch: BatchHandle, *extra: BatchHandle, estimator: str = "gae",
                                  **params: Any) -> BatchHandle:
         """The whole batch's advantages on rank 0, as the real actor computes them."""
-        await self.work("compute_advantages")
         return self.batch(len(batch), "advantages", {"metrics": {"critic/advantages_mean": 0.0}})
 
     @endpoint(dispatch=Dispatch.SPLIT, raw_handles=True)
-    async def update(self, batch: BatchHandle, *extra: BatchHandle, **loss: Any) -> dict[str, float]:
-        await self.work("update")
+    def update(self, batch: BatchHandle, *extra: BatchHandle, **loss: Any) -> dict[str, float]:
         return dict.fromkeys(UPDATE_METRICS, 0.0)
 
 
@@ -103,13 +104,11 @@ class SimCritic(SimDaemon):
     """The critic's endpoints (hfrt.roles.critic): values and update."""
 
     @endpoint(dispatch=Dispatch.SPLIT, raw_handles=True)
-    async def compute_values(self, batch: BatchHandle, *extra: BatchHandle) -> BatchHandle:
-        await self.work("compute_values")
+    def compute_values(self, batch: BatchHandle, *extra: BatchHandle) -> BatchHandle:
         return self.batch(len(batch), "values")
 
     @endpoint(dispatch=Dispatch.SPLIT, raw_handles=True)
-    async def update(self, batch: BatchHandle, *extra: BatchHandle, **loss: Any) -> dict[str, float]:
-        await self.work("update")
+    def update(self, batch: BatchHandle, *extra: BatchHandle, **loss: Any) -> dict[str, float]:
         return dict.fromkeys(UPDATE_METRICS, 0.0)
 
 
@@ -117,8 +116,7 @@ class SimReference(SimDaemon):
     """The reference's log-probs (hfrt.roles.reference)."""
 
     @endpoint(dispatch=Dispatch.SPLIT, raw_handles=True)
-    async def compute_log_prob(self, batch: BatchHandle, *extra: BatchHandle, temperature: float | None = None) -> BatchHandle:
-        await self.work("compute_log_prob")
+    def compute_log_prob(self, batch: BatchHandle, *extra: BatchHandle, temperature: float | None = None) -> BatchHandle:
         return self.batch(len(batch), "ref_log_prob")
 
 
@@ -126,10 +124,28 @@ class SimReward(SimDaemon):
     """The reward's scores (hfrt.roles.reward): a `score` value per row, as flows read them."""
 
     @endpoint(dispatch=Dispatch.SPLIT, raw_handles=True)
-    async def score(self, batch: BatchHandle, *extra: BatchHandle) -> BatchHandle:
-        await self.work("score")
+    def score(self, batch: BatchHandle, *extra: BatchHandle) -> BatchHandle:
         rows = len(batch)
         return self.batch(rows, "token_level_scores", score=[1.0] * rows)
+
+
+def with_compute(cls: type[SimDaemon]) -> type[SimDaemon]:
+    """`cls` with every role endpoint sleeping its stated compute first (SimDaemon.work): async, so
+    the other daemons of a host run meanwhile. Without compute the endpoints stay plain functions,
+    which a daemon runs at once, as it runs a real role's synchronous endpoints."""
+    table = {name: (spec, fn) for name, (spec, fn) in endpoint_table(cls).items() if name not in BASE_ENDPOINTS}
+    timed = {fn.__name__: endpoint(dispatch=spec.dispatch, raw_handles=spec.raw_handles)(_after_work(fn, name))
+             for name, (spec, fn) in table.items()}
+    return type(f"Computing{cls.__name__}", (cls,), timed)
+
+
+def _after_work(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    @functools.wraps(fn)  # the signature the endpoint declares stays fn's
+    async def run(self: SimDaemon, *args: Any, **kwargs: Any) -> Any:
+        await self.work(name)
+        return fn(self, *args, **kwargs)
+
+    return run
 
 
 #: role name → its simulated daemon class (what `hfrt daemon-host` runs for a role by default)

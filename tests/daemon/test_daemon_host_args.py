@@ -10,6 +10,7 @@ import pytest
 
 from hfrt.daemon_host import add_arguments, daemons, plan_compute_s
 from hfrt.roles.diagnostic.scale import SimActor, SimDaemon, SimReward
+from hfrt.wire.endpoints import Dispatch, endpoint_table
 
 PLAN_70B = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "plan-ppo-70b-h100.toml"
 
@@ -29,8 +30,13 @@ def test_a_host_serves_its_slice_of_the_role_as_the_roles_simulated_daemon() -> 
 
 def test_compute_s_gives_every_endpoint_the_same_sleep() -> None:
     [hosted] = daemons(parse("--role", "reward", "--count", "1", "--compute-s", "0.25"))
-    assert hosted.daemon_cls is SimReward
+    assert issubclass(hosted.daemon_cls, SimReward) and hosted.daemon_cls is not SimReward
     assert hosted.context.options["compute_s"]["score"] == 0.25
+    spec, _ = endpoint_table(hosted.daemon_cls)["score"]
+    assert spec.is_async and spec.raw_handles and spec.dispatch is Dispatch.SPLIT, "it sleeps without holding the host's loop"
+    assert str(spec.signature) == str(endpoint_table(SimReward)["score"][0].signature)
+    assert not endpoint_table(hosted.daemon_cls)["ping"][0].is_async
+    assert not endpoint_table(SimReward)["score"][0].is_async, "without compute, a plain function answers at once"
 
 
 def test_the_cost_model_prices_each_ppo_call_of_a_named_workload() -> None:
