@@ -189,7 +189,8 @@ class Codec:
             raise ValueError(f"unknown ext type {code}")
         self.records_seen += 1
         values = msgpack.unpackb(data, use_list=True, raw=False, strict_map_key=False)
-        _refuse_timestamps(values)
+        if _may_hold_timestamp(data):  # most records' fields hold none: no walk
+            _refuse_timestamps(values)
         if not isinstance(values, list):
             raise ValueError(f"ext type {code} ({cls.__name__}) payload is not a list")
         return cls.from_wire(values)

@@ -162,7 +162,9 @@ class BatchHandle:
         while i < len(self.shards) and offset < stop:
             shard = self.shards[i]
             lo, hi = max(start - offset, 0), min(stop - offset, shard.rows)
-            if lo < hi:
+            if lo == 0 and hi == shard.rows and hi:
+                out.append(shard)  # all of it: the shard itself (a dispatch along shard bounds narrows none)
+            elif lo < hi:
                 out.append(shard.narrow(lo, hi))
             offset += shard.rows
             i += 1

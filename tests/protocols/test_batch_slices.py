@@ -1,5 +1,6 @@
 """Slicing a batch handle: the same rows as walking every shard, found by bisection, so cutting a
-batch of N shards into N data-parallel parts stays O(N log N) (the scale benchmark's dispatch)."""
+batch of N shards into N data-parallel parts stays O(N log N) (the scale benchmark's dispatch);
+a shard the slice takes whole is reused, not narrowed."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def test_a_slice_holds_the_rows_a_walk_over_every_shard_finds(rows: list[int], d
     start = data.draw(st.integers(0, len(handle)))
     stop = data.draw(st.integers(start, len(handle)))
     part = handle.slice(start, stop)
-    assert [(s.owner, s.rows, s.columns["x"].rows) for s in part.shards] == walked(handle, start, stop)
+    assert [(s.owner, s.rows, s.columns["x"].row_range) for s in part.shards] == walked(handle, start, stop)
+    whole = {id(s) for s in handle.shards}
+    assert all((id(s) in whole) == (s.rows == orig) for s in part.shards for orig in [handle.shards[int(s.owner[2:])].rows]), \
+        "a shard taken whole is the shard itself, a part of one is narrowed"
     assert len(part) == stop - start
 
 
