@@ -2,7 +2,8 @@
 preset: SFT on a conversation file (assistant turns only) checkpoints, resumes where it stopped and
 exports a folder transformers loads; SFT on two FSDP2 ranks gives the one-rank run's held-out loss
 and token accuracy; SFT with LoRA exports the merged model and the adapter; DPO against a reference
-daemon raises the held-out reward accuracy; DPO with LoRA takes its reference from the actor
+daemon raises the held-out reward accuracy, and on two FSDP2 ranks (pairs kept whole) gives the
+one-rank numbers; DPO with LoRA takes its reference from the actor
 (adapters off: the margins before training are exactly 0) and launches no reference daemon; a bad
 row is refused before any daemon starts, naming it. docs/pipeline.md describes these runs.
 """
@@ -100,6 +101,21 @@ def test_dpo_against_a_reference_daemon_learns_the_preferences(tmp_path: Path) -
     steps = records(run)
     assert [r["step"] for r in steps] == list(range(8)) and all(r["dpo/pairs"] == 16 for r in steps)
     assert all("timing/reference_s" in r and "rewards/accuracies" in r for r in steps)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dpo_on_two_fsdp2_ranks_keeps_pairs_whole_and_gives_the_one_rank_numbers(tmp_path: Path) -> None:
+    """15 pairs a step over 2 ranks (8 and 7: the short rank pads a whole pair of weight 0) under a
+    token budget of about two sequences a micro-batch: the same held-out figures as one rank."""
+    common = (*DPO, "--set", "pairs_per_step=15", "--set", "max_steps=3",
+              "--set", "roles.actor.options.engine.max_tokens_per_micro_batch=40")
+    one = summary(hfrt("controller", *common, "--run-dir", str(tmp_path / "one")))
+    two = summary(hfrt("controller", *common, "--run-dir", str(tmp_path / "two"), "--set", "roles.actor.world_size=2",
+                       "--set", "roles.actor.options.engine.backend=fsdp2"))
+    for key in ("val_loss", "val_rewards_accuracies", "val_rewards_margins"):
+        assert two[key] == pytest.approx(one[key], abs=1e-5), key
+    assert one["val_rewards_margins"] > 0
 
 
 @pytest.mark.slow
