@@ -1,7 +1,7 @@
 """hfrt's `sft` against TRL's SFTTrainer: optimizer steps of supervised fine-tuning on the same
 model, rows and shape, interleaved in one run (one hfrt step, then one TRL step, ...).
 
-Run: `hfrt bench vs-trl-sft [--model tiny|smollm2-135m|DIR] [--steps N] [--warmup K] [--rows 8]
+Run: `hfrt bench vs-trl-sft` (or `python -m hfrt.bench.vs_trl_sft`) `[--model tiny|smollm2-135m|DIR] [--steps N] [--warmup K] [--rows 8]
 [--words 24] [--micro-batch-size 0] [--max-tokens-per-micro-batch T] [--pack] [--threads 0]
 [--json] [--out FILE]`. Needs `trl` (the `bench` extra); without it the command says how to
 install it and exits 2.

@@ -1,4 +1,4 @@
-"""`python -m hfrt.bench.vs_trl_sft` (docs/bench-and-performance.md): hfrt's sft_update on a real
+"""`hfrt bench vs-trl-sft` (docs/bench-and-performance.md): hfrt's sft_update on a real
 actor daemon and TRL's SFTTrainer, interleaved on the tiny preset, start from the same loss on
 the same rows; and the page's figures are the committed runs'. Skipped, saying so, without trl."""
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed (the bench extra; .ci/install installs it)")
 def test_both_sides_step_from_the_same_loss() -> None:
-    done = subprocess.run([sys.executable, "-m", "hfrt.bench.vs_trl_sft", "--steps", "2", "--warmup", "0", "--json"],
+    done = subprocess.run([sys.executable, "-m", "hfrt", "bench", "vs-trl-sft", "--steps", "2", "--warmup", "0", "--json"],
                           capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
