@@ -76,6 +76,11 @@ def test_recipe_data_and_config_parse_as_an_agent_openai_run(tmp_path: Path, mon
     assert cfg.agent_driver == "smolagents" and cfg.agent_stop == "}}" and cfg.data == "runs/calc-task/train.jsonl"
     # every role starts from the SFT warm-up's model (bench/recipes/sft_calc_openai.py writes it)
     assert {rc.roles[r]["options"]["model"] for r in ("actor", "reference", "rollout")} == {"runs/calc-openai-sft/hf"}
+    from hfrt.roles.models import build_tiny
+
+    model, tokenizer = build_tiny(0)  # stands in for the warm-up's folder: model options are checked against it
+    model.save_pretrained("runs/calc-openai-sft/hf")
+    tokenizer.save_pretrained("runs/calc-openai-sft/hf")
     runconfig.check_role_options(rc.roles)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hfrt.flows import BUILTIN
 from tests.support import STARTED_PIDS, pid_alive
 
 pytestmark = pytest.mark.timeout(120)
@@ -71,7 +72,7 @@ def test_role_override_from_the_command_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["controller", "--flow", "nope"], "unknown flow 'nope': use one of agent_calc, agent_openai, dapo, grpo, grpo_async, ping, ppo, reinforce_pp, remax, rloo, rm, safe_rlhf"),
+        (["controller", "--flow", "nope"], f"unknown flow 'nope': use one of {', '.join(sorted(BUILTIN))}, or a path"),
         (["controller", "--flow", "missing.py"], "flow file missing.py does not exist"),
         (["controller", "--flow", "ping", "--set", "novalue"], "--set expects key=value"),
         (["controller", "--flow", "ping", "--attach", "absent.json"], "attach file absent.json"),
