@@ -19,6 +19,7 @@ import torch
 from hfrt.daemon.base import DaemonContext
 from hfrt.roles.common import ModelOptions
 from hfrt.roles.generation.build import generation_engine, text_decoder
+from hfrt.roles.generation.grammar import Grammars
 from hfrt.roles.generation.hf import HFGenerationEngine
 from hfrt.roles.generation.hybrid import HybridEngine, ReshardHybrid
 from hfrt.roles.training.engines import TrainEngine
@@ -134,7 +135,7 @@ def _resharding_hybrid(
     params = generation_params(model, engine.full_shapes, engine.split_dims, int(tp_plan.text_config(config).num_hidden_layers))
     resharder = Resharder(train, gen, context.rank, params, groups)
     generator = HFGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, device=device,
-                                   decode=text_decoder(tokenizer))
+                                   decode=text_decoder(tokenizer), grammars=Grammars(tokenizer))
     return ReshardHybrid(engine, generator, resharder)
 
 

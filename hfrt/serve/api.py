@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfrt.serve.errors import ApiError, BadRequest
+from hfrt.serve.structured import call_schema, response_format
 from hfrt.serve.tools import Tool, check_tool_choice, check_tools, parser_for
 
 #: chat roles passed to the chat template
@@ -304,7 +305,7 @@ def chat_request(body: Any, *, limits: Limits = Limits(), tool_parser: str = "he
         raise BadRequest("messages", f"must be a non-empty list of messages, not {messages!r:.60}")
     chat = [_message(i, m) for i, m in enumerate(messages)]
     _refuse(body, "functions", (None, []), "use tools")
-    _refuse(body, "response_format", (None, {"type": "text"}), "plain text responses only")
+    fmt = response_format(body)
     tools = check_tools(body.get("tools"))
     choice = check_tool_choice(body.get("tool_choice"), tools)
     if body.get("parallel_tool_calls") is not None and not isinstance(body["parallel_tool_calls"], bool):
@@ -321,7 +322,12 @@ def chat_request(body: Any, *, limits: Limits = Limits(), tool_parser: str = "he
     if max_tokens is None:  # OpenAI's chat default: as long as the context allows (fitted on the rollout daemon)
         options["fit_context"] = True
     offered = tools if choice != "none" else []
-    prefill = parser_for(tool_parser).prefill(choice) if offered else ""
+    parser, prefill = parser_for(tool_parser), ""
+    if offered and choice != "auto":  # a forced call: its JSON sampled under its schema, after the parser's opening
+        prefill = parser.opening
+        options["json_schema"] = call_schema(offered, choice, parser.arguments_key)
+    elif fmt is not None:
+        options["json_schema"] = fmt
     item: dict[str, Any] = {"messages": chat, "tools": [t.schema for t in offered] or None}
     return TurnRequest("chat", context=[], append=[item, prefill] if prefill else [item], options=options, logprobs=bool(logprobs),
                        top_logprobs=top, messages=chat, tools=offered, tool_choice=choice if tools else None, prefill=prefill, **common)

@@ -216,6 +216,8 @@ def _refusal(cause: RemoteError, kind: str) -> BadRequest:
     param = cause.param
     if param == "prompt" and kind in ("chat", "responses"):
         param = "messages"
+    if param == "json_schema":  # the constraint made of response_format (or of a forced tool call)
+        param = "response_format"
     code = "context_length_exceeded" if cause.type_name == ContextTooLong.__name__ else None
     text = cause.message
     text = text.split(": ", 1)[-1] if text.startswith("generate_turn row") else text

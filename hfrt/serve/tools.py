@@ -85,11 +85,10 @@ def _openai_call(name: str, arguments: Any) -> dict[str, Any]:
 
 class ToolParser(Protocol):
     name: str
-
-    def prefill(self, choice: str) -> str:
-        """Text put after the generation prompt so that `choice` ("required" or a tool's name) is
-        obeyed: the opening of a call ("" for "auto" and "none")."""
-        ...
+    #: the call JSON's key for the arguments, and the text that opens a call (put after the
+    #: generation prompt when a call is forced: the call's JSON is then sampled under its schema)
+    arguments_key: str
+    opening: str
 
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[dict[str, Any]]]:
         """(content, tool_calls) of sampled text; ([text], []) when it holds no valid calls."""
@@ -102,11 +101,7 @@ class HermesParser:
 
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
-
-    def prefill(self, choice: str) -> str:
-        if choice in ("auto", "none"):
-            return ""
-        return self.OPEN + "\n" + ("" if choice == "required" else json.dumps({"name": choice})[:-1] + ", \"arguments\": ")
+    arguments_key, opening = "arguments", "<tool_call>\n"
 
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[dict[str, Any]]]:
         if self.OPEN not in text:
@@ -127,11 +122,7 @@ class Llama3Parser:
     "arguments"), optionally after `<|python_tag|>`, several separated by `;`."""
 
     name = "llama3"
-
-    def prefill(self, choice: str) -> str:
-        if choice in ("auto", "none"):
-            return ""
-        return "{\"name\": \"" if choice == "required" else json.dumps({"name": choice})[:-1] + ", \"parameters\": "
+    arguments_key, opening = "parameters", ""
 
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[dict[str, Any]]]:
         body = text.strip().removeprefix("<|python_tag|>").strip()

@@ -37,6 +37,7 @@ class Sampling(TypedDict, total=False):
     presence_penalty: float
     frequency_penalty: float
     logit_bias: dict[int, float] | None
+    json_schema: dict[str, Any] | None
 
 
 class TurnSampling(Sampling, total=False):

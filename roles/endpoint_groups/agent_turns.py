@@ -128,8 +128,8 @@ def token_pieces(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     return pieces
 
 
-def top_alternatives(role: Any, contexts: list[list[int]], turn_ids: list[list[int]], k: int, params: SamplingParams,
-                     constraints: Sequence[Constraint | None] | None = None) -> list[list[list[tuple[int, float]]]]:
+def top_alternatives(role: Any, contexts: list[list[int]], turn_ids: list[list[int]], k: int,
+                     params: SamplingParams) -> list[list[list[tuple[int, float]]]]:
     """For each sampled token, the k most likely tokens at its position and their log-probs (of
     log_softmax(logits / temperature) after the logits shaping the turn sampled with — bias,
     penalties, a fresh copy of its constraint replayed — as the sampled log-probs are), by one
@@ -139,6 +139,8 @@ def top_alternatives(role: Any, contexts: list[list[int]], turn_ids: list[list[i
     if not isinstance(model, torch.nn.Module):
         raise InvalidArgument("top_logprobs", "top_logprobs: top log-probs need the HF generation engine (this one returns only the sampled token's)")
     device = next(model.parameters()).device
+    fresh = getattr(role.engine, "constraints_for", None)  # the HF engine's (an engine without one masks nothing)
+    constraints: list[Constraint | None] | None = fresh(params, len(contexts)) if fresh is not None else None
     out: list[list[list[tuple[int, float]]]] = []
     with torch.no_grad():
         for row, (context, ids) in enumerate(zip(contexts, turn_ids, strict=True)):

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hfrt.roles.common import build_dataclass
+from hfrt.roles.generation.grammar import Grammars
 from hfrt.roles.generation.hf import GenerationEngine, HFGenerationEngine
 from hfrt.roles.models import ModelConfig, load_model, resolve_model_dir
 
@@ -43,9 +44,9 @@ def generation_engine(
             from hfrt.roles.generation.lora import AdapterHFGeneration
 
             return AdapterHFGeneration(copy, lora, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                                       decode=text_decoder(tokenizer))
+                                       decode=text_decoder(tokenizer), grammars=Grammars(tokenizer))
         return HFGenerationEngine(copy, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                                  decode=text_decoder(tokenizer))
+                                  decode=text_decoder(tokenizer), grammars=Grammars(tokenizer))
     if kind == "vllm":
         from hfrt.roles.generation.vllm_engine import VLLMConfig, VLLMGenerationEngine
 

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from hfrt.roles.generation.grammar import Grammars
 from hfrt.roles.generation.logits import Constraint, Shaper
 from hfrt.roles.generation.stops import TextStops
 from hfrt.roles.training.engines.base import default_device
+from hfrt.wire.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     #: null, or a table {token id: value} added to those tokens' logits before sampling (OpenAI's logit_bias)
     logit_bias: dict[int, float] | None = None
+    #: null, or a JSON schema every response follows by constrained decoding ({"type": "object"}: any JSON
+    #: object): llguidance on the HF engine, vLLM's structured outputs on vLLM
+    json_schema: dict[str, Any] | None = None
 
 
 class GenerationEngine(Protocol):
@@ -115,11 +120,12 @@ def row_generators(seed: int, first_row: int, rows: int) -> list[torch.Generator
 
 def top_log_probs(logits: torch.Tensor, k: int, temperature: float) -> list[list[tuple[int, float]]]:
     """For each row of `logits` [positions, vocab], the k most likely tokens and their log-probs (of
-    log_softmax(logits / temperature), as a sampled token's log-prob is)."""
+    log_softmax(logits / temperature), as a sampled token's log-prob is); tokens a constraint made
+    impossible (-inf) are left out, so a row may hold fewer than k."""
     logits = logits.float()
     lp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
     values, index = lp.topk(min(k, lp.shape[-1]), dim=-1)
-    return [list(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(index, values, strict=True)]
+    return [[(t, v) for t, v in zip(i.tolist(), v.tolist(), strict=True) if v != float("-inf")] for i, v in zip(index, values, strict=True)]
 
 
 def sample_next(
@@ -200,6 +206,7 @@ class HFGenerationEngine:
         share_weights: bool = False,
         device: torch.device | None = None,
         decode: Callable[[Sequence[int]], str] | None = None,
+        grammars: Grammars | None = None,
     ) -> None:
         if not share_weights:  # a private copy lives where training does (the CUDA device if any)
             model.to(device or default_device())
@@ -208,6 +215,7 @@ class HFGenerationEngine:
         self.eos_token_id = eos_token_id
         self.share_weights = share_weights
         self.decode = decode  # the tokenizer's decode (skipping special tokens): stop strings need it
+        self.grammars = grammars  # JSON constraints for the tokenizer: json_schema needs them
         # a tensor-parallel model's parameters are DTensors: push, adopt and free their local
         # pieces (the very tensors the DTensors compute with)
         self._params = {name: _local_piece(p) for name, p in model.named_parameters()}
@@ -292,11 +300,18 @@ class HFGenerationEngine:
             raise ValueError("stop_strings: this generation engine was built without its tokenizer's decode")
         return TextStops(self.decode, params.stop_strings)
 
+    def constraints_for(self, params: SamplingParams, rows: int) -> list[Constraint | None] | None:
+        """A fresh constraint per row when params.json_schema asks for one (InvalidArgument when the
+        engine was built without its tokenizer's grammars, or the schema cannot be followed)."""
+        if params.json_schema is None:
+            return None
+        if self.grammars is None:
+            raise InvalidArgument("json_schema", "json_schema: this generation engine was built without its tokenizer's grammars")
+        return [self.grammars.constraint(params.json_schema) for _ in range(rows)]
+
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 constraints: Sequence[Constraint | None] | None = None) -> dict[str, torch.Tensor]:
-        """Sample params.n responses per prompt; `constraints`, one per row (prompt × n) or None,
-        restrict what each row may sample (structured output) and end it once complete."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
+        """Sample params.n responses per prompt (each following params.json_schema when given)."""
         if not self.awake:
             raise RuntimeError("generation engine is asleep: wake() and push weights first")
         if params.n < 1 or params.max_new_tokens < 1:
@@ -304,7 +319,8 @@ class HFGenerationEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._sample([list(p) for p in prompts for _ in range(params.n)], params, constraints)
+            rows = [list(p) for p in prompts for _ in range(params.n)]
+            return self._sample(rows, params, self.constraints_for(params, len(rows)))
         finally:
             self.model.train(was_training)
 

@@ -25,7 +25,6 @@ from hfrt.roles.generation.hf import (
     shaper_for,
     top_log_probs,
 )
-from hfrt.roles.generation.logits import Constraint
 
 #: what each step yields: (token id, its log-prob, the top-k alternatives [(id, log-prob)] when asked)
 Step = tuple[int, float, list[tuple[int, float]]]
@@ -44,9 +43,9 @@ def _forward(engine: HFGenerationEngine, **inputs: Any) -> Any:
 
 
 def stream_tokens(engine: HFGenerationEngine, prompt: Sequence[int], params: SamplingParams,
-                  top_k: int = 0, constraint: Constraint | None = None) -> Generator[Step, None, None]:
+                  top_k: int = 0) -> Generator[Step, None, None]:
     """Sample one response to `prompt` token by token (see the module docstring); ends after a stop
-    token (eos unless ignore_eos), a stop string, a complete `constraint` or max_new_tokens.
+    token (eos unless ignore_eos), a stop string, a complete json_schema or max_new_tokens.
     Closing the generator drops its KV cache."""
     if not engine.awake:
         raise RuntimeError("generation engine is asleep: wake() and push weights first")
@@ -59,7 +58,9 @@ def stream_tokens(engine: HFGenerationEngine, prompt: Sequence[int], params: Sam
     )
     stops = {int(t) for t in engine._stop_ids(params).tolist()}
     texts = engine.text_stops(params)
-    shaper = shaper_for(params, 1, [constraint] if constraint is not None else None)
+    constraints = engine.constraints_for(params, 1)
+    constraint = constraints[0] if constraints else None
+    shaper = shaper_for(params, 1, constraints)
     sampled: list[int] = []
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=device)
     attn = torch.ones_like(ids)

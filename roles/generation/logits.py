@@ -22,7 +22,7 @@ class Constraint(Protocol):
     """One row's constraint on what it may sample next (e.g. a grammar matcher)."""
 
     def mask(self, logits: torch.Tensor) -> torch.Tensor:
-        """`logits` [V] with the forbidden tokens at -inf."""
+        """`logits` [V] (float32, the shaper's own copy: changed in place) with the forbidden tokens at -inf."""
         ...
 
     def accept(self, token: int) -> None:
@@ -63,7 +63,7 @@ class Shaper:
 
     def shape(self, logits: torch.Tensor) -> torch.Tensor:
         """[rows, V] logits, shaped (a float32 copy when anything applies)."""
-        logits = logits.float()
+        logits = original = logits.float()
         vocab, device = logits.shape[-1], logits.device
         if self.bias and self._bias is None:
             self._bias = bias_vector(self.bias, vocab, device)
@@ -72,7 +72,10 @@ class Shaper:
         if self._counts is not None:
             logits = logits - self.frequency * self._counts - self.presence * (self._counts > 0).float()
         if self.constraints is not None:
-            logits = torch.stack([c.mask(row) if c is not None else row for c, row in zip(self.constraints, logits, strict=True)])
+            logits = logits.clone() if logits is original else logits  # masked in place: never the model's own output
+            for c, row in zip(self.constraints, logits, strict=True):
+                if c is not None:
+                    c.mask(row)
         return logits
 
     def observe(self, tokens: torch.Tensor, live: torch.Tensor, vocab: int) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hfrt.roles.generation.grammar import Grammars
 from hfrt.roles.generation.hf import HFGenerationEngine
 from hfrt.roles.generation.hybrid import HybridEngine
 from hfrt.roles.training import lora
@@ -73,9 +74,10 @@ class AdapterHFGeneration(HFGenerationEngine):
     never pushed again; the adapters are a few MB)."""
 
     def __init__(self, model: nn.Module, spec: LoraSpec, *, pad_token_id: int, eos_token_id: int | None,
-                 device: torch.device | None = None, decode: Callable[[Sequence[int]], str] | None = None) -> None:
+                 device: torch.device | None = None, decode: Callable[[Sequence[int]], str] | None = None,
+                 grammars: Grammars | None = None) -> None:
         model = lora.apply(model, dataclasses.replace(spec, dropout=0.0), "generation options.lora")
-        super().__init__(model, pad_token_id=pad_token_id, eos_token_id=eos_token_id, device=device, decode=decode)
+        super().__init__(model, pad_token_id=pad_token_id, eos_token_id=eos_token_id, device=device, decode=decode, grammars=grammars)
         self.spec = spec
         self.adapters = {lora.saved_name(n): p for n, p in model.named_parameters() if lora.is_adapter(n)}
 

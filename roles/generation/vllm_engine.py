@@ -169,6 +169,8 @@ class VLLMGenerationEngine:
             enforce_eager=config.enforce_eager,
             logprobs_mode="processed_logprobs",
             seed=config.seed,
+            # llguidance, compact JSON, objects closed to their listed properties: the HF engine's constraint
+            structured_outputs_config={"backend": "guidance", "disable_any_whitespace": True, "disable_additional_properties": True},
         )
         self._cpushm = _own_cpushm() if config.external_launcher else []
         if self._cpushm:
@@ -257,6 +259,7 @@ class VLLMGenerationEngine:
             presence_penalty=params.presence_penalty,
             frequency_penalty=params.frequency_penalty,
             logit_bias=dict(params.logit_bias) if params.logit_bias else None,
+            structured_outputs=self._structured(params),
         )
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False, lora_request=self._lora_request())
@@ -271,6 +274,16 @@ class VLLMGenerationEngine:
                     ]
                 )
         return self._pack(prompts, rows, logps, params.n)
+
+    def _structured(self, params: SamplingParams) -> Any:
+        """vLLM's structured outputs for params.json_schema, on the guidance (llguidance) backend with
+        compact JSON and closed objects (the engine's structured_outputs_config): what the HF
+        engine's constraint (roles/generation/grammar.py) allows."""
+        if params.json_schema is None:
+            return None
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return StructuredOutputsParams(json=dict(params.json_schema))
 
     def _pack(
         self, prompts: Sequence[Sequence[int]], rows: list[list[int]], logps: list[list[float]], n: int

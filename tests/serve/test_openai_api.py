@@ -154,3 +154,22 @@ def test_pieces_are_clipped_to_the_returned_text() -> None:
 
     assert clip_pieces(["The", " sum", "\nObs", "ervation:"], "The sum\n") == ["The", " sum", "\n", ""]
     assert clip_pieces(["a", ""], "ab") == ["a", "b"]  # a character the pieces held back joins the last one
+
+
+def test_response_format_becomes_the_schema_the_reply_is_sampled_under() -> None:
+    from hfrt.serve.api import chat_request
+
+    msgs = [{"role": "user", "content": "x"}]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}
+    assert "json_schema" not in chat_request({"messages": msgs, "response_format": {"type": "text"}}).options
+    assert chat_request({"messages": msgs, "response_format": {"type": "json_object"}}).options["json_schema"] == {"type": "object"}
+    strict = chat_request({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}}})
+    assert strict.options["json_schema"] == schema
+    loose = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]}
+    assert chat_request({"messages": msgs, "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": loose}}}
+                        ).options["json_schema"] == loose  # constrained without strict too
+    for bad, param in (({"type": "yaml"}, "response_format"), ({"type": "json_schema", "json_schema": {"schema": 5}}, "response_format.json_schema.schema"),
+                       ({"type": "json_schema", "json_schema": {"name": "a", "schema": loose, "strict": True}}, "response_format.json_schema.schema")):
+        with pytest.raises(BadRequest) as info:
+            chat_request({"messages": msgs, "response_format": bad})
+        assert info.value.param == param, info.value.message

@@ -16,7 +16,8 @@ from hfrt.serve.sessions import Session, SessionCall, build_trajectories
 from hfrt.serve.tools import check_tool_choice, check_tools, parser_for
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
-TOOLS = check_tools([ADD, {"type": "function", "function": {"name": "mul"}}])
+MUL = {"type": "function", "function": {"name": "mul"}}
+TOOLS = check_tools([ADD, MUL])
 
 
 def test_hermes_parser() -> None:
@@ -28,9 +29,8 @@ def test_hermes_parser() -> None:
     assert hermes.parse('<tool_call>{"name": "add", "arguments": {"a": 2}}', TOOLS)[1][0]["function"]["name"] == "add"  # cut before the close
     for text in ("no call", "<tool_call>{not json</tool_call>", '<tool_call>{"name": "rm", "arguments": {}}</tool_call>', "<tool_call>[1]"):
         assert hermes.parse(text, TOOLS) == (text, [])  # stays content, never an error
-    assert hermes.prefill("auto") == hermes.prefill("none") == "" and hermes.prefill("required") == "<tool_call>\n"
-    opened = hermes.prefill("add")
-    assert hermes.parse(opened + '{"a": 3}}\n</tool_call>', TOOLS)[1][0]["function"]["arguments"] == '{"a": 3}'
+    # a forced call: the opening is prompt, the call's compact JSON sampled under its schema (and no close)
+    assert hermes.parse(hermes.opening + '{"name":"add","arguments":{"a":3}}', TOOLS)[1][0]["function"]["arguments"] == '{"a": 3}'
 
 
 def test_llama3_parser() -> None:
@@ -39,7 +39,7 @@ def test_llama3_parser() -> None:
     assert content is None and [json.loads(c["function"]["arguments"]) for c in calls] == [{"a": 1}, {"b": 2}]
     for text in ("plain text", '{"name": "add", "parameters": {"a": ', '{"name": "nope", "parameters": {}}', '{"x": 1}'):
         assert llama.parse(text, TOOLS) == (text, [])
-    assert llama.parse(llama.prefill("mul") + '{"b": 5}}', TOOLS)[1][0]["function"]["name"] == "mul"
+    assert llama.parse(llama.opening + '{"name":"mul","parameters":{"b":5}}', TOOLS)[1][0]["function"]["name"] == "mul"
     with pytest.raises(ValueError, match="unknown tool parser 'qwen'"):
         parser_for("qwen")
 
@@ -60,7 +60,11 @@ def test_chat_request_with_tools_and_tool_messages() -> None:
                 {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1}"}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "3"}]
     turn = chat_request({"messages": messages, "tools": [ADD], "tool_choice": {"type": "function", "function": {"name": "add"}}})
-    assert turn.tool_choice == "add" and turn.prefill == parser_for("hermes").prefill("add") and turn.append[1] == turn.prefill
+    assert turn.tool_choice == "add" and turn.prefill == "<tool_call>\n" and turn.append[1] == turn.prefill
+    assert turn.options["json_schema"] == {"type": "object", "properties": {"name": {"const": "add"}, "arguments": ADD["function"]["parameters"]},
+                                           "required": ["name", "arguments"], "additionalProperties": False}  # the forced call is constrained
+    required = chat_request({"messages": messages[:1], "tools": [ADD, MUL], "tool_choice": "required", "response_format": {"type": "json_object"}})
+    assert [o["properties"]["name"]["const"] for o in required.options["json_schema"]["anyOf"]] == ["add", "mul"]  # the call wins
     assert turn.append[0]["tools"] == [ADD] and turn.messages[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}  # as templates render it
     assert turn.messages[2] == {"role": "tool", "content": "3", "tool_call_id": "c1"}
     off = chat_request({"messages": messages[:1], "tools": [ADD], "tool_choice": "none"})
