@@ -48,7 +48,7 @@ class CheckpointManager:
         source: PromptSource,
         actor: Any = None,
         flow_state: FlowState | None = None,
-        timeout_s: float,
+        timeout_s: float | None = None,
     ) -> None:
         self.run_dir, self.max_step = run_dir, max_step
         self.trained = dict(trained)

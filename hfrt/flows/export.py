@@ -18,7 +18,7 @@ class HFExport:
     """Writes `actor` as a Hugging Face folder under `run_dir` (`enabled` false, no run folder or no
     actor: nothing)."""
 
-    def __init__(self, run_dir: str, actor: Any, *, enabled: bool, timeout_s: float) -> None:
+    def __init__(self, run_dir: str, actor: Any, *, enabled: bool, timeout_s: float | None = None) -> None:
         self.folder = Path(run_dir) / FOLDER if run_dir and enabled and actor is not None else None
         self.actor, self.timeout_s = actor, timeout_s
 

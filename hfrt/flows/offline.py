@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from hfrt.flows.batches import prompts_handle
 from hfrt.flows.checkpoint import load_checkpoint, resumable_checkpoint, save_checkpoint
-from hfrt.flows.config import CALL_TIMEOUT_S, did_you_mean
+from hfrt.flows.config import did_you_mean
 from hfrt.flows.export import HFExport
 from hfrt.flows.pairs import step_rows
 from hfrt.flows.report import MetricsLog
@@ -199,5 +199,5 @@ class OfflineLoop:
             summary["metrics"] = str(Path(cfg.run_dir) / "metrics.jsonl")
         if start:
             summary["resumed_from_step"] = start
-        summary |= await HFExport(cfg.run_dir, self.actor, enabled=cfg.export_hf, timeout_s=CALL_TIMEOUT_S).export()
+        summary |= await HFExport(cfg.run_dir, self.actor, enabled=cfg.export_hf).export()
         return summary

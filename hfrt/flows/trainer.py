@@ -86,11 +86,11 @@ class Trainer:
         self.started: dict[str, int] = {}  # what the weights were at the start, for the summary
         actor = self.roles.get("actor")
         self.checkpoints = CheckpointManager(cfg.run_dir, max_step=cfg.steps, trained=self.trained, source=self.source,
-                                             actor=actor, flow_state=state, timeout_s=CALL_TIMEOUT_S)
+                                             actor=actor, flow_state=state)
         self.validator = Validator(self.task, actor, self.roles.get("reward"), count=cfg.val_prompts,
-                                   max_new_tokens=cfg.max_new_tokens, errors=self.reward_errors, timeout_s=CALL_TIMEOUT_S)
+                                   max_new_tokens=cfg.max_new_tokens, errors=self.reward_errors)
         self.metrics = MetricsProcessor.for_config(ctl, cfg, self.reward_errors)
-        self.exporter = HFExport(cfg.run_dir, actor, enabled=cfg.export_hf, timeout_s=CALL_TIMEOUT_S)
+        self.exporter = HFExport(cfg.run_dir, actor, enabled=cfg.export_hf)
 
     async def run(self, step_fn: StepFn) -> dict[str, Any]:
         """Every step from the start (or the resumed checkpoint) to `cfg.steps`; returns the summary."""

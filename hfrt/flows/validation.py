@@ -39,7 +39,8 @@ class Validator:
     `errors` (logged, never stopping the run)."""
 
     def __init__(
-        self, task: Task, actor: Any, reward: Any, *, count: int, max_new_tokens: int, errors: RewardErrors, timeout_s: float
+        self, task: Task, actor: Any, reward: Any, *, count: int, max_new_tokens: int, errors: RewardErrors,
+        timeout_s: float | None = None,
     ) -> None:
         self.task, self.actor, self.reward = task, actor, reward
         self.count, self.max_new_tokens = count, max_new_tokens
