@@ -295,7 +295,7 @@ def _serve_openai(args: argparse.Namespace) -> int:
         return 2
     serve = serve_flow(host=args.host, port=args.port, model=args.served_model_name or args.model,
                        batch_size=args.batch_size, flush_after_s=args.flush_ms / 1000, idle_flush=args.idle_flush,
-                       limits=limits, api_key=api_key, tool_parser=args.tool_parser)
+                       limits=limits, api_key=api_key, tool_parser=args.tool_parser, tool_template=args.tool_template or None)
     run_dir = Path(args.run_dir or Path("runs") / time.strftime("serve-openai-%Y%m%d-%H%M%S"))
     try:
         run_stoppable(run_flow(Flow("serve-openai", serve, roles), run_dir=run_dir, config={"trace": False, "recovery": "on"}, roles=roles),
@@ -462,6 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY' (default: $HFRT_API_KEY; none: no authentication)")
     so.add_argument("--api-key-file", default="", help="read the API key from this file (first line)")
     so.add_argument("--tool-parser", default="hermes", choices=["hermes", "llama3"], help="how tool calls are parsed out of sampled text")
+    so.add_argument("--tool-template", default="", choices=["", "hermes"],
+                    help="render chats with a built-in tool-calling template instead of the model's own (hermes: ChatML with "
+                         "<tools> and <tool_call>, as Hermes and Qwen 2.5 models; for a model whose template ignores tools, "
+                         "which the server warns about at start)")
     so.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask for")
     so.add_argument("--max-prompt-tokens", type=int, default=0, help="longest prompt in tokens (0: the model's context less max_tokens)")
     so.add_argument("--max-concurrent-requests", type=int, default=512, help="requests in progress at once (more get 429)")

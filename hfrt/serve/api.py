@@ -91,6 +91,7 @@ class TurnRequest:
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str | None = None  # "auto" | "none" | "required" | a function's name; None without tools
     prefill: str = ""  # text put after the generation prompt so a required call opens (tool_choice)
+    template: str | None = None  # a built-in chat template the rollout daemon renders with (None: the tokenizer's)
 
     @property
     def text_bytes(self) -> int:
@@ -297,8 +298,9 @@ def _message(index: int, message: Any) -> dict[str, Any]:
     return out
 
 
-def chat_request(body: Any, *, limits: Limits = Limits(), tool_parser: str = "hermes") -> TurnRequest:
-    """A /v1/chat/completions body: the messages (and tools) go to the rollout daemon's chat template."""
+def chat_request(body: Any, *, limits: Limits = Limits(), tool_parser: str = "hermes", template: str | None = None) -> TurnRequest:
+    """A /v1/chat/completions body: the messages (and tools) go to the rollout daemon's chat template
+    (or the built-in one `template` names)."""
     body, common = _common(body, limits)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -328,6 +330,7 @@ def chat_request(body: Any, *, limits: Limits = Limits(), tool_parser: str = "he
         options["json_schema"] = call_schema(offered, choice, parser.arguments_key)
     elif fmt is not None:
         options["json_schema"] = fmt
-    item: dict[str, Any] = {"messages": chat, "tools": [t.schema for t in offered] or None}
+    item: dict[str, Any] = {"messages": chat, "tools": [t.schema for t in offered] or None, **({"template": template} if template else {})}
     return TurnRequest("chat", context=[], append=[item, prefill] if prefill else [item], options=options, logprobs=bool(logprobs),
-                       top_logprobs=top, messages=chat, tools=offered, tool_choice=choice if tools else None, prefill=prefill, **common)
+                       top_logprobs=top, messages=chat, tools=offered, tool_choice=choice if tools else None, prefill=prefill,
+                       template=template, **common)

@@ -209,7 +209,7 @@ def _rename(exc: BadRequest, paths: list[str]) -> BadRequest:
 
 
 def responses_request(body: Any, *, limits: Limits = Limits(), tool_parser: str = "hermes",
-                      memory: ResponseMemory | None = None) -> ResponsesTurn:
+                      memory: ResponseMemory | None = None, template: str | None = None) -> ResponsesTurn:
     """A /v1/responses body as the chat turn it samples (see the module docstring)."""
     if not isinstance(body, dict):
         raise BadRequest(None, f"the body must be a JSON object, not {type(body).__name__}")
@@ -234,7 +234,8 @@ def responses_request(body: Any, *, limits: Limits = Limits(), tool_parser: str 
                  "stream": body.get("stream"), "seed": body.get("seed"), "response_format": fmt if fmt.get("type") != "text" else None,
                  "logprobs": True if logprobs else None, "top_logprobs": body.get("top_logprobs") if logprobs else None}
     try:
-        turn = chat_request({k: v for k, v in chat_body.items() if v is not None}, limits=limits, tool_parser=tool_parser)
+        turn = chat_request({k: v for k, v in chat_body.items() if v is not None}, limits=limits, tool_parser=tool_parser,
+                            template=template)
     except BadRequest as exc:
         raise _rename(exc, paths) from exc
     echo = {"instructions": body.get("instructions"), "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),

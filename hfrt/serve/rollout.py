@@ -40,6 +40,8 @@ class ModelInfo:
 
     context_tokens: int | None = None
     max_token_bytes: int = 1
+    template_sees_tools: bool | None = None  # whether the model's chat template renders `tools` (None: unknown)
+    tool_templates: list[str] | None = None  # the built-in tool templates the role has
 
     @property
     def max_text_bytes(self) -> int | None:
@@ -86,7 +88,8 @@ class RolloutClient:
                     first = (await self.rollout.serving_info(timeout_s=self.timeout_s))[0]
                 except (RemoteError, DaemonGone, CallTimeout) as exc:
                     raise _failed(exc, "completion", "serving_info") from exc
-                info = ModelInfo(first.get("context_tokens"), int(first.get("max_token_bytes") or 1))
+                info = ModelInfo(first.get("context_tokens"), int(first.get("max_token_bytes") or 1), first.get("template_sees_tools"),
+                                 first.get("tool_templates"))
             self._info = info
         return self._info
 

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hfrt.log import get_logger
 from hfrt.serve.api import BadRequest, Limits, TurnRequest, _message, chat_request, completion_request
 from hfrt.serve.responses import (
     TurnResult,
@@ -89,8 +90,10 @@ class OpenAIServer:
     def __init__(self, rollout: Any, *, host: str = "127.0.0.1", port: int = 0, model: str = "hfrt",
                  batch_size: int = 64, flush_after_s: float = 0.02, idle_flush: bool = False, limits: ServerLimits | None = None,
                  api_key: str | None = None, tool_parser: str = "hermes", max_sessions: int = 10_000,
-                 timeout_s: float = TURN_TIMEOUT_S, replacing: Callable[[], bool] | None = None) -> None:
+                 timeout_s: float = TURN_TIMEOUT_S, replacing: Callable[[], bool] | None = None,
+                 tool_template: str | None = None) -> None:
         self.rollout, self.model, self.limits = rollout, model, limits or ServerLimits()
+        self.tool_template = tool_template or None
         self.tool_parser = parser_for(tool_parser).name
         self.api_key = api_key or None
         self.client = RolloutClient(rollout, batch_size=batch_size, flush_after_s=flush_after_s, idle_flush=idle_flush,
@@ -129,9 +132,22 @@ class OpenAIServer:
     async def __aenter__(self) -> OpenAIServer:
         from hfrt.serve.app import HttpServer  # Starlette and uvicorn load with the server, not the API logic
 
+        await self._check_template()
         self._http = HttpServer(self, self.host, self.port)
         self.port = await self._http.start()
         return self
+
+    async def _check_template(self) -> None:
+        """At start: a chat template that drops `tools` is said loudly (the model would never see
+        its tools), and a built-in tool template the role does not know is refused."""
+        info = await self.client.info()
+        if self.tool_template is not None and info.tool_templates is not None and self.tool_template not in info.tool_templates:
+            raise ValueError(f"tool template {self.tool_template!r} is not one the rollout role has: {info.tool_templates}")
+        if info.template_sees_tools is False and self.tool_template is None:
+            get_logger(part="openai_server").warning(
+                "template_ignores_tools", model=self.model,
+                message=f"the chat template of {self.model!r} ignores `tools`: requests' tool schemas never reach the model; "
+                        f"serve it with a built-in tool template (--tool-template {', '.join(info.tool_templates or ['hermes'])})")
 
     async def __aexit__(self, *exc: object) -> None:
         if self._http is not None:
@@ -173,7 +189,7 @@ class OpenAIServer:
         chat = turn.kind != "completion"
         return self.store.continuation(held, turn.context, turn.append, text_prompt=turn.text_prompt,
                                        messages=turn.messages if chat else None, tools=[t.schema for t in turn.tools],
-                                       prefill=turn.prefill)
+                                       prefill=turn.prefill, template=turn.template)
 
     # -- requests -------------------------------------------------------------------------
 
@@ -181,7 +197,8 @@ class OpenAIServer:
         return completion_request(body, limits=Limits(self.limits.max_tokens, self.limits.max_n))
 
     def chat_turn(self, body: Any) -> TurnRequest:
-        return chat_request(body, limits=Limits(self.limits.max_tokens, self.limits.max_n), tool_parser=self.tool_parser)
+        return chat_request(body, limits=Limits(self.limits.max_tokens, self.limits.max_n), tool_parser=self.tool_parser,
+                            template=self.tool_template)
 
     async def complete(self, turn: TurnRequest, session: str | None = None) -> tuple[list[TurnResult], dict[str, Any]]:
         """Sample `turn` (n choices), record it under `session`, and build the body."""
@@ -269,7 +286,7 @@ class OpenAIServer:
 
     def responses_turn(self, body: Any) -> ResponsesTurn:
         return responses_request(body, limits=Limits(self.limits.max_tokens, self.limits.max_n), tool_parser=self.tool_parser,
-                                 memory=self.memory)
+                                 memory=self.memory, template=self.tool_template)
 
     async def respond(self, rt: ResponsesTurn, session: str | None = None) -> dict[str, Any]:
         """The Response object of `rt` (recorded under `session` as its chat turn is, and

@@ -158,7 +158,7 @@ class SessionStore:
     @staticmethod
     def continuation(session: Session | None, context: list[int], append: list[Any], *, text_prompt: str | None = None,
                      messages: list[dict[str, Any]] | None = None, tools: list[dict[str, Any]] | None = None,
-                     prefill: str = "") -> tuple[list[int], list[Any]]:
+                     prefill: str = "", template: str | None = None) -> tuple[list[int], list[Any]]:
         """The (context ids, append items) to send: a session's exact ids when the request extends
         what it holds — a text prompt that starts with the last prompt text + output text (only
         the new text is tokenised), or chat messages that start with the last messages + the reply
@@ -172,6 +172,6 @@ class SessionStore:
         if messages is not None and session.chat is not None:
             held, offered = session.chat
             if len(messages) > len(held) and messages[:len(held)] == held and (tools or []) == offered:
-                item = {"messages": messages, "tools": offered or None, "after": len(held)}
+                item = {"messages": messages, "tools": offered or None, "after": len(held), **({"template": template} if template else {})}
                 return session.ids, [item, prefill] if prefill else [item]
         return context, append

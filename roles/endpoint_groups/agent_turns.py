@@ -28,6 +28,7 @@ from hfrt.roles.generation.build import text_decoder
 from hfrt.roles.generation.hf import SamplingParams, shaper_for, top_log_probs
 from hfrt.roles.generation.logits import Constraint
 from hfrt.roles.generation.stops import Cut, cut_at_stop
+from hfrt.roles.generation.templates import TOOL_TEMPLATES, template_sees_tools
 from hfrt.roles.rows import all_reduce, check_rows, merge
 from hfrt.wire.endpoints import Dispatch, endpoint
 from hfrt.wire.errors import ContextTooLong, InvalidArgument
@@ -69,18 +70,24 @@ def special_stop_ids(tokenizer: Any, stops: Sequence[str]) -> tuple[int, ...]:
 
 
 def render_chat(tokenizer: Any, item: Mapping[str, Any]) -> list[int]:
-    """Ids of a chat item {"messages", "tools"?, "after"?} through the tokenizer's chat template
-    (tools passed as `tools=`). With `after` = k the conversation's first k messages are already
-    held as ids (the session's exact tokens): only the text the template renders past them (tool
-    results, a user turn, the generation prompt) is tokenised."""
+    """Ids of a chat item {"messages", "tools"?, "after"?, "template"?} through the tokenizer's chat
+    template, or the built-in one `template` names (roles/generation/templates.py; tools passed as
+    `tools=`). With `after` = k the conversation's first k messages are already held as ids (the
+    session's exact tokens): only the text the template renders past them (tool results, a user
+    turn, the generation prompt) is tokenised."""
     messages, tools, after = list(item["messages"]), item.get("tools") or None, item.get("after")
     if not messages:
         raise InvalidArgument("prompt", "a chat item has no messages")
+    kw: dict[str, Any] = {"tools": tools}
+    if item.get("template") is not None:
+        if item["template"] not in TOOL_TEMPLATES:
+            raise InvalidArgument("template", f"unknown tool template {item['template']!r}: choose one of {sorted(TOOL_TEMPLATES)}")
+        kw["chat_template"] = TOOL_TEMPLATES[item["template"]]
     if after is None:
-        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kw)
         return [int(t) for t in (ids["input_ids"] if isinstance(ids, Mapping) else ids)]
-    full = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-    held = tokenizer.apply_chat_template(messages[:after], tools=tools, add_generation_prompt=False, tokenize=False)
+    full = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kw)
+    held = tokenizer.apply_chat_template(messages[:after], add_generation_prompt=False, tokenize=False, **kw)
     if not full.startswith(held):
         at = next((i for i, (a, b) in enumerate(zip(full, held, strict=False)) if a != b), min(len(full), len(held)))
         raise InvalidArgument("prompt", f"the chat template renders the first {after} messages differently once more follow (from character {at}: "
@@ -366,9 +373,16 @@ class AgentTurns:
     @endpoint(dispatch=Dispatch.REPLICATE)
     def serving_info(self) -> dict[str, Any]:
         """What a server in front of this role checks before sending a turn: `context_tokens` (the
-        model's context, None when unknown) and `max_token_bytes` (so text longer than
-        context_tokens × max_token_bytes bytes is refused without a call)."""
-        return {"context_tokens": context_limit(self), "max_token_bytes": self._token_bytes}
+        model's context, None when unknown), `max_token_bytes` (so text longer than
+        context_tokens × max_token_bytes bytes is refused without a call), `template_sees_tools`
+        (whether the tokenizer's chat template shows the model the tools it is given; None: no
+        template) and `tool_templates` (the built-in ones a chat item may name instead)."""
+        return {"context_tokens": context_limit(self), "max_token_bytes": self._token_bytes,
+                "template_sees_tools": self._template_sees_tools, "tool_templates": sorted(TOOL_TEMPLATES)}
+
+    @functools.cached_property
+    def _template_sees_tools(self) -> bool | None:
+        return template_sees_tools(self.tokenizer)
 
     def _fit(self, params: SamplingParams, contexts: list[list[int]], opts: TurnOptions) -> SamplingParams:
         """params with max_new_tokens cut to what the longest row's context leaves (with `fit`:

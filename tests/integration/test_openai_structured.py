@@ -82,3 +82,4 @@ async def test_text_format_of_the_responses_api_is_the_same_constraint(server: O
                                                              "response_format": {"type": "json_schema", "json_schema": {
                                                                  "name": "bad", "schema": {"type": "frobnicate"}}}})
     assert status == 400 and error["error"]["param"] == "response_format", error
+
