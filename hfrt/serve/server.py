@@ -53,7 +53,8 @@ class ServerLimits:
     model's context can hold is refused before it is sent to be tokenised (400).
     long_request_tokens: a request whose prompt (estimated from its size) plus max_tokens is longer
     goes to separate batches and is sampled `long_chunk_tokens` at a time (each chunk continues
-    the exact ids so far), so a short request waits at most one chunk of a long one. A streamed
+    the exact ids so far), so a short request waits at most one chunk of a long one (a constrained
+    turn, structured output or a forced call, is sampled in one call: a grammar cannot resume). A streamed
     turn is sampled token by token on the rollout daemon (generate_turn_stream: one prefill, a KV
     cache kept for the turn, each token sent as it is sampled) when `token_stream` is on and the
     role's engine can (the HF engine); otherwise stream_chunk_tokens per generate_turn call, each
@@ -328,13 +329,15 @@ class OpenAIServer:
 
     async def _steps(self, turn: TurnRequest, context: list[int], append: list[Any], options: dict[str, Any],
                      batcher: TurnBatcher) -> AsyncIterator[dict[str, Any]]:
-        """A streamed turn's rows as they come: token by token where the role can, else in chunks."""
+        """A streamed turn's rows as they come: token by token where the role can, else in chunks
+        (a constrained turn in one: its grammar cannot resume on a later call)."""
         if self.client.can_stream:
             tokens = self.client.token_steps(context, append, options, turn.kind)
             if await anext(tokens):
                 return tokens
             await tokens.aclose()  # the role cannot stream token by token: chunks from now on
-        return self.client.chunks(batcher, context, append, options, turn.kind, self.limits.stream_chunk_tokens)
+        chunk = self.limits.stream_chunk_tokens if "json_schema" not in options else int(options["max_new_tokens"])  # see _options
+        return self.client.chunks(batcher, context, append, options, turn.kind, chunk)
 
     def _options(self, turn: TurnRequest, context: list[int], append: list[Any]) -> tuple[dict[str, Any], TurnBatcher]:
         """generate_turn's options for `turn`, and the batcher its size sends it to."""
@@ -347,4 +350,6 @@ class OpenAIServer:
             options["max_prompt_tokens"] = self.limits.max_prompt_tokens
         prompt_size = len(context) + sum(len(a) if isinstance(a, str) else len(json.dumps(a.get("messages", a))) for a in append)
         size = prompt_size + (0 if turn.options.get("fit_context") else turn.options["max_new_tokens"])
-        return options, (self.client.long if size > self.limits.long_request_tokens else self.client.batcher)
+        # a constrained turn is sampled in one call: a grammar cannot resume in the middle of a turn on the next call
+        long = size > self.limits.long_request_tokens and "json_schema" not in options
+        return options, (self.client.long if long else self.client.batcher)

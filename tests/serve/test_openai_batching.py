@@ -125,3 +125,12 @@ def test_the_server_side_does_not_import_torch() -> None:
     code = "import sys, hfrt.serve.server, hfrt.serve.app, hfrt.cli\nassert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_constrained_turn_is_never_sampled_in_chunks() -> None:
+    server = OpenAIServer(SlowRollout(0.0))
+    long = server.chat_turn({"messages": [{"role": "user", "content": "x" * 1000}], "max_tokens": 100})
+    assert server._options(long, [], long.append)[1] is server.client.long  # a long turn: chunks, so short ones pass it
+    schema = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    constrained = server.chat_turn({"messages": [{"role": "user", "content": "x" * 1000}], "max_tokens": 100, "response_format": schema})
+    assert server._options(constrained, [], constrained.append)[1] is server.client.batcher  # one call: a grammar cannot resume mid-turn
