@@ -73,6 +73,17 @@ class Recording:
         future.set_result(BatchHandle.inline({"x": [1]}))
         return future
 
+    def submit_all(self, infos: list[DaemonInfo], endpoint: str, args: list[Any], kwargs: dict[str, Any], *,
+                   timeout_s: float | None = None) -> asyncio.Future[Any]:
+        return self.submit_each([(info, args, kwargs) for info in infos], endpoint, timeout_s=timeout_s)
+
+    def submit_each(self, parts: list[tuple[DaemonInfo, list[Any], dict[str, Any]]], endpoint: str, *,
+                    timeout_s: float | None = None, combine: Any = list) -> asyncio.Future[Any]:
+        self.sent += [(endpoint, timeout_s) for _ in parts]
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(combine([BatchHandle.inline({"x": [1]}) for _ in parts]))
+        return future
+
 
 def group(impl: str, role: str) -> tuple[RoleGroup, Recording]:
     from hfrt.roles import resolve_impl
