@@ -462,19 +462,14 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY' (default: $HFRT_API_KEY; none: no authentication)")
     so.add_argument("--api-key-file", default="", help="read the API key from this file (first line)")
     so.add_argument("--tool-parser", default="hermes", choices=["hermes", "llama3"], help="how tool calls are parsed out of sampled text")
-    so.add_argument("--tool-template", default="", choices=["", "hermes"],
-                    help="render chats with a built-in tool-calling template instead of the model's own (hermes: ChatML with "
-                         "<tools> and <tool_call>, as Hermes and Qwen 2.5 models; for a model whose template ignores tools, "
-                         "which the server warns about at start)")
+    so.add_argument("--tool-template", default="", choices=["", "hermes"], help="render chats with a built-in tool template (hermes: ChatML, <tools>, <tool_call>) instead of the model's own, e.g. one that ignores tools (warned at start)")
     so.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask for")
     so.add_argument("--max-prompt-tokens", type=int, default=0, help="longest prompt in tokens (0: the model's context less max_tokens)")
     so.add_argument("--max-concurrent-requests", type=int, default=512, help="requests in progress at once (more get 429)")
     so.add_argument("--request-timeout-s", type=float, default=600.0, help="one request's time limit (408 past it)")
     so.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body (413 past it)")
-    so.add_argument("--header-timeout-s", type=float, default=10.0,
-                    help="a request's headers must arrive within this many seconds of its first byte (408 and the connection closed past it)")
-    so.add_argument("--body-timeout-s", type=float, default=30.0,
-                    help="a request's body must arrive within this many seconds of its headers (408 and the connection closed past it)")
+    so.add_argument("--header-timeout-s", type=float, default=10.0, help="seconds a request's headers may take from their first byte (408, closed)")
+    so.add_argument("--body-timeout-s", type=float, default=30.0, help="seconds a request's body may take after its headers (408, closed)")
     so.add_argument("--stream-chunks", action="store_true",
                     help="stream turns 4 tokens per generate_turn call instead of token by token (vLLM daemons always do)")
 

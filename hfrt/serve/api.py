@@ -197,6 +197,9 @@ def _sampling(body: dict[str, Any], max_tokens: int, limits: Limits) -> dict[str
     seed = _int(body, "seed", None, -(2**63), 2**63 - 1)
     if seed is not None:
         options["seed"] = seed
+    top_k = _int(body, "top_k", None, -1, 2**31)  # vLLM's extension: sample among the k most likely (-1, 0: all)
+    if top_k is not None and top_k > 0:
+        options["top_k"] = top_k
     if not 1 <= max_tokens <= limits.max_tokens:
         raise BadRequest("max_tokens", f"{max_tokens} is out of range [1, {limits.max_tokens}] (the server's max_tokens limit)")
     return options
@@ -307,6 +310,10 @@ def chat_request(body: Any, *, limits: Limits = Limits(), tool_parser: str = "he
         raise BadRequest("messages", f"must be a non-empty list of messages, not {messages!r:.60}")
     chat = [_message(i, m) for i, m in enumerate(messages)]
     _refuse(body, "functions", (None, []), "use tools")
+    _refuse(body, "function_call", (None, "none", "auto"), "use tool_choice")
+    _refuse(body, "modalities", (None, ["text"]), "text out only")
+    _refuse(body, "audio", (None,), "text out only")
+    _refuse(body, "web_search_options", (None,), "no hosted web search")
     fmt = response_format(body)
     tools = check_tools(body.get("tools"))
     choice = check_tool_choice(body.get("tool_choice"), tools)

@@ -173,3 +173,17 @@ def test_response_format_becomes_the_schema_the_reply_is_sampled_under() -> None
         with pytest.raises(BadRequest) as info:
             chat_request({"messages": msgs, "response_format": bad})
         assert info.value.param == param, info.value.message
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"function_call": {"name": "f"}}, "function_call"), ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"audio": {"voice": "x"}}, "audio"), ({"web_search_options": {}}, "web_search_options"), ({"top_k": -2}, "top_k"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
+])
+def test_chat_fields_this_server_cannot_honour_are_refused_naming_them(body: dict[str, Any], param: str) -> None:
+    from hfrt.serve.api import chat_request
+
+    with pytest.raises(BadRequest) as info:
+        chat_request({"messages": [{"role": "user", "content": "x"}], **body})
+    assert info.value.param == param  # the compatibility table of docs/agents-and-openai.md
+    assert chat_request({"messages": [{"role": "user", "content": "x"}], "top_k": 5, "modalities": ["text"]}).options["top_k"] == 5

@@ -1,6 +1,7 @@
 """The request side of /v1/responses (hfrt/serve/responses_api.py) and its events
 (responses_events.py): items become the chat messages a chat completion would send, refusals name
-the Responses field, and the events parse as the openai client's own types. Pure logic."""
+the Responses field, and the events parse as the openai client's own types (the compatibility table of
+docs/agents-and-openai.md). Pure logic."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def test_items_become_the_chat_messages_of_the_same_conversation() -> None:
     ({"input": "x", "tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name"),
     ({"input": "x", "temperature": 9}, "temperature"), ({"input": "x", "text": {"format": "json"}}, "text.format"),
     ({"input": "x", "conversation": "c1"}, "conversation"), ({"input": "x", "frobnicate": 1}, "frobnicate"),
+    ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning"), ({"input": "x", "background": True}, "background"),
 ])
 def test_refusals_name_the_responses_field(body: dict[str, Any], param: str) -> None:
     with pytest.raises(BadRequest) as info:
