@@ -57,18 +57,20 @@ def run_one(ranks: int, args: argparse.Namespace, soak_steps: int = 0) -> dict[s
 
 
 def per_rank(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Controller CPU per rank at the largest count (µs), and a straight-line fit over the rank
-    counts of 256 and more (cost = fixed + per-rank × N) predicting 16,384 ranks."""
+    """Controller CPU per rank at the largest count (µs), net of the heartbeat background, which is
+    given per rank and second of its own; and a straight-line fit over the rank counts of 256 and
+    more (cost = fixed + per-rank × N) predicting each at 16,384 ranks."""
     big = [r for r in rows if r["ranks"] >= 256] or rows[-1:]
     last = rows[-1]
     out: dict[str, Any] = {}
-    for key, ranks_key, to_us in (("controller_cpu_ms_per_broadcast", "ranks", 1e3),
-                                  ("controller_cpu_ms_per_dispatch", "ranks", 1e3),
-                                  ("controller_cpu_s_per_step", "step_ranks", 1e6)):
-        what = key.rsplit("_per_", 1)[1]
-        out[f"cpu_us_per_rank_per_{what}"] = round(last[key] * to_us / last[ranks_key], 2)
+    for key, ranks_key, to_us in (("controller_cpu_ms_per_broadcast_net", "ranks", 1e3),
+                                  ("controller_cpu_ms_per_dispatch_net", "ranks", 1e3),
+                                  ("controller_cpu_s_per_step_net", "step_ranks", 1e6),
+                                  ("controller_idle_cpu_ms_per_s", "ranks", 1e3)):
+        what = key.removeprefix("controller_").removesuffix("_net")
+        out[f"{what}_us_per_rank"] = round(last[key] * to_us / last[ranks_key], 2)
         slope, fixed = fit([(r[ranks_key], r[key]) for r in big])
-        out[f"predicted_16384_{key.removeprefix('controller_')}"] = round(fixed + slope * 16384, 3)
+        out[f"predicted_16384_{what}"] = round(fixed + slope * 16384, 3)
     return out
 
 
@@ -110,6 +112,29 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+#: the docs table (docs/bench-and-performance.md, Scale): key, header, format
+DOC_COLUMNS = (
+    ("ranks", "ranks", "{:,d}"), ("ready_s", "ready", "{:.1f} s"),
+    ("broadcast_p50_ms", "broadcast p50 / p99", "{:.1f} / {broadcast_p99_ms:.0f} ms"),
+    ("dispatch_p50_ms", "dispatch p50", "{:.0f} ms"), ("step_overhead_ms", "PPO step", "{:.0f} ms"),
+    ("controller_cpu_ms_per_broadcast", "CPU / broadcast (net)", "{:.1f} ({controller_cpu_ms_per_broadcast_net:.1f}) ms"),
+    ("controller_cpu_ms_per_dispatch", "CPU / dispatch (net)", "{:.1f} ({controller_cpu_ms_per_dispatch_net:.1f}) ms"),
+    ("controller_cpu_s_per_step", "CPU / step (net)", "{:.3f} ({controller_cpu_s_per_step_net:.3f}) s"),
+    ("controller_idle_cpu_ms_per_s", "heartbeats' CPU", "{:.0f} ms/s"),
+    ("controller_peak_rss_mb", "controller RSS", "{:.0f} MB"),
+    ("detect_dead_s", "detect / replace", "{:.1f} / {replace_s:.1f} s"),
+    ("peer_directory_bytes_run", "directory bytes (start / run)", "{peer_directory_bytes:,d} / {:,d}"),
+)
+
+
+def markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The results as the docs table (one row per rank count)."""
+    lines = ["| " + " | ".join(h for _, h, _ in DOC_COLUMNS) + " |", "|" + "---|" * len(DOC_COLUMNS)]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt.format(row[key], **row) for key, _, fmt in DOC_COLUMNS) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="hfrt bench scale", description=__doc__)
     p.add_argument("--ranks", default="64,256,1024", help="comma-separated rank counts (the 2-rank baseline is always added)")
@@ -137,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"rows": rows, **per_rank(rows), "targets_met": judge(rows), "transport": "tcp loopback",
                               "daemons": "simulated (hfrt daemon-host), no compute", **machine()}
     print("\n".join(table(rows)))
-    print(json.dumps({k: v for k, v in result.items() if k.startswith(("cpu_us", "predicted"))}))
+    print(json.dumps({k: v for k, v in result.items() if k.endswith("_us_per_rank") or k.startswith("predicted")}))
     print("targets at 1,024 ranks:", json.dumps(result["targets_met"]))
     emit(result, args)
     return 0

@@ -9,8 +9,9 @@ daemon (role `cost`, stateless, so recovery relaunches it) is killed and the con
 out from its heartbeats alone, then recovery replaces it. Step: the PPO roles (actor, critic,
 reference, reward, N/4 ranks each, at least one) run hfrt.flows.recipes.ppo's own step with no
 compute, so the step's time is the runtime's, with its calls traced to a file as a run traces
-them. CPU is this process's (all threads: the event loop and ZeroMQ's I/O thread), RSS its
-resident memory; a soak runs more steps and samples memory at their first tenth and their end. It knows the controller's public API and the
+them. CPU is this process's (all threads: the event loop and ZeroMQ's I/O thread), also net of
+the idle background (heartbeats and liveness, measured alone first) over each call's wall time;
+RSS is its resident memory; a soak runs more steps and samples memory at their first tenth and their end. It knows the controller's public API and the
 PPO step; nothing of how the daemons serve.
 """
 
@@ -42,6 +43,8 @@ from hfrt.protocols import BatchHandle, Shard, TensorHandle, new_key
 VICTIM_ROLE, VICTIM_IMPL = "cost", "hfrt.roles.diagnostic.scale:SimReward"
 RANKS_ROLE = "rank"
 PPO_ROLES = ("actor", "critic", "reference", "reward")
+#: seconds of only keeping the daemons alive, to measure that background's CPU
+IDLE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,19 @@ async def timed(n: int, call: Any) -> tuple[list[float], float]:
     return samples, time.process_time() - cpu
 
 
+async def idle_cpu(seconds: float) -> float:
+    """This process's CPU seconds per second while it only keeps its daemons alive (heartbeats,
+    liveness): the background every other figure's CPU includes for as long as it takes."""
+    cpu, start = time.process_time(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    return (time.process_time() - cpu) / (time.perf_counter() - start)
+
+
+def net_ms(cpu_s: float, samples: list[float], idle: float) -> float:
+    """CPU per call in ms without the idle background over the calls' wall time."""
+    return max(0.0, cpu_s - idle * sum(samples)) / len(samples) * 1e3
+
+
 def shard_batch(group: RoleGroup, rows_per_rank: int = 4) -> BatchHandle:
     """A batch with one shard per rank of `group`, each owned by its rank (made-up handles)."""
     shards = tuple(
@@ -131,11 +147,14 @@ async def phase_ranks(ctl: Controller, fleet: Fleet, launcher: LocalLauncher, ke
     ready_s = time.monotonic() - start
     directory = ctl.stats()["peer_directory_bytes"]
     await ctl.role(VICTIM_ROLE, timeout_s=s.ready_timeout_s)
+    idle = await idle_cpu(IDLE_S)
     bcast, bcast_cpu = await timed(s.broadcasts, group.ping.call)
     batch = shard_batch(group)
     disp, disp_cpu = await timed(s.dispatches, lambda: group.take(batch))
     out: dict[str, Any] = {
-        "ready_s": ready_s, "peer_directory_bytes": directory,
+        "ready_s": ready_s, "peer_directory_bytes": directory, "controller_idle_cpu_ms_per_s": idle * 1e3,
+        "controller_cpu_ms_per_broadcast_net": net_ms(bcast_cpu, bcast, idle),
+        "controller_cpu_ms_per_dispatch_net": net_ms(disp_cpu, disp, idle),
         "broadcast_p50_ms": statistics.median(bcast) * 1e3, "broadcast_p99_ms": pct(bcast, 0.99) * 1e3,
         "dispatch_p50_ms": statistics.median(disp) * 1e3, "dispatch_p99_ms": pct(disp, 0.99) * 1e3,
         "controller_cpu_ms_per_broadcast": bcast_cpu / s.broadcasts * 1e3,
@@ -143,6 +162,7 @@ async def phase_ranks(ctl: Controller, fleet: Fleet, launcher: LocalLauncher, ke
     }
     out |= await kill_and_replace(ctl, deaths, s)
     out["controller_rss_mb_ranks"] = rss_mb()[0]
+    out["idle"] = idle  # for the step's net figure (dropped from the result)
     return out
 
 
@@ -169,7 +189,7 @@ async def kill_and_replace(ctl: Controller, deaths: Deaths, s: Settings) -> dict
     return {"detect_dead_s": gone - killed, "replace_s": time.monotonic() - gone}
 
 
-async def phase_step(ctl: Controller, fleet: Fleet, s: Settings) -> dict[str, Any]:
+async def phase_step(ctl: Controller, fleet: Fleet, s: Settings, idle: float) -> dict[str, Any]:
     per_role = max(1, s.ranks // len(PPO_ROLES))
     start = time.monotonic()
     for role in PPO_ROLES:
@@ -193,7 +213,7 @@ async def phase_step(ctl: Controller, fleet: Fleet, s: Settings) -> dict[str, An
     out = {
         "step_ranks": per_role * len(PPO_ROLES), "step_ready_s": ready_s, "prompts_per_step": prompts_n,
         "step_overhead_ms": statistics.median(samples) * 1e3, "step_p99_ms": pct(samples, 0.99) * 1e3,
-        "controller_cpu_s_per_step": cpu / s.steps,
+        "controller_cpu_s_per_step": cpu / s.steps, "controller_cpu_s_per_step_net": net_ms(cpu, samples, idle) / 1e3,
         "trace_spans_per_step": trace.recorded / (s.steps + 2), "trace_bytes_per_step": trace_bytes(trace) / (s.steps + 2),
     }
     if s.soak_steps:
@@ -234,7 +254,7 @@ async def measure(s: Settings) -> dict[str, Any]:
             await stop_all(ctl, fleet, recovery)
             false_deaths = [d for d in deaths.unexpected if not d.startswith(VICTIM_ROLE)]
             deaths.unexpected = []
-            out |= await phase_step(ctl, fleet, s)
+            out |= await phase_step(ctl, fleet, s, out.pop("idle"))
             out["false_deaths"] = len(false_deaths) + len(deaths.unexpected)
             rss, peak = rss_mb()
             stats = ctl.stats()

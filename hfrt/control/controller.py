@@ -344,7 +344,8 @@ class Controller:
         owner = self._roster.of_heartbeat(ident)
         if owner is not None:
             owner.last_seen = self._loop.time()
-        self._send_raw(ident, Heartbeat(self.session, msg.seq, time.time()))
+        if msg.seq % liveness.ECHO_EVERY == 0:
+            self._send_raw(ident, Heartbeat(self.session, msg.seq, time.time()))
 
     def _on_hello(self, ident: bytes, msg: Hello) -> None:
         identity = ident.decode("utf-8", "replace")

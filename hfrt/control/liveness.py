@@ -16,6 +16,10 @@ from hfrt.control.daemons import DaemonInfo
 #: the check is timed to each daemon's deadline, so a death is declared 1.75 intervals after the
 #: last beat (plus the controller's own lateness), within the 2 intervals the protocol promises.
 DEAD_AFTER = 1.75
+#: The controller echoes one beat in this many (the one whose sequence number it divides): a daemon
+#: needs an echo about once an interval to know its controller's session and that it is there
+#: (hfrt.daemon.heartbeat), not twice; each echo costs about a third of a heartbeat's controller CPU.
+ECHO_EVERY = 2
 #: A watcher that wakes more than this many intervals late was not running itself: it reads what
 #: waits on its socket, lets ZeroMQ's I/O thread catch up for SETTLE intervals, and only then judges.
 LATE_AFTER = 0.1

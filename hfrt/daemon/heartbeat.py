@@ -44,8 +44,9 @@ BEATS_PER_INTERVAL = 2
 #: Beats queued for an unreachable controller before new ones are dropped (stale beats prove nothing).
 SEND_HWM = 4
 #: Heartbeat intervals without an echo, with the connection down, after which the controller is dead.
-#: The last echo came at most half an interval before a kill (beats go out twice per interval), so
-#: the daemon knows within one interval of the kill and has the second to wind down and exit.
+#: The controller echoes every other beat (two go out per interval): the last echo came at most an
+#: interval before a kill, so the daemon knows within one interval of the kill and has the second
+#: to wind down and exit.
 CONTROLLER_DEAD_AFTER = 1.0
 
 
