@@ -109,7 +109,7 @@ async def test_calc_agent_calls_the_calculator_and_scores_the_answer() -> None:
     text = "".join(chr(t) for t in right[0].response_ids)
     assert text == "<calc>2+3</calc>[5]5 done"
     assert right[0].gen_mask == [1] * len("<calc>2+3</calc>") + [0] * 3 + [1] * len("5 done")
-    assert rollout.calls[0]["stop"] == {"strings": [">", "\n"]}
+    assert rollout.calls[0]["stop"] == {"strings": [">", "\n"]} and rollout.calls[0]["include_stop_str_in_output"] is True  # the text keeps ">"
     assert wrong[0].reward == 0.0 and "".join(chr(t) for t in wrong[0].response_ids).endswith("[81]7")
 
 

@@ -125,7 +125,8 @@ def test_smolagents_conversations_are_recorded_as_trajectories_and_trained_on_by
             # each HTTP call of smolagents (which re-renders its memory) is its own exact trajectory:
             # the prompt as the chat template rendered it, then only sampled tokens (mask 1, their log-probs)
             assert len(r["response_ids"]) == len(r["gen_mask"]) == len(r["log_probs"]) > 0
-            assert r["gen_mask"] == [1] * len(r["response_ids"]) and all(lp < 0 for lp in r["log_probs"])
+            # (smolagents forces its calls: sampled under the call's grammar, a token it left no choice has log-prob 0)
+            assert r["gen_mask"] == [1] * len(r["response_ids"]) and all(lp <= 0 for lp in r["log_probs"])
             assert r["weight_versions"] == [step]  # step 1 sampled with the weights step 0's update made
             assert r["reward"] == varied_reward(r["answer"], {}) and not r["error"]
             prompt = decode(r["prompt_ids"], skip_special_tokens=False)

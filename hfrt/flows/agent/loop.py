@@ -77,14 +77,16 @@ class Conversation:
         self._queued.append(text)
 
     async def generate(self, *, max_new_tokens: int | None = None, stop: Sequence[str] = (), **sampling: Any) -> Turn:
-        """The policy's next turn (ends at a `stop` string, eos or max_new_tokens)."""
+        """The policy's next turn (ends at a `stop` string, eos or max_new_tokens). Its text ends
+        with the stop string that ended it, as its ids do (include_stop_str_in_output=False: without it)."""
         t, cfg = self.trajectory, self.cfg
         if t.turns >= cfg.max_turns:
             raise ConversationLimit(f"the conversation reached max_turns={cfg.max_turns}")
         budget = min(max_new_tokens or cfg.max_new_tokens, cfg.max_total_tokens - self.tokens)
         if budget < 1:
             raise ConversationLimit(f"the conversation reached max_total_tokens={cfg.max_total_tokens}")
-        options = {"max_new_tokens": budget, "temperature": cfg.temperature, "stop": list(stop), **sampling}
+        options = {"max_new_tokens": budget, "temperature": cfg.temperature, "stop": list(stop),
+                   **({"include_stop_str_in_output": True} if stop else {}), **sampling}
         queued, self._queued = self._queued, []
         row = await self.batcher.request(t.prompt_ids + t.response_ids, queued, options)
         for index, piece in enumerate(row["appended"]):

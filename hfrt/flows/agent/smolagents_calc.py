@@ -66,7 +66,7 @@ def drive(call: DriverCall) -> Any:
 
     class EndpointModel(smolagents.OpenAIServerModel):  # type: ignore[misc]
         """OpenAIServerModel without smolagents' own stop strings; the call's `stop` strings (the
-        flow's agent_stop) are sent instead."""
+        flow's agent_stop) are sent instead, kept in the reply's text."""
 
         @property
         def supports_stop_parameter(self) -> bool:
@@ -75,7 +75,9 @@ def drive(call: DriverCall) -> Any:
     model = EndpointModel(model_id=call.model, api_base=call.base_url, api_key=call.api_key,
                           client_kwargs={"default_headers": {"X-Session-Id": call.session}, "max_retries": 0,
                                          "timeout": call.timeout_s},
-                          max_tokens=call.max_tokens, temperature=call.temperature, **({"stop": list(call.stop)} if call.stop else {}))
+                          max_tokens=call.max_tokens, temperature=call.temperature,
+                          # the stop string stays in the text (the call's JSON ends with it; vLLM's extension field)
+                          **({"stop": list(call.stop), "extra_body": {"include_stop_str_in_output": True}} if call.stop else {}))
     agent = smolagents.ToolCallingAgent(tools=[calculator_tool()], model=model, max_steps=call.max_steps,
                                         verbosity_level=-1, prompt_templates=prompt_templates())
     try:
