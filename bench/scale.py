@@ -116,7 +116,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 DOC_COLUMNS = (
     ("ranks", "ranks", "{:,d}"), ("ready_s", "ready", "{:.1f} s"),
     ("broadcast_p50_ms", "broadcast p50 / p99", "{:.1f} / {broadcast_p99_ms:.0f} ms"),
-    ("dispatch_p50_ms", "dispatch p50", "{:.0f} ms"), ("step_overhead_ms", "PPO step", "{:.0f} ms"),
+    ("dispatch_p50_ms", "dispatch p50", "{:.1f} ms"), ("step_overhead_ms", "PPO step", "{:.0f} ms"),
     ("controller_cpu_ms_per_broadcast", "CPU / broadcast (net)", "{:.1f} ({controller_cpu_ms_per_broadcast_net:.1f}) ms"),
     ("controller_cpu_ms_per_dispatch", "CPU / dispatch (net)", "{:.1f} ({controller_cpu_ms_per_dispatch_net:.1f}) ms"),
     ("controller_cpu_s_per_step", "CPU / step (net)", "{:.3f} ({controller_cpu_s_per_step_net:.3f}) s"),

@@ -226,17 +226,20 @@ def trace_bytes(trace: Any) -> int:
     return trace.path.stat().st_size if trace.path is not None and trace.path.exists() else 0
 
 
-async def soak(one: Any, steps: int) -> dict[str, Any]:
-    """`steps` more steps: resident memory after the first tenth and at the end, and how long it ran."""
+async def soak(one: Any, steps: int, every: int = 100) -> dict[str, Any]:
+    """`steps` more steps: resident memory after the first tenth, every `every` steps and at the
+    end, and how long it ran."""
     start = time.monotonic()
     warm = max(1, steps // 10)
-    for _ in range(warm):
+    series = []
+    for step in range(1, steps + 1):
         await one()
-    rss_warm = rss_mb()[0]
-    for _ in range(steps - warm):
-        await one()
+        if step == warm:
+            rss_warm = rss_mb()[0]
+        if step % every == 0:
+            series.append(round(rss_mb()[0], 1))
     return {"soak_steps": steps, "soak_s": time.monotonic() - start, "soak_rss_mb_first": rss_warm,
-            "soak_rss_mb_last": rss_mb()[0]}
+            "soak_rss_mb_last": rss_mb()[0], f"soak_rss_mb_every_{every}": series}
 
 
 async def measure(s: Settings) -> dict[str, Any]:

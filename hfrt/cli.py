@@ -447,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", help="PNG path (default: RUN_DIR/metrics.png)")
 
     so = sub.add_parser("serve-openai", help="serve a local rollout role as an OpenAI-compatible HTTP endpoint (completions, chat completions) until Ctrl-C")
-    so.add_argument("--model", default="tiny", help="model preset or Hugging Face model folder the rollout daemon samples from")
+    so.add_argument("--model", default="tiny", help="model preset, Hugging Face model folder or Hub id (org/name[@revision]) the rollout daemon samples from")
     so.add_argument("--served-model-name", default="", help="the model name clients send and /v1/models lists (default: --model)")
     so.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 exposes it to the network: set an API key)")
     so.add_argument("--port", type=int, default=8000, help="port to listen on (0: a free one, printed at start)")

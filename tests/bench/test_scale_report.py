@@ -1,0 +1,91 @@
+"""How `hfrt bench scale` reports (no processes): the per-rank costs and the 16,384-rank prediction
+from a straight-line fit, the targets judged at 1,024 ranks, and the docs table; and the figures
+docs/bench-and-performance.md (Scale) states are the committed run's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hfrt.bench.scale import TARGETS, fit, judge, markdown, per_rank
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULT = ROOT / "bench" / "results" / "scale-2026-11-27.json"
+
+
+def row(ranks: int, **over: Any) -> dict[str, Any]:
+    base = {"ranks": ranks, "step_ranks": ranks, "heartbeat_s": 2.0, "ready_s": 1.0, "broadcast_p50_ms": 1.0,
+            "broadcast_p99_ms": 2.0, "dispatch_p50_ms": 1.0, "step_overhead_ms": 1.0, "replace_s": 1.0,
+            "controller_cpu_ms_per_broadcast": 0.02 * ranks, "controller_cpu_ms_per_dispatch": 0.03 * ranks,
+            "controller_cpu_s_per_step": 0.0002 * ranks, "controller_peak_rss_mb": 50.0, "false_deaths": 0,
+            "controller_cpu_ms_per_broadcast_net": 0.02 * ranks, "controller_cpu_ms_per_dispatch_net": 0.03 * ranks,
+            "controller_cpu_s_per_step_net": 0.0002 * ranks, "controller_idle_cpu_ms_per_s": 0.01 * ranks,
+            "detect_dead_s": 3.5, "peer_directory_bytes": 0, "peer_directory_bytes_run": 100 * ranks}
+    return base | over
+
+
+def test_a_line_through_the_points_predicts_16384_ranks() -> None:
+    assert fit([(256, 5.0), (1024, 20.0)]) == pytest.approx((15 / 768, 0.0), abs=1e-9)
+    assert fit([(100, 7.0)]) == (0.07, 0.0), "one point: a line through the origin"
+    out = per_rank([row(2), row(256), row(1024)])
+    assert out["cpu_ms_per_broadcast_us_per_rank"] == 20.0 and out["cpu_ms_per_dispatch_us_per_rank"] == 30.0
+    assert out["idle_cpu_ms_per_s_us_per_rank"] == 10.0  # heartbeats: µs of CPU per rank per second
+    assert out["predicted_16384_cpu_ms_per_broadcast"] == pytest.approx(0.02 * 16384, rel=1e-3)
+    assert out["predicted_16384_cpu_s_per_step"] == pytest.approx(0.0002 * 16384, rel=1e-3)
+
+
+def test_targets_are_judged_at_1024_ranks_only() -> None:
+    assert judge([row(2), row(256)]) == {}
+    met = judge([row(64), row(1024)])
+    assert set(TARGETS) <= set(met) and met["controller_cpu_ms_per_broadcast"] and met["detect_dead_s"]
+    assert met["peer_directory_bytes_n_log_n"] and met["peer_directory_bytes_start"]
+    missed = judge([row(64), row(1024, detect_dead_s=4.1, peer_directory_bytes_run=100 * 1024 * 1024)])
+    assert not missed["detect_dead_s"] and not missed["peer_directory_bytes_n_log_n"]
+
+
+def page_text() -> str:
+    return " ".join((ROOT / "docs" / "bench-and-performance.md").read_text().split())  # lines joined
+
+
+def test_the_docs_table_and_figures_are_the_committed_runs() -> None:
+    result = json.loads(RESULT.read_text())
+    page = (ROOT / "docs" / "bench-and-performance.md").read_text()
+    for line in markdown(result["rows"]):
+        assert line in page, f"docs/bench-and-performance.md lacks the committed row {line!r}"
+    text = page_text()
+    for key in ("cpu_ms_per_broadcast_us_per_rank", "cpu_ms_per_dispatch_us_per_rank", "cpu_s_per_step_us_per_rank",
+                "idle_cpu_ms_per_s_us_per_rank"):
+        assert f"**{result[key]:.1f} µs**" in text, key
+    assert (f"{result['predicted_16384_cpu_ms_per_broadcast'] / 1e3:.2f} s of controller CPU per broadcast, "
+            f"{result['predicted_16384_cpu_ms_per_dispatch'] / 1e3:.2f} s per dispatch and "
+            f"{result['predicted_16384_cpu_s_per_step']:.1f} s per PPO step, and "
+            f"{result['predicted_16384_idle_cpu_ms_per_s'] / 1e3:.2f} s per second for heartbeats") in text
+    assert round(result["predicted_16384_idle_cpu_ms_per_s"] / 1e3 * 2 / 10, 2) == 0.12, "at a 10 s heartbeat: an eighth of a core"
+    assert result["load_avg"] == [11.24, 8.6, 7.52] and "load average 11.2 / 8.6 / 7.5" in text
+    at = {r["ranks"]: r for r in result["rows"]}
+    big = at[1024]
+    assert (f"Missed: the controller's CPU per broadcast, {big['controller_cpu_ms_per_broadcast']:.1f} ms "
+            f"({big['controller_cpu_ms_per_broadcast_net']:.1f} ms net) against ≤ 25, and per dispatch, "
+            f"{big['controller_cpu_ms_per_dispatch']:.1f} ms ({big['controller_cpu_ms_per_dispatch_net']:.1f} ms net) against ≤ 40") in text
+    met = result["targets_met"]
+    assert all(met[k] for k in met if k not in ("controller_cpu_ms_per_broadcast", "controller_cpu_ms_per_dispatch"))
+    assert not met["controller_cpu_ms_per_broadcast"] and not met["controller_cpu_ms_per_dispatch"]
+    assert f"{big['peer_directory_bytes_run']:,} bytes over a whole 1,024-rank run" in text
+    assert f"{big['trace_spans_per_step']:,.0f} spans, {big['trace_bytes_per_step'] / 1e3:,.0f} kB a PPO step" in text
+    assert round(big["trace_bytes_per_step"] / big["trace_spans_per_step"]) == 135 and "about 135 bytes a span" in text
+    assert f"a call to 1,024 ranks takes {big['broadcast_p50_ms']:.0f} ms (p50)" in text
+    assert "0.7 s after their hosts start" in text and round(at[256]["ready_s"], 1) == 0.7
+    assert (f"broadcast to 64 ranks takes {at[64]['broadcast_p50_ms']:.1f} ms, to 256 {at[256]['broadcast_p50_ms']:.1f} ms"
+            in text) and at[4096]["false_deaths"] == 0
+
+
+def test_the_docs_before_figures_are_the_committed_run_before_the_changes() -> None:
+    before = {r["ranks"]: r for r in json.loads((ROOT / "bench" / "results" / "scale-2026-11-27-before.json").read_text())["rows"]}
+    text = page_text()
+    assert (round(before[64]["peer_directory_bytes"] / 1e6, 1), round(before[256]["peer_directory_bytes"] / 1e6)) == (10.9, 658)
+    assert (round(before[256]["ready_s"], 1), round(before[256]["controller_peak_rss_mb"])) == (18.6, 737)
+    assert ("10.9 MB at 64 ranks and **658 MB at 256** (N³ bytes), 18.6 s to start 256 daemons and 737 MB of controller memory"
+            in text)
