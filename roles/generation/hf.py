@@ -222,6 +222,9 @@ class HFGenerationEngine:
         self._shapes = {name: (p.shape, p.dtype) for name, p in self._params.items()}
         self.awake = True
 
+    #: a routing_record.Recorder when rollouts record their MoE routing (option router_replay)
+    recorder: Any = None
+
     # ---- weights
     def local_parameters(self) -> dict[str, torch.Tensor]:
         """The parameters by name; a tensor-parallel model's as this rank's local pieces."""
@@ -320,7 +323,11 @@ class HFGenerationEngine:
         self.model.eval()
         try:
             rows = [list(p) for p in prompts for _ in range(params.n)]
-            return self._sample(rows, params, self.constraints_for(params, len(rows)))
+            if self.recorder is None:
+                return self._sample(rows, params, self.constraints_for(params, len(rows)))
+            with self.recorder.recording():
+                out = self._sample(rows, params, self.constraints_for(params, len(rows)))
+            return out | {"routed_experts": self.recorder.routed(len(rows), out["attention_mask"])}
         finally:
             self.model.train(was_training)
 

@@ -25,6 +25,8 @@ import torch
 
 #: the model input naming, in a packed micro-batch, the positions whose logits predict a response token
 PACKED_POSITIONS = "packed_positions"
+#: a rollout's recorded MoE routing [B, T, layers, k], cut and packed as input_ids (training/router_replay.py)
+ROUTED_EXPERTS = "routed_experts"
 
 
 @dataclass(frozen=True)
@@ -225,7 +227,7 @@ def trimmed(batch: Mapping[str, torch.Tensor], rows: Sequence[int], lengths: Len
     index = torch.tensor(list(rows), dtype=torch.long)
     inputs = {
         name: batch[name][index][:, start - p : start + r]
-        for name in ("input_ids", "attention_mask", "position_ids")
+        for name in ("input_ids", "attention_mask", "position_ids", ROUTED_EXPERTS)
         if name in batch
     }
     inputs["responses"] = batch["responses"][index][:, :r]
@@ -239,11 +241,13 @@ def packed(batch: Mapping[str, torch.Tensor], rows: Sequence[int], lengths: Leng
     up to a multiple of it with a filler sequence of its own (positions 0, 1, ..., never read)."""
     width = int(batch["responses"].shape[1])
     start = int(batch["input_ids"].shape[1]) - width
-    ids, pos, keep, targets, local, cols = [], [], [], [], [], []
+    ids, pos, keep, targets, local, cols, routed = [], [], [], [], [], [], []
     offset = 0
     for i, row in enumerate(rows):
         p, r = lengths.prompt[row], lengths.response[row]
         ids.append(batch["input_ids"][row, start - p : start + r])
+        if ROUTED_EXPERTS in batch:
+            routed.append(batch[ROUTED_EXPERTS][row, start - p : start + r])
         pos.append(torch.arange(p + r))
         keep.append(torch.arange(offset + p - 1, offset + p + r - 1))
         targets.append(batch["responses"][row, :r])
@@ -253,12 +257,14 @@ def packed(batch: Mapping[str, torch.Tensor], rows: Sequence[int], lengths: Leng
     if extra := -offset % multiple:
         ids.append(torch.zeros(extra, dtype=ids[0].dtype))
         pos.append(torch.arange(extra))
+        if routed:  # the filler's routing: not recorded (-1 cast to the column's dtype)
+            routed.append(torch.full((extra, *routed[0].shape[1:]), -1).to(routed[0].dtype))
     inputs = {
         "input_ids": torch.cat(ids)[None],
         "position_ids": torch.cat(pos)[None],
         "responses": torch.cat(targets)[None],
         PACKED_POSITIONS: torch.cat(keep),
-    }
+    } | ({ROUTED_EXPERTS: torch.cat(routed)[None]} if routed else {})
     return Micro(torch.tensor(list(rows), dtype=torch.long), inputs, width, (torch.cat(local), torch.cat(cols)))
 
 

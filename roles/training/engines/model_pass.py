@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hfrt.roles.losses import entropy_from_logits
-from hfrt.roles.training import batching
+from hfrt.roles.training import batching, router_replay
 
 Batch = Mapping[str, torch.Tensor]
 
@@ -156,6 +156,12 @@ def model_forward(
     else:
         inputs = _model_inputs(mb, device)
     width = int(mb["responses"].shape[1])
+    with router_replay.feeding(mb.get(router_replay.ROUTED_EXPERTS)):  # the rollout's routing, when recorded
+        return _forward(module, inputs, mb, packed_at, width, is_value, options, device)
+
+
+def _forward(module: nn.Module, inputs: dict[str, torch.Tensor], mb: Batch, packed_at: torch.Tensor | None,
+             width: int, is_value: bool, options: PassOptions, device: torch.device) -> ForwardOutput:
     if is_value:
         values = module(**inputs)
         return ForwardOutput(values=(values[:, packed_at] if packed_at is not None else values[:, -width - 1 : -1]).float())
