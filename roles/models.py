@@ -208,12 +208,13 @@ def _save_tiny(target: Path, seed: int) -> None:
 PRESETS: dict[str, Callable[[Path, int], None]] = {
     "tiny": _save_tiny,
     "smollm2-135m": lambda target, seed: _convert_smollm2(target),
+    "tiny-moe": lambda target, seed: importlib.import_module("hfrt.roles.tiny_moe").save(target, seed),
 }
 
 
 def _preset_dir(name: str, seed: int) -> Path:
-    if name == "tiny":
-        return cache_root() / f"tiny-v{TINY_VERSION}-seed{seed}"
+    if name in ("tiny", "tiny-moe"):
+        return cache_root() / f"{name}-v{TINY_VERSION}-seed{seed}"
     return cache_root() / name
 
 
