@@ -36,6 +36,7 @@ from torch import nn
 from hfrt.roles.losses import LossScale
 from hfrt.roles.models import ValueModel, replace_folder
 from hfrt.roles.training import batching
+from hfrt.roles.training.engines import shared_prefix as prefixes
 from hfrt.roles.training.engines.model_pass import ForwardOutput as ForwardOutput
 from hfrt.roles.training.engines.model_pass import PassOptions as PassOptions
 from hfrt.roles.training.engines.model_pass import expanded, in_row_order
@@ -92,9 +93,15 @@ class EngineConfig:
     max_tokens_per_micro_batch: int | None = None
     #: each micro-batch as one padding-free sequence (verl's use_remove_padding); false: trimmed to its longest row
     pack: bool = False
+    #: rows of a micro-batch sharing a prefix (a prompt's n samples) run it once, its KV cache under
+    #: their continuations (engines/shared_prefix.py); false: every row runs whole
+    shared_prefix: bool = True
+    #: the fewest tokens a group of rows must share for its micro-batch to run shared
+    shared_prefix_min_tokens: int = prefixes.MIN_TOKENS
 
     def __post_init__(self) -> None:
         batching.check_settings(self.max_tokens_per_micro_batch, self.pack, self.pp)
+        prefixes.check_settings(self.shared_prefix, self.shared_prefix_min_tokens)
         if self.sequence_parallel and self.tp < 2:
             from hfrt.roles.training.parallel.sequence import check
 
@@ -226,6 +233,7 @@ class TrainEngine(ABC):
         a causal LM's log-probs of `responses` at `temperature`, with the entropy, Σ_v π_v² and
         whether the token is the top-1 choice of each position when asked; a value model's values."""
         options = PassOptions(temperature, with_entropy, with_sum_pi_squared, with_top1)
+        self.sharing.tokens = [0, 0]
         with self._pass_context():
             return self._forward_pass(batch, micro_batch_size, options)
 
@@ -243,7 +251,7 @@ class TrainEngine(ABC):
         outs = []
         for micro in micros:
             with self._autocast():
-                out = model_forward(module, micro.inputs, device=self.device, is_value=self.is_value, options=options)
+                out = prefixes.forward(module, micro.inputs, device=self.device, is_value=self.is_value, options=options)
             outs.append(expanded(micro, out, cpu=True))
         return in_row_order(micros, outs)
 
@@ -259,7 +267,7 @@ class TrainEngine(ABC):
         for part in micros:
             mb = {k: v[part.rows].to(self.device) for k, v in batch.items()}  # the loss reads full-width columns
             with self._autocast():
-                out = model_forward(module, part.inputs, device=self.device, is_value=self.is_value, options=options)
+                out = prefixes.forward(module, part.inputs, device=self.device, is_value=self.is_value, options=options)
                 loss, metrics = loss_fn(expanded(part, out), mb, scale)
             self._backward(loss)
             tally.add(loss, metrics)
@@ -273,6 +281,13 @@ class TrainEngine(ABC):
     columns_past_response: int = 0
     #: kept sequence widths are rounded up to a multiple of this (an engine sharding the sequence sets it)
     seq_multiple: int = 1
+
+    @property
+    def sharing(self) -> prefixes.Sharing:
+        """Whether and how this engine's micro-batches share prefixes, and the tokens its passes computed."""
+        if "_sharing" not in vars(self):
+            self._sharing = prefixes.Sharing(self.config)
+        return self._sharing
 
     def micro_batches(self, batch: Batch, micro_batch_size: int | None = None) -> list[batching.Micro]:
         """This rank's micro-batches of `batch`: micro_batch_size rows, or the config's token
@@ -290,7 +305,11 @@ class TrainEngine(ABC):
             count = torch.tensor([float(len(groups))], dtype=torch.float64, device=_comm_device())
             dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.dp_group)
             groups = batching.split_to(groups, int(count.item()), lengths, pack, unit)
-        return batching.micro_batches(batch, groups, lengths, pack=pack, multiple=self.seq_multiple)
+        micros = batching.micro_batches(batch, groups, lengths, pack=pack, multiple=self.seq_multiple)
+        if not pack and self.sharing.min_tokens(self) and batching.packable(batch, lengths):
+            micros = self.sharing.share(batch, groups, lengths, micros)
+        self.sharing.count(lengths, micros)
+        return micros
 
     def forward_logprobs(self, batch: Batch, *, temperature: float = 1.0, **kwargs: Any) -> torch.Tensor:
         out = self.forward(batch, temperature=temperature, **kwargs)
@@ -334,11 +353,15 @@ class TrainEngine(ABC):
         options = PassOptions(temperature, with_entropy, with_top1=with_top1)
         scale = self.loss_scale(batch)
         self._zero_grad()
+        self.sharing.tokens = [0, 0]
         with self._pass_context():
             metrics = self._train_pass(loss_fn, batch, micro_batch_size, scale, options)
         grad_norm = self._optimizer_step()
         self.steps += 1
-        return self._reduce_metrics(metrics) | {"grad_norm": grad_norm, "lr": self.current_lr()}
+        tokens = torch.tensor(self.sharing.tokens, dtype=torch.float64)
+        self._all_reduce(tokens)  # summed over dp ranks: the step's tokens computed / in the batch
+        counts = {"tokens_computed": float(tokens[0]), "tokens_in_batch": float(tokens[1])} if tokens[1] else {}
+        return self._reduce_metrics(metrics) | {"grad_norm": grad_norm, "lr": self.current_lr()} | counts
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
         if self.dp_size > 1:
