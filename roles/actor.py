@@ -46,6 +46,7 @@ from hfrt.roles.common import (
     role_errors,
     sampling_params,
 )
+from hfrt.roles.components import routing
 from hfrt.roles.components.advantage import Advantages
 from hfrt.roles.components.weight_sync import publish
 from hfrt.roles.endpoint_groups.agent_turns import AgentTurns
@@ -105,7 +106,7 @@ class ActorDaemon(AgentTurns, Daemon):
     step per update (GRPO on-policy) it is the number of updates applied, which is the version
     grpo_async publishes after each update."""
 
-    OPTIONS = frozenset({"generator", "sampling", "vllm", "parallel", "generation", "lora"})
+    OPTIONS = frozenset({"generator", "sampling", "vllm", "parallel", "generation", "lora", routing.OPTION})
     #: endpoints that stay in the generation phase (the agent loop's); `generate` makes its own
     #: round trip; the RANK0 endpoints (advantages) touch no engine and never change phase
     GENERATION_SIDE = frozenset({"generate_turn", "assemble_trajectories"})
@@ -133,6 +134,8 @@ class ActorDaemon(AgentTurns, Daemon):
         check_generation_options(context.options)
         if layouts is not None and context.options.get("generator", "hf") == "vllm":
             check_vllm_layout(*layouts, where=f"roles.{context.role}.options.generation.parallel")
+        where = f"roles.{context.role}.options"
+        routing.check_before_launch(routing.read_option(context.options, where), model_config(opts), opts.engine.pp, where)
 
     async def setup(self) -> None:
         with role_errors(self.context):
@@ -149,6 +152,8 @@ class ActorDaemon(AgentTurns, Daemon):
             self.hybrid = build_hybrid(ctx, self.engine, self.tokenizer, self.opts, self.layouts)
             self.generator = self.hybrid.gen
             self.generator.sleep()  # the daemon starts in the training phase
+            self.routing = routing.Routing(routing.read_option(ctx.options, f"roles.{ctx.role}.options"),
+                                           train_model=self.engine.model, generator=self.generator, where=ctx.role)
             self.transitions = {"to_generate": 0, "to_train": 0}  # phase changes that did work
             self.text = TextTraining(self.engine, self.tokenizer, ctx.role)  # sft_* and dpo_* endpoints
 
@@ -210,8 +215,9 @@ class ActorDaemon(AgentTurns, Daemon):
             out, prompt_width=int(width), response_width=params.max_new_tokens,
             pad_id=self.tokenizer.pad_token_id, n=params.n,
         )
+        routing.add_record(record, out, int(width), params.max_new_tokens)
         texts = decode_responses(self.tokenizer, record["responses"], record["response_mask"])
-        meta = reduce_metrics(metrics, "max") | {"temperature": params.temperature, "n": params.n}
+        meta = reduce_metrics(metrics, "max") | {"temperature": params.temperature, "n": params.n} | self.routing.meta()
         meta |= length_stats(record["response_mask"], params.max_new_tokens)
         return rollout_batch(record, texts, prompts, params.n, meta)
 
@@ -276,7 +282,7 @@ class ActorDaemon(AgentTurns, Daemon):
         """Current-policy log-probs (`old_log_probs`) and `entropy` of the responses, 0 where masked;
         with sum_pi_squared also `sum_pi_squared`, Σ_v π_v² per token (the optimal token baselines')."""
         batch = merge(batch, extra)
-        tensors = forward_inputs(batch, "actor.compute_log_prob")
+        tensors = forward_inputs(batch, "actor.compute_log_prob", *self.routing.columns(batch.tensors))
         more = {"with_sum_pi_squared": True} if sum_pi_squared else {}
         out = forward_equal(
             self.engine, tensors, "actor.compute_log_prob", temperature=self._temperature(batch, temperature),
@@ -287,7 +293,7 @@ class ActorDaemon(AgentTurns, Daemon):
         columns = {"old_log_probs": out.log_probs * mask, "entropy": out.entropy * mask}
         if out.sum_pi_squared is not None:
             columns["sum_pi_squared"] = out.sum_pi_squared * mask
-        return Batch(columns)
+        return Batch(columns, meta=self.routing.metrics())
 
     # -- training ---------------------------------------------------------------------------
 
@@ -303,13 +309,14 @@ class ActorDaemon(AgentTurns, Daemon):
         batch = merge(batch, extra)
         schedule, cfg = check_update_options("actor", loss)
         more = update_columns(cfg, set(batch.tensors), schedule, len(batch), "actor.update")
+        more += [c for c in self.routing.columns(batch.tensors) if c not in more]
         tensors = forward_inputs(batch, "actor.update", *more)
         corrections = prepare_corrections(tensors, cfg)  # decoupled rollout correction (roles/training/actor_loss.py)
         return run_updates(
-            self.engine, tensors, actor_loss(cfg, self.engine.steps), schedule,
+            self.engine, tensors, self.routing.with_gap(actor_loss(cfg, self.engine.steps)), schedule,
             prefix="actor", endpoint="actor.update", temperature=self._temperature(batch, cfg.temperature),
             with_entropy=cfg.entropy_coeff != 0,
-        ) | corrections
+        ) | corrections | self.routing.metrics()
 
     @endpoint(dispatch=Dispatch.SPLIT)
     @in_training_phase
@@ -328,18 +335,21 @@ class ActorDaemon(AgentTurns, Daemon):
 
     @endpoint(dispatch=Dispatch.SPLIT)
     @in_training_phase
-    def sft_update(self, batch: Batch, max_length: int | None = None, micro_batch_size: int | None = None) -> dict[str, float]:
+    def sft_update(self, batch: Batch, max_length: int | None = None, micro_batch_size: int | None = None,
+                   truncation: str = "error") -> dict[str, float]:
         """One optimizer step of supervised fine-tuning on the rows (`messages`, or `prompt` and
         `completion`, tokenised as TRL's SFTTrainer does): the token-mean NLL of the completion /
         assistant tokens of every rank's rows. Returns sft/loss, sft/token_accuracy, sft/tokens,
-        sft/grad_norm, sft/lr, the same on every rank; a row over max_length tokens is an error."""
-        return self.text.sft_update(batch, max_length=max_length, micro_batch_size=micro_batch_size)
+        sft/truncated_rows, sft/grad_norm, sft/lr, the same on every rank; a row over max_length
+        tokens is cut to its first max_length with truncation "right", an error with "error"."""
+        return self.text.sft_update(batch, max_length=max_length, micro_batch_size=micro_batch_size, truncation=truncation)
 
     @endpoint(dispatch=Dispatch.SPLIT)
     @in_training_phase
-    def sft_evaluate(self, batch: Batch, max_length: int | None = None) -> dict[str, float]:
-        """The SFT rows scored without training: val/loss, val/token_accuracy, val/tokens, val/rows."""
-        return self.text.sft_evaluate(batch, max_length=max_length)
+    def sft_evaluate(self, batch: Batch, max_length: int | None = None, truncation: str = "error") -> dict[str, float]:
+        """The SFT rows scored without training: val/loss, val/token_accuracy, val/tokens, val/rows,
+        val/truncated_rows (truncation as sft_update's)."""
+        return self.text.sft_evaluate(batch, max_length=max_length, truncation=truncation)
 
     @endpoint(dispatch=Dispatch.SPLIT)
     @in_training_phase

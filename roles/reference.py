@@ -23,6 +23,8 @@ from hfrt.roles.common import (
     prepare_process,
     role_errors,
 )
+from hfrt.roles.components import routing
+from hfrt.roles.components.routing import Routing
 from hfrt.roles.models import load_tokenizer
 from hfrt.roles.rows import forward_inputs, merge
 from hfrt.roles.training.engines import TrainEngine
@@ -36,16 +38,31 @@ class FrozenPolicy:
 
     def __init__(self, context: DaemonContext, opts: ModelOptions) -> None:
         self.engine = build_engine(context, opts)
+        self.routing: Routing | None = None  # made by the first rollout that says how its routing is used
 
     def log_probs(self, batch: Batch, endpoint: str, temperature: float | None = None) -> torch.Tensor:
-        """[rows, R] log-probs of `responses` at `temperature` (default: the rollout's, from meta), 0 where masked."""
-        return masked_log_probs(self.engine, batch, endpoint, temperature)
+        """[rows, R] log-probs of `responses` at `temperature` (default: the rollout's, from meta), 0
+        where masked; replaying the rollout's recorded MoE routing when its meta says router_replay
+        is true (the reference follows the role that sampled it: roles/components/routing.py)."""
+        replay = batch.meta.get(routing.META)
+        if replay is None or routing.ROUTED_EXPERTS not in batch.tensors:
+            return masked_log_probs(self.engine, batch, endpoint, temperature)
+        if self.routing is None or self.routing.value != replay:
+            if self.routing is not None and self.routing.trainer is not None:
+                self.routing.trainer.remove()
+            self.routing = Routing(bool(replay), train_model=self.engine.model, generator=None, where=endpoint)
+        out = masked_log_probs(self.engine, batch, endpoint, temperature, *self.routing.columns(batch.tensors))
+        self.routing.metrics()  # collective; the actor reports the mismatch, the reference only replays
+        return out
 
 
-def masked_log_probs(engine: TrainEngine, batch: Batch, endpoint: str, temperature: float | None = None) -> torch.Tensor:
+def masked_log_probs(
+    engine: TrainEngine, batch: Batch, endpoint: str, temperature: float | None = None, *more: str
+) -> torch.Tensor:
     """What a reference computes with `engine` (also the LoRA actor's, adapters off): [rows, R]
-    log-probs of `responses` at `temperature` (default: the rollout's, from meta), 0 where masked."""
-    tensors = forward_inputs(batch, endpoint)
+    log-probs of `responses` at `temperature` (default: the rollout's, from meta), 0 where masked;
+    `more`: columns the forward reads besides its inputs (the recorded routing)."""
+    tensors = forward_inputs(batch, endpoint, *more)
     temp = float(temperature if temperature is not None else batch.meta.get("temperature", 1.0))
     out = forward_equal(engine, tensors, endpoint, temperature=temp)
     assert out.log_probs is not None

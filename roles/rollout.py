@@ -22,13 +22,16 @@ from hfrt.daemon.base import Daemon, DaemonContext
 from hfrt.daemon.batch import Batch
 from hfrt.roles.common import (
     SAMPLING_OPTIONS,
+    ModelOptions,
     check_generation_options,
     check_options,
     close_group,
+    model_config,
     prepare_process,
     role_errors,
     sampling_params,
 )
+from hfrt.roles.components import routing
 from hfrt.roles.components.weight_sync import WeightSyncError, apply_sync
 from hfrt.roles.endpoint_groups.agent_turns import AgentTurns
 from hfrt.roles.endpoint_groups.partial_rollout import NO_VERSION, PartialRollouts, PartialRows
@@ -57,7 +60,7 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
     (SPLIT, roles/endpoint_groups/partial_rollout.py: a rollout in segments that a weight sync can interrupt);
     generate_turn and assemble_trajectories (SPLIT, roles/endpoint_groups/agent_turns.py: multi-turn agent rollouts)."""
 
-    OPTIONS = frozenset({"generator", "sampling", "vllm", "lora"})
+    OPTIONS = frozenset({"generator", "sampling", "vllm", "lora", routing.OPTION})
     #: whether setup joined the role's process group (teardown leaves it); False until it does
     _joined: bool = False
 
@@ -69,6 +72,10 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
             raise ValueError("the rollout role does not train: option engine is not read (remove it)")
         check_model_source(str(context.options.get("model", "tiny")), int(context.options.get("seed", 0)))
         adapter_spec(context)
+        where = f"roles.{context.role}.options"
+        if (value := routing.read_option(context.options, where)) is not None:
+            opts = ModelOptions.read({k: context.options[k] for k in ("model", "seed") if k in context.options}, trainable=False)
+            routing.check_before_launch(value, model_config(opts), 1, where)
 
     async def setup(self) -> None:
         with role_errors(self.context):
@@ -84,6 +91,8 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
                 str(ctx.options.get("generator", "hf")), model=self.model, dtype=self.dtype, seed=self.seed,
                 tokenizer=self.tokenizer, vllm=ctx.options.get("vllm"), lora=adapter_spec(ctx),
             )
+            self.routing = routing.Routing(routing.read_option(ctx.options, f"roles.{ctx.role}.options"),
+                                           train_model=None, generator=self.engine, where=ctx.role)
             self.version = INITIAL_VERSION
             self.broken: str | None = None  # why the weights are not usable (a failed sync)
             self.partials: dict[str, PartialRows] = {}  # generate_partial's rollouts in progress (PartialRollouts)
@@ -173,10 +182,11 @@ class RolloutDaemon(PartialRollouts, AgentTurns, Daemon):
         elapsed = time.perf_counter() - start
         record = fixed_width(out, prompt_width=int(width), response_width=params.max_new_tokens,
                              pad_id=self.tokenizer.pad_token_id, n=params.n)
+        routing.add_record(record, out, int(width), params.max_new_tokens)
         texts = decode_responses(self.tokenizer, record["responses"], record["response_mask"])
         [elapsed] = all_reduce([elapsed], "max")
         meta = {"temperature": params.temperature, "n": params.n, "timing/generate_s": elapsed,
-                "weight_version": self.version} | length_stats(record["response_mask"], params.max_new_tokens)
+                "weight_version": self.version} | length_stats(record["response_mask"], params.max_new_tokens) | self.routing.meta()
         record["token_versions"] = torch.where(record["response_mask"].bool(), self.version, NO_VERSION)
         out_batch = rollout_batch(record, texts, prompts, params.n, meta)
         out_batch["weight_version"] = [self.version] * len(out_batch)

@@ -48,12 +48,29 @@ def read_option(options: Mapping[str, Any], where: str) -> bool | None:
     return value
 
 
-def check_layout(value: bool | None, tp: int, pp: int, where: str) -> None:
-    """Refuse pipeline stages (each stage's routers see a part of a micro-batch whose rows the
-    recorded column cannot be matched to) and a tensor-parallel generation engine."""
-    if value is not None and pp > 1:
+def check_before_launch(value: bool | None, config: Any, pp: int, where: str) -> None:
+    """Refuse, before anything starts, a model whose MoE blocks cannot be replayed (built on the
+    meta device from its transformers `config`: no memory, no weights), and pipeline stages (a
+    stage's routers see a pipeline micro-batch the recorded rows are not cut to)."""
+    if value is None:
+        return
+    if pp > 1:
         raise ValueError(f"{where}.{OPTION}: routing replay runs on the local, FSDP2 and TP engines, not with pipeline "
                          f"stages (pp={pp}): a stage's routers see a pipeline micro-batch the recorded rows are not cut to")
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    router_replay.check_model(model, f"{where}.{OPTION}")
+
+
+def add_record(record: dict[str, torch.Tensor], out: Mapping[str, torch.Tensor], prompt_width: int,
+               response_width: int) -> None:
+    """The engine output's `routed_experts` (if it recorded one) into the rollout `record`, at its widths."""
+    if ROUTED_EXPERTS in out:
+        from hfrt.roles.generation.routing_record import fit
+
+        record[ROUTED_EXPERTS] = fit(out[ROUTED_EXPERTS], int(out["prompts"].shape[1]), prompt_width, response_width)
 
 
 class Routing:
