@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 
 from hfrt.protocols.codec import Codec, Limits
-from hfrt.protocols.messages import KINDS, Call, Message
+from hfrt.protocols.messages import KINDS, Call, Message, Reply
 from hfrt.protocols.signing import SIGNATURE_BYTES, Signer
 
 # pack_calls writes a Call's body as [KIND, call_id] + its other fields encoded once: that needs
@@ -24,6 +24,7 @@ from hfrt.protocols.signing import SIGNATURE_BYTES, Signer
 assert Call.FIELD_NAMES == ("call_id", "endpoint", "args", "kwargs", "reply") and not Call.OPTIONAL
 #: a six-element msgpack array's header and the Call kind (a positive fixint)
 _CALL_HEAD = bytes((0x96, Call.KIND))
+_REPLY_KIND = Reply.KIND
 
 
 class WireError(ValueError):
@@ -108,6 +109,12 @@ class Wire:
             decoded = self.codec.decode(body, frames[1:])
         except Exception as exc:
             raise Undecodable(f"body is not a valid hfrt msgpack value: {exc}") from None
+        # The message a controller reads most, once per rank per call: a well-formed Reply skips
+        # the generic field checks (it has the types from_fields would accept), anything else takes them.
+        if type(decoded) is list and len(decoded) == 4 and decoded[0] == _REPLY_KIND and type(decoded[1]) is int:
+            elapsed = decoded[3]
+            if type(elapsed) is float:
+                return Reply(decoded[1], decoded[2], elapsed)
         if not isinstance(decoded, list) or not decoded or not isinstance(decoded[0], int):
             raise UnknownKind(f"body is not [kind, ...]: {type(decoded).__name__}")
         cls = KINDS.get(decoded[0])
