@@ -183,8 +183,16 @@ def logits(module: nn.Module, mb: Mapping[str, torch.Tensor], device: torch.devi
     at = read_at - first
     if bool((at == at[:1]).all()) and bool((at[0, 1:] - at[0, :-1] == 1).all()):
         lo = int(at[0, 0])
-        return out[:, lo : lo + int(at.shape[1])]
-    return out.gather(1, at[..., None].expand(-1, -1, int(out.shape[-1])))
+        picked = out[:, lo : lo + int(at.shape[1])]
+    else:
+        picked = out.gather(1, at[..., None].expand(-1, -1, int(out.shape[-1])))
+    if torch.is_grad_enabled():
+        # The prefix pass's own output, added times zero: the backward then enters each of its
+        # layers through that layer's output, as the hooks of a sharded module (FSDP2's pre-backward
+        # unshard, ZeRO-3's fetch) expect; without it the last layer's cached keys and values reach
+        # its weights while they are still sharded. Adds exactly zero to every value and gradient.
+        picked = picked + 0.0 * prefix.logits.sum()
+    return picked
 
 
 def forward(
