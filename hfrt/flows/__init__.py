@@ -46,6 +46,7 @@ BUILTIN: dict[str, str] = {
     "sft": "hfrt.flows.recipes.sft",
     "dpo": "hfrt.flows.recipes.dpo",
     "distill": "hfrt.flows.recipes.distill",
+    "distill_async": "hfrt.flows.recipes.distill_async",
 }
 
 #: a module's `flow(ctl, config)`: config is its Config read from the dict, or the dict itself

@@ -25,7 +25,7 @@ from hfrt.flows.timing import UNPRICED, Stage, StageTimer
 from hfrt.protocols import BatchHandle
 
 #: the RL recipes that declare STAGES (ping runs no RL step; agent_calc's turns are not planned)
-RECIPES = ("ppo", "grpo", "rloo", "reinforce_pp", "remax", "safe_rlhf", "dapo", "grpo_async", "distill")
+RECIPES = ("ppo", "grpo", "rloo", "reinforce_pp", "remax", "safe_rlhf", "dapo", "grpo_async", "distill", "distill_async")
 #: one quiet step: no validation, no files, few prompts
 QUIET = {"steps": 1, "prompts_per_step": 2, "val_every": 0, "progress": "off", "tensorboard": False,
          "export_hf": False, "run_dir": ""}

@@ -67,3 +67,28 @@ def test_the_committed_figure_is_the_pages() -> None:
     assert (figure["distill"]["reached"]["steps"], figure["distill"]["reached"]["train_s"]) == (160, pytest.approx(11.5, abs=0.05))
     page = (ROOT / "docs" / "pipeline.md").read_text()
     assert "step 300 (0.97" in page and "**step 160** (0.97" in page and "**11.5 s**" in page and "| 30.2 s |" in page
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_distill_async_trains_a_lora_student_on_stale_samples_within_the_bound(tmp_path: Path) -> None:
+    """`--flow distill_async` (the rollout role samples up to max_staleness=1 versions behind): every
+    step's advantages come from the teacher role (its reverse KL is the record's kl/mean, never 0
+    with a teacher of other weights), the student learns (a gradient every step), no sample lags
+    more than one version and steps after the first train on one-version-old samples; a LoRA
+    student syncs only its adapters to the rollout role."""
+    run = tmp_path / "async"
+    done = summary("--flow", "distill_async", "--run-dir", str(run), "--set", "steps=3", "--set", "val_every=0",
+                   "--set", "prompts_per_step=8", "--set", "max_staleness=1", "--set", "roles.teacher.options.seed=1",
+                   "--set", "roles.actor.options.lora.rank=8", "--set", "roles.actor.options.lora.target_modules=all-linear",
+                   *QUIET)
+    assert done["steps"] == 3
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["kl/mean"] != 0.0 and r["actor/grad_norm"] > 0 for r in records)
+    assert all(r["async/staleness_max"] <= 1 for r in records)
+    assert [r["async/staleness_max"] for r in records[1:]] == [1.0, 1.0]  # the rollout ran one version ahead
+    assert all(r["timing/old_log_prob_s"] > 0 for r in records)  # the current student's log-probs, every step
+    roles = json.loads((run / "config.json").read_text())["roles"]
+    assert {"rollout", "teacher"} <= set(roles) and roles["rollout"]["options"]["lora"]["rank"] == 8
+    sync = [r["sync/bytes"] for r in records if "sync/bytes" in r]
+    assert sync and max(sync) < 1_000_000  # adapters only (the tiny model's weights are larger)
