@@ -151,3 +151,20 @@ def test_unsupported_moe_block_is_refused_by_name() -> None:
         RouterReplay(tf.MixtralForCausalLM(cfg), replay=True)
     with pytest.raises(ValueError, match="has no MoE blocks"):
         RouterReplay(model_zoo.model("qwen3", layers=1), replay=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_replay_on_fsdp2_and_tp_engines(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two gloo ranks: FSDP2 at dp=2 and the TP engine at tp=2 replay a tiny Qwen3-MoE's own routing
+    to its plain log-probs (1e-5), change them with other experts forced, and give every router a
+    gradient in an update with replay."""
+    from tests.roles.dist_workers import run_ranks
+    from tests.roles.replay_workers import replay_on_engines
+
+    for rank in run_ranks(replay_on_engines, 2, tmp_path):
+        for name in ("fsdp2_d2", "tp_t2"):
+            got = rank[name]
+            assert got["same_diff"] < 1e-5 and got["same_share"] == 0.0, (name, got)
+            assert got["forced_diff"] > 1e-3 and got["forced_share"] > 0.5, (name, got)
+            assert got["gate_grads"] == 2 and got["gate_grad_abs"] > 0, (name, got)
