@@ -245,6 +245,10 @@ class CriticLoss:
 #: with label_smoothing the conservative cDPO), ipo (IPO on token-averaged log-ratios), hinge (SLiC),
 #: robust (robust DPO against flipped labels, label_smoothing = the flip rate)
 PREFERENCE_LOSSES = ("sigmoid", "ipo", "hinge", "robust")
+#: what sft_update / sft_evaluate do with a row over max_length tokens (verl's `data.truncation`
+#: names): "right" cuts its end, keeping the first max_length tokens (TRL's truncation_mode=
+#: "keep_start", its default); "error" refuses it, naming the row
+SFT_TRUNCATIONS = ("right", "error")
 
 
 @dataclass(frozen=True)

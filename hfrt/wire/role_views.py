@@ -188,10 +188,11 @@ class Actor(Checkpointed, Turns, Protocol):
 
     @remote
     def sft_update(self, batch: BatchHandle, max_length: int | None = None,
-                   micro_batch_size: int | None = None) -> list[dict[str, float]]: ...
+                   micro_batch_size: int | None = None, truncation: str = "error") -> list[dict[str, float]]: ...
 
     @remote
-    def sft_evaluate(self, batch: BatchHandle, max_length: int | None = None) -> list[dict[str, float]]: ...
+    def sft_evaluate(self, batch: BatchHandle, max_length: int | None = None,
+                     truncation: str = "error") -> list[dict[str, float]]: ...
 
     @remote
     def dpo_update(self, batch: BatchHandle, *extra: BatchHandle, loss_type: str = "sigmoid", beta: float = 0.1,

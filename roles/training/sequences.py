@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from hfrt.wire.loss_options import SFT_TRUNCATIONS
+
 Tensors = dict[str, torch.Tensor]
 
 
@@ -152,10 +154,26 @@ def pair_rows(tokenizer: Any, prompt: Any, chosen: Any, rejected: Any, where: st
     return sides[0], sides[1]
 
 
+#: what happens to an SFT row over max_length tokens (hfrt.wire.loss_options.SFT_TRUNCATIONS)
+TRUNCATIONS = SFT_TRUNCATIONS
+
+
 def check_length(seq: TokenRow, max_length: int | None, where: str) -> TokenRow:
     if max_length is not None and len(seq) > max_length:
         raise RowError(f"{where}: {len(seq)} tokens, over max_length {max_length}")
     return seq
+
+
+def truncate_right(seq: TokenRow, max_length: int) -> TokenRow:
+    """`seq`'s first `max_length` tokens (the prompt's start is kept, the completion's end cut).
+    A prompt that alone fills max_length keeps max_length − 1 of its tokens and one completion
+    token that the loss does not count (TRL drops such a row: here it weighs nothing)."""
+    if len(seq) <= max_length:
+        return seq
+    if len(seq.prompt) >= max_length:
+        return TokenRow(seq.prompt[: max_length - 1], seq.completion[:1], [0])
+    keep = max_length - len(seq.prompt)
+    return TokenRow(seq.prompt, seq.completion[:keep], seq.loss_mask[:keep])
 
 
 def layout(seqs: Sequence[TokenRow], pad_id: int) -> Tensors:

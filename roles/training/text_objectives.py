@@ -28,7 +28,7 @@ from hfrt.roles.losses import LossScale, agg_loss
 from hfrt.roles.losses.preference import METRICS, preference_loss, preference_terms
 from hfrt.roles.rows import Tensors, all_reduce, equal_rows, unpad
 from hfrt.roles.training.engines import ForwardOutput, LossFn, TrainEngine
-from hfrt.roles.training.sequences import TokenRow, check_length, layout, pair_rows, sft_row
+from hfrt.roles.training.sequences import TRUNCATIONS, TokenRow, check_length, layout, pair_rows, sft_row, truncate_right
 from hfrt.roles.training.updates import UpdateSchedule, accumulate, run_updates
 from hfrt.wire.loss_options import PreferenceLoss
 
@@ -45,17 +45,25 @@ def _rows(batch: Batch) -> list[Any]:
     return list(batch.non_tensor.get("row", range(len(batch))))
 
 
-def sft_tensors(tokenizer: Any, batch: Batch, max_length: int | None, endpoint: str) -> Tensors:
-    """The engine batch of SFT rows (columns messages, or prompt and completion / response)."""
+def sft_tensors(tokenizer: Any, batch: Batch, max_length: int | None, endpoint: str,
+                truncation: str = "error") -> tuple[Tensors, int]:
+    """The engine batch of SFT rows (columns messages, or prompt and completion / response) and how
+    many rows were over max_length: cut to it with truncation "right", refused with "error"."""
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"{endpoint}: truncation={truncation!r}: use one of {', '.join(TRUNCATIONS)}")
     cols = batch.non_tensor
     if "messages" not in cols and "prompt" not in cols:
         raise KeyError(f"{endpoint} needs non-tensor column(s) messages, or prompt and completion; the batch has {list(cols)}")
     seqs: list[TokenRow] = []
+    cut = 0
     for i, number in enumerate(_rows(batch)):
         row = {k: v[i] for k, v in cols.items()}
         where = f"{endpoint}: data row {number}"
-        seqs.append(check_length(sft_row(tokenizer, row, where), max_length, where))
-    return layout(seqs, _pad_id(tokenizer))
+        seq = sft_row(tokenizer, row, where)
+        if truncation == "right" and max_length is not None and len(seq) > max_length:
+            seq, cut = truncate_right(seq, max_length), cut + 1
+        seqs.append(check_length(seq, max_length, where))
+    return layout(seqs, _pad_id(tokenizer)), cut
 
 
 def pair_tensors(tokenizer: Any, batch: Batch, max_length: int | None, endpoint: str) -> Tensors:
@@ -124,12 +132,14 @@ class TextTraining:
 
     # ------------------------------------------------------------------------------ SFT
 
-    def sft_update(self, batch: Batch, *, max_length: int | None = None, micro_batch_size: int | None = None) -> dict[str, float]:
+    def sft_update(self, batch: Batch, *, max_length: int | None = None, micro_batch_size: int | None = None,
+                   truncation: str = "error") -> dict[str, float]:
         """One optimizer step on the rows: sft/loss (token-mean NLL over every rank's counted
-        tokens), sft/token_accuracy, sft/tokens, sft/grad_norm, sft/lr; the same on every rank."""
+        tokens), sft/token_accuracy, sft/tokens, sft/truncated_rows (rows cut to max_length),
+        sft/grad_norm, sft/lr; the same on every rank."""
         endpoint = f"{self.role}.sft_update"
-        tensors = sft_tensors(self.tokenizer, batch, max_length, endpoint)
-        [tokens] = all_reduce([float(tensors["response_mask"].sum())], group=self.engine.dp_group)
+        tensors, cut = sft_tensors(self.tokenizer, batch, max_length, endpoint, truncation)
+        [tokens, truncated] = all_reduce([float(tensors["response_mask"].sum()), float(cut)], group=self.engine.dp_group)
 
         def make(scale: LossScale, shares: dict[str, float]) -> LossFn:
             def loss_fn(out: ForwardOutput, mb: Any, _: LossScale) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -142,23 +152,23 @@ class TextTraining:
 
         metrics = run_updates(self.engine, tensors, make, UpdateSchedule(micro_batch_size=micro_batch_size),
                               prefix="sft", endpoint=endpoint, with_top1=True)
-        return metrics | {"sft/tokens": tokens}
+        return metrics | {"sft/tokens": tokens, "sft/truncated_rows": truncated}
 
-    def sft_evaluate(self, batch: Batch, *, max_length: int | None = None) -> dict[str, float]:
+    def sft_evaluate(self, batch: Batch, *, max_length: int | None = None, truncation: str = "error") -> dict[str, float]:
         """The rows scored without training: val/loss (token-mean NLL), val/token_accuracy,
-        val/tokens, val/rows; the same on every rank."""
+        val/tokens, val/rows, val/truncated_rows; the same on every rank."""
         endpoint = f"{self.role}.sft_evaluate"
-        tensors = sft_tensors(self.tokenizer, batch, max_length, endpoint)
+        tensors, cut = sft_tensors(self.tokenizer, batch, max_length, endpoint, truncation)
         padded, pad = equal_rows(tensors, endpoint)
         out = self.engine.forward(padded, with_top1=True)
         assert out.log_probs is not None and out.top1 is not None
         mask = tensors["response_mask"].float()
-        nll, correct, tokens, rows = all_reduce([
+        nll, correct, tokens, rows, truncated = all_reduce([
             float((-unpad(out.log_probs, pad) * mask).sum()), float((unpad(out.top1, pad) * mask).sum()),
-            float(mask.sum()), float(len(mask)),
+            float(mask.sum()), float(len(mask)), float(cut),
         ], group=self.engine.dp_group)
         return {"val/loss": nll / max(tokens, 1.0), "val/token_accuracy": correct / max(tokens, 1.0),
-                "val/tokens": tokens, "val/rows": rows}
+                "val/tokens": tokens, "val/rows": rows, "val/truncated_rows": truncated}
 
     # ------------------------------------------------------------------------ preference
 

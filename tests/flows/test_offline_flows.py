@@ -62,6 +62,9 @@ def test_the_sft_config_refuses_a_bad_file_naming_the_row_and_reads_the_split(tm
         SFTConfig.read({"row_per_step": 4})
     with pytest.raises(ValueError, match=r"config max_length=1: must be at least 2 tokens"):
         SFTConfig.read({"max_length": 1})
+    assert SFTConfig.read({}).truncation == "right" and SFTConfig.read({"truncation": "error"}).truncation == "error"
+    with pytest.raises(ValueError, match=r"config truncation='left': use one of right, error"):
+        SFTConfig.read({"truncation": "left"})
 
 
 def test_addition_demonstrations_answer_their_prompts() -> None:

@@ -81,11 +81,15 @@ def test_sft_on_two_fsdp2_ranks_gives_the_one_rank_numbers(tmp_path: Path) -> No
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sft_with_lora_exports_the_merged_model_and_the_adapter(tmp_path: Path) -> None:
+    """Also truncation: at max_length=5 every addition row (4 prompt tokens, the digit, EOS) is cut
+    after its digit (truncation="right", the default), counted in sft/truncated_rows, and trains."""
     done = summary(hfrt("controller", "--flow", "sft", "--run-dir", str(tmp_path / "lora"), "--set", "max_steps=3",
-                        "--set", "rows_count=200", "--set", "roles.actor.options.lora.rank=8",
+                        "--set", "rows_count=200", "--set", "roles.actor.options.lora.rank=8", "--set", "max_length=5",
                         "--set", "roles.actor.options.lora.target_modules=all-linear", *QUIET))
     assert done["val_loss"] < done["val_before_loss"]
     assert (Path(done["hf_export"]) / "adapter" / "adapter_config.json").is_file()
+    assert done["val_tokens"] == done["val_rows"]  # one counted token a row: the digit, its EOS cut
+    assert [r["sft/truncated_rows"] for r in records(tmp_path / "lora")] == [32.0, 32.0, 32.0]
 
 
 DPO = ("--flow", "dpo", "--set", "pairs_count=400", "--set", "pairs_per_step=16", "--set", "export_hf=false", *QUIET)

@@ -19,7 +19,7 @@ from hfrt.roles.losses.preference import preference_loss
 from hfrt.roles.models import ModelConfig, load_model, load_tokenizer
 from hfrt.roles.rows import merge
 from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
-from hfrt.roles.training.sequences import RowError, conversation_row, sft_row
+from hfrt.roles.training.sequences import RowError, conversation_row, sft_row, truncate_right
 from hfrt.roles.training.text_objectives import TextTraining, pair_log_probs, pair_tensors
 from hfrt.wire.loss_options import PreferenceLoss, check_preference_options
 
@@ -77,6 +77,27 @@ def test_a_row_over_max_length_is_refused_naming_it() -> None:
     batch = Batch({}, {"prompt": ["1+1=", "2+2="], "completion": ["2", "4 is the answer"], "row": [11, 12]})
     with pytest.raises(RowError, match=r"actor.sft_update: data row 12: 20 tokens, over max_length 12"):
         TextTraining(engine(), TOK, "actor").sft_update(batch, max_length=12)
+
+
+def test_truncation_right_keeps_a_long_rows_first_max_length_tokens_and_counts_it() -> None:
+    """TRL's truncation_mode="keep_start": the row's first max_length tokens are trained on, the
+    rest dropped; sft/truncated_rows and val/truncated_rows count the rows cut."""
+    rows = {"prompt": ["1+1=", "2+2="], "completion": ["2", "4 is the answer"], "row": [11, 12]}
+    short, long = (sft_row(TOK, {"prompt": p, "completion": c}, "r") for p, c in zip(rows["prompt"], rows["completion"], strict=True))
+    assert len(long) == 20 and len(short) <= 12
+    cut = truncate_right(long, 12)
+    assert len(cut) == 12 and cut.prompt == long.prompt and cut.completion == long.completion[: 12 - len(long.prompt)]
+    training = TextTraining(engine(), TOK, "actor")
+    got = training.sft_evaluate(Batch({}, rows), max_length=12, truncation="right")
+    want = training.sft_evaluate(Batch({}, {"prompt": ["1+1=", "2+2="], "completion": ["2", text(cut.completion)], "row": [11, 12]}))
+    assert got["val/truncated_rows"] == 1.0 and want["val/truncated_rows"] == 0.0
+    assert got["val/tokens"] == len(short.completion) + len(cut.completion) == want["val/tokens"] - 1  # the cut row lost its EOS
+    update = training.sft_update(Batch({}, rows), max_length=12, truncation="right")
+    assert update["sft/truncated_rows"] == 1.0 and update["sft/tokens"] == got["val/tokens"]
+    # a prompt that alone fills max_length keeps one completion token that weighs nothing (TRL drops the row)
+    assert truncate_right(long, len(long.prompt)).loss_mask == [0]
+    with pytest.raises(ValueError, match=r"actor.sft_update: truncation='left': use one of right, error"):
+        training.sft_update(Batch({}, rows), max_length=12, truncation="left")
 
 
 def test_packing_sft_rows_under_a_token_budget_leaves_the_loss_unchanged() -> None:

@@ -1,7 +1,7 @@
 """The `sft` flow: supervised fine-tuning of the actor on demonstrations — prompt-completion rows or
 chat conversations (hfrt/flows/sft_data.py), the loss on the completion / assistant tokens only,
 the chat template as the model defines it — one optimizer step per `rows_per_step` rows, held-out
-loss and token accuracy, checkpoints, resume and the Hugging Face export of every flow
+loss and token accuracy, rows over max_length cut to it (truncation, counted in sft/truncated_rows), checkpoints, resume and the Hugging Face export of every flow
 (hfrt.flows.offline). The per-token loss is TRL's SFTTrainer's (tests/roles/test_trl_parity.py).
 
 The controller reads and checks the rows and picks each step's; the rows travel as text and the
@@ -20,6 +20,7 @@ from hfrt.flows.offline import OfflineConfig, OfflineLoop, Rows
 from hfrt.flows.pairs import split_pairs
 from hfrt.flows.sft_data import SFTDataError, addition_demonstrations, read_sft_rows, sft_columns
 from hfrt.flows.timing import Stage, StageTimer
+from hfrt.wire.loss_options import SFT_TRUNCATIONS as TRUNCATIONS
 from hfrt.flows.trainer import get_roles
 from hfrt.protocols import BatchHandle
 from hfrt.wire.role_views import Actor
@@ -43,8 +44,17 @@ class SFTConfig(OfflineConfig):
     max_operand: int = 2
     #: rows per optimizer step, over all data-parallel ranks
     rows_per_step: int = 32
+    #: a row over max_length tokens: "right" cuts its end, keeping the first max_length tokens
+    #: (TRL's truncation_mode="keep_start"; verl's `truncation: right`), counted in
+    #: sft/truncated_rows; "error" refuses it, naming the row
+    truncation: str = "right"
 
     FLOW: ClassVar[str] = "sft"
+
+    def __post_init__(self) -> None:
+        if self.truncation not in TRUNCATIONS:
+            raise ValueError(f"config truncation={self.truncation!r}: use one of {', '.join(TRUNCATIONS)}")
+        super().__post_init__()
 
     def per_step_key(self) -> str:
         return "rows_per_step"
@@ -76,9 +86,9 @@ async def flow(ctl: Any, config: SFTConfig | dict[str, Any]) -> dict[str, Any]:
     val_batch = loop.val_batch()
 
     async def step(index: int, batch: BatchHandle, t: StageTimer) -> dict[str, float]:
-        return reduce_rank_metrics(await t.one(Stage.UPDATE, actor.sft_update(batch, max_length=cfg.max_length)))
+        return reduce_rank_metrics(await t.one(Stage.UPDATE, actor.sft_update(batch, max_length=cfg.max_length, truncation=cfg.truncation)))
 
     async def validate() -> dict[str, float]:
-        return reduce_rank_metrics(await actor.sft_evaluate(val_batch, max_length=cfg.max_length))
+        return reduce_rank_metrics(await actor.sft_evaluate(val_batch, max_length=cfg.max_length, truncation=cfg.truncation))
 
     return await loop.run(step, validate)
