@@ -105,9 +105,7 @@ class Routing:
         """The mismatch since the last call, summed over the role's ranks (collective when measuring)."""
         if self.trainer is None:
             return {}
-        compared, mismatched = self.trainer.compared, self.trainer.mismatched
-        self.trainer.compared = self.trainer.mismatched = 0
-        compared, mismatched = all_reduce([compared, mismatched])
+        compared, mismatched = all_reduce(list(self.trainer.counts()))
         replay = 1.0 if self.trainer.replay else 0.0
         return {"router_mismatch/share": mismatched / compared if compared else 0.0,
                 "router_mismatch/routings": compared, "router_mismatch/replay": replay}

@@ -26,7 +26,8 @@ ROUTED_EXPERTS = router_replay.ROUTED_EXPERTS
 
 
 class Recorder:
-    """Forward hooks on `model`'s routers keeping each call's top-k ids on the CPU, while `recording`."""
+    """Forward hooks on `model`'s routers keeping each call's top-k ids (on the model's device until
+    `routed` gathers them to the CPU), while `recording`."""
 
     def __init__(self, model: nn.Module, where: str = "router_replay") -> None:
         router_replay.check_model(model, where)
@@ -40,7 +41,7 @@ class Recorder:
     def _hook(self, layer: int) -> Any:
         def hook(_module: nn.Module, _args: Any, output: Any) -> None:
             if self._on:
-                self._calls[layer].append(output[2].detach().to("cpu", self.dtype))
+                self._calls[layer].append(output[2].detach().to(self.dtype))  # on its device: no sync per step
 
         return hook
 
@@ -58,7 +59,7 @@ class Recorder:
         """[rows, T, layers, k] of the recorded calls (a prefill over the prompt, then one position
         per decode step), T = attention_mask's width (prompt + responses): "not recorded" where the
         mask is 0 and past the last recorded position."""
-        per_layer = [torch.cat([c.reshape(rows, -1, self.k) for c in calls], dim=1) for calls in self._calls]
+        per_layer = [torch.cat([c.reshape(rows, -1, self.k) for c in calls], dim=1).cpu() for calls in self._calls]
         got = torch.stack(per_layer, dim=2)  # [rows, positions, layers, k]
         width = int(attention_mask.shape[1])
         fill = router_replay.not_recorded(self.dtype)

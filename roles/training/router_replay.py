@@ -108,8 +108,7 @@ class RouterReplay:
         self.replay = replay
         self.where = where
         self.routers = routers(model)
-        self.compared = 0
-        self.mismatched = 0
+        self._tally: list[torch.Tensor] = []  # [compared, mismatched] per router call, on its device (no sync)
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     def remove(self) -> None:
@@ -117,14 +116,21 @@ class RouterReplay:
             handle.remove()
         self._handles = []
 
+    def counts(self) -> tuple[int, int]:
+        """(compared, mismatched) (token, layer) routings since the last call, which clears them."""
+        if not self._tally:
+            return 0, 0
+        compared, mismatched = torch.stack([t.cpu() for t in self._tally]).sum(0).tolist()
+        self._tally = []
+        return int(compared), int(mismatched)
+
     def metrics(self) -> dict[str, float]:
         """`router_mismatch/share` (mismatched / compared routings) and `router_mismatch/routings`,
         since the last call; {} when no routing was compared."""
-        if not self.compared:
+        compared, mismatched = self.counts()
+        if not compared:
             return {}
-        out = {"router_mismatch/share": self.mismatched / self.compared, "router_mismatch/routings": float(self.compared)}
-        self.compared = self.mismatched = 0
-        return out
+        return {"router_mismatch/share": mismatched / compared, "router_mismatch/routings": float(compared)}
 
     def _hook(self, layer: int) -> Any:
         def hook(module: nn.Module, _args: Any, output: Any) -> Any:
@@ -149,8 +155,7 @@ class RouterReplay:
     def _count(self, own: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor) -> None:
         with torch.no_grad():
             differ = (own.sort(dim=-1).values != ids.sort(dim=-1).values).any(dim=-1) & valid
-            self.compared += int(valid.sum())
-            self.mismatched += int(differ.sum())
+            self._tally.append(torch.stack([valid.sum(), differ.sum()]))
 
 
 def replayed_weights(router: nn.Module, logits: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:

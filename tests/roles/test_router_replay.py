@@ -46,6 +46,8 @@ def test_replaying_own_routing_is_the_plain_forward(family: str) -> None:
         plain = model(input_ids=ids, attention_mask=mask).logits
     routed = _own_routing(model, ids, mask)
     assert routed.dtype == torch.uint8 and routed.shape == (3, 10, 2, 2)  # 4 experts, k=2, 2 layers: 4 bytes a token
+    # Qwen3-30B-A3B (128 experts, 8 per token, 48 layers): 1 byte an id, 384 bytes a token; DeepSeek-V3's 256: 2 bytes
+    assert router_replay.column_dtype(128) == torch.uint8 and router_replay.column_dtype(256) == torch.int16
     replay = RouterReplay(model, replay=True)
     with feeding(routed), torch.no_grad():
         replayed = model(input_ids=ids, attention_mask=mask).logits
@@ -134,7 +136,7 @@ def test_engine_forward_replays_through_micro_batches(pack: bool) -> None:
     with rec.recording(), torch.no_grad():
         model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
     routed = rec.routed(4, mask)  # padding positions: not recorded
-    replay.compared = replay.mismatched = 0
+    replay.counts()  # clear
     out = engine.forward(batch | {ROUTED_EXPERTS: routed}).log_probs
     assert out is not None and plain is not None
     torch.testing.assert_close(out, plain, atol=1e-5, rtol=0)
@@ -168,3 +170,28 @@ def test_replay_on_fsdp2_and_tp_engines(tmp_path) -> None:  # type: ignore[no-un
             assert got["same_diff"] < 1e-5 and got["same_share"] == 0.0, (name, got)
             assert got["forced_diff"] > 1e-3 and got["forced_share"] > 0.5, (name, got)
             assert got["gate_grads"] == 2 and got["gate_grad_abs"] > 0, (name, got)
+
+
+def test_refused_before_launch_with_the_reason() -> None:
+    """The actor's and rollout's check_config (run before anything starts) refuse router_replay
+    with vLLM (why: no routed experts on this build), a model without MoE blocks, pipeline stages,
+    and a value that is not a boolean."""
+    from hfrt.daemon.base import DaemonContext
+    from hfrt.roles.actor import ActorDaemon
+    from hfrt.roles.rollout import RolloutDaemon
+
+    def actor(world: int = 1, **options: object) -> None:
+        ActorDaemon.check_config(DaemonContext("actor", 0, world, options=dict(options)))
+
+    actor(model="tiny-moe", router_replay=True)
+    actor(model="tiny-moe", router_replay=False, parallel={"tp": 2}, world=2)
+    with pytest.raises(ValueError, match=r"roles.actor.options.router_replay with generator = \"vllm\": .*Triton"):
+        actor(model="tiny-moe", router_replay=True, generator="vllm")
+    with pytest.raises(ValueError, match="LlamaForCausalLM has no MoE blocks"):
+        actor(model="tiny", router_replay=True)
+    with pytest.raises(ValueError, match=r"not with pipeline stages \(pp=2\)"):
+        actor(model="tiny-moe", router_replay=True, parallel={"pp": 2}, world=2)
+    with pytest.raises(ValueError, match="expected true or false"):
+        actor(model="tiny-moe", router_replay="yes")
+    with pytest.raises(ValueError, match="has no MoE blocks"):
+        RolloutDaemon.check_config(DaemonContext("rollout", 0, 1, options={"model": "tiny", "router_replay": False}))
