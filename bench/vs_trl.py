@@ -68,6 +68,9 @@ class Shape:
     lora_rank: int = 0  # > 0: both sides train LoRA adapters (peft, this rank, lora_alpha, every linear layer)
     lora_alpha: float = 32.0
     micro_batch_size: int = 0  # rows per forward / backward on both sides (TRL: gradient accumulation); 0: all rows at once
+    trl_vllm: bool = False  # TRL samples with vLLM in colocate mode (in its own process) instead of transformers' generate
+    dtype: str = "float32"  # bfloat16: hfrt's daemons load bf16 (fp32 masters), TRL trains fp32 weights with bf16=True
+    prompt_prefix: str = ""  # a built-in text put before every prompt (bench/vs_trl_shapes.py: "tools", a tool-schema system prompt)
 
     def micro(self) -> int:
         """Rows per micro-batch: micro_batch_size, or every row of a step."""
@@ -91,9 +94,10 @@ def completion_tokens(rows: Iterable[Sequence[int]], eos_ids: Collection[int], p
 
 def prompt_rows(shape: Shape, steps: int) -> dict[str, list[Any]]:
     """Every step's prompts, in order: the addition task's stream from shape.seed."""
+    from hfrt.bench.vs_trl_shapes import with_prefix
     from hfrt.flows.tasks import AdditionTask
 
-    return AdditionTask(shape.seed, shape.max_operand).batch(shape.prompts * steps)
+    return with_prefix(AdditionTask(shape.seed, shape.max_operand).batch(shape.prompts * steps), shape.prompt_prefix)
 
 
 def thread_count(shape: Shape) -> int:
@@ -124,6 +128,7 @@ def _trl_run(shape: Shape, steps: int, conn: Any) -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from hfrt.bench.vs_trl_shapes import trl_vllm_args
     from hfrt.flows.tasks import addition_reward
     from hfrt.roles.models import ModelConfig, load_model, load_tokenizer, resolve_model_dir
 
@@ -162,12 +167,13 @@ def _trl_run(shape: Shape, steps: int, conn: Any) -> None:
     micro = shape.micro()  # one optimizer step per rollout: the rollout in batch / micro accumulated micro-batches
     with tempfile.TemporaryDirectory(prefix="hfrt-vs-trl-") as out:
         args = GRPOConfig(
-            output_dir=out, use_cpu=True, bf16=False, fp16=False, seed=shape.seed, learning_rate=shape.lr,
+            output_dir=out, use_cpu=not torch.cuda.is_available(), bf16=shape.dtype == "bfloat16", fp16=False, seed=shape.seed, learning_rate=shape.lr,
             per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro, num_generations=shape.n,
             max_completion_length=shape.max_new_tokens, temperature=1.0, top_p=1.0, beta=0.001,
             num_iterations=1, scale_rewards="none", loss_type="dapo", max_steps=steps, shuffle_dataset=False,
             save_strategy="no", report_to=[], logging_steps=10**6, disable_tqdm=True, max_grad_norm=1.0,
             dataloader_num_workers=0, gradient_checkpointing=shape.trl_gradient_checkpointing,
+            **trl_vllm_args(shape.trl_vllm, 512),
         )
         trainer = Timed(
             model=model, reward_funcs=reward, args=args,  # type: ignore[arg-type]
@@ -217,7 +223,7 @@ def hfrt_roles(shape: Shape, engine: str) -> dict[str, dict[str, Any]]:
 
     roles = {name: {**spec, "options": dict(spec.get("options", {}))} for name, spec in grpo.ROLES.items()}
     micro = shape.micro()
-    common = {"model": shape.model, "seed": shape.seed, "threads": thread_count(shape)}
+    common = {"model": shape.model, "seed": shape.seed, "threads": thread_count(shape), "dtype": shape.dtype}
     budget = {"max_tokens_per_micro_batch": shape.max_tokens_per_micro_batch} if shape.max_tokens_per_micro_batch else {}
     budget |= {"pack": True} if shape.pack else {}
     roles["actor"]["options"] |= common | {
@@ -266,6 +272,7 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start
     import asyncio
 
     from hfrt.bench.vs_trl_measure import DaemonRSS, padding_fractions, row_lengths
+    from hfrt.bench.vs_trl_shapes import mean_prompt_tokens
     from hfrt.flows.batches import non_tensor, prompts_handle
     from hfrt.flows.recipes import grpo
     from hfrt.flows.trainer import get_roles
@@ -279,6 +286,7 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start
     # off the event loop: SmolLM2's tokenizer takes ~20 s to build on a loaded 2-core machine, and a
     # controller that sends no heartbeat for 30 s has its daemons exit as orphans
     tokenizer = await asyncio.to_thread(load_tokenizer, shape.model, shape.seed)
+    prompt_tokens = mean_prompt_tokens(tokenizer, rows["prompt"])
     engine = hfrt_roles(shape, "hf")["actor"]["options"]["engine"]
     rss = DaemonRSS(exclude=[trl.proc.pid] if trl.proc.pid else [])
     rss.start()
@@ -294,7 +302,8 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start
         record |= padding_fractions(prompt_len, response_len, engine)
         hfrt_steps.append(record)
         trl_steps.append(await asyncio.to_thread(trl.step))
-    return {"hfrt": hfrt_steps, "trl": trl_steps, "trl_ready_s": ready["ready_s"], "hfrt_ready_s": hfrt_ready} | rss.stop()
+    return {"hfrt": hfrt_steps, "trl": trl_steps, "trl_ready_s": ready["ready_s"], "hfrt_ready_s": hfrt_ready,
+            "prompt_tokens": prompt_tokens} | rss.stop()
 
 
 class Recorder:
@@ -362,7 +371,7 @@ def summarize(out: dict[str, Any], warmup: int) -> dict[str, Any]:
         **{f"response_length_{k}": med(r[f"response_length/{k}"] for r in ours) for k in ("mean", "min", "max")
            if all(f"response_length/{k}" in r for r in ours)},
         **{k: med(r[k] for r in ours) for k in ("padding_before", "padding_after") if all(k in r for r in ours)},
-        **{k: out[k] for k in ("hfrt_peak_daemon_rss_mb", "hfrt_peak_daemons_rss_total_mb") if k in out},
+        **{k: out[k] for k in ("hfrt_peak_daemon_rss_mb", "hfrt_peak_daemons_rss_total_mb", "prompt_tokens") if k in out},
     }
 
 
@@ -385,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trl-gradient-checkpointing", action="store_true", help="leave TRL's default gradient checkpointing on (slower)")
     p.add_argument("--lora", type=int, default=0, metavar="RANK", nargs="?", const=16,
                    help="both sides train LoRA adapters of this rank (bare --lora: 16) on every linear layer, same peft config")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="hfrt's daemons' parameter dtype; bfloat16: TRL with bf16=True (both on the GPU when there is one)")
+    p.add_argument("--trl-vllm", action="store_true", help="TRL samples with vLLM in colocate mode (use_vllm, vllm_mode='colocate')")
+    p.add_argument("--prompt-prefix", default="", choices=["", "tools"], help="text before every prompt: tools, a tool-schema system prompt (~300 tokens)")
     p.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha with --lora")
     p.add_argument("--run-dir", help="keep hfrt's run folder (daemon logs) here instead of a temporary one")
     add_output_flags(p)
@@ -396,16 +409,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--micro-batch-size {args.micro_batch_size} must divide prompts × n = {args.prompts * args.n}")
     if args.steps < 1 or args.warmup < 0 or args.prompts < 1 or args.n < 2 or args.max_new_tokens < 1:
         p.error("need --steps >= 1, --warmup >= 0, --prompts >= 1, --n >= 2 and --max-new-tokens >= 1")
+    from hfrt.bench.vs_trl_shapes import trl_mode
     from hfrt.log import configure as configure_logging
 
     configure_logging("warning")
     shape = Shape(args.model, args.prompts, args.n, args.max_new_tokens, args.lr, threads=args.threads,
                   stream_chunks=args.stream_chunks, max_tokens_per_micro_batch=args.max_tokens_per_micro_batch,
                   pack=args.pack, trl_gradient_checkpointing=args.trl_gradient_checkpointing,
-                  lora_rank=args.lora, lora_alpha=args.lora_alpha, micro_batch_size=args.micro_batch_size)
+                  lora_rank=args.lora, lora_alpha=args.lora_alpha, micro_batch_size=args.micro_batch_size,
+                  trl_vllm=args.trl_vllm, prompt_prefix=args.prompt_prefix, dtype=args.dtype)
     load_start = [round(x, 2) for x in os.getloadavg()]
     result = measure(shape, args.steps, args.warmup, args.engine, args.run_dir)
-    result |= {"steps": args.steps, "warmup": args.warmup, "shape": asdict(shape), **machine(), "load_avg_start": load_start,
+    shape_out = asdict(shape) | {"prompt_tokens": result.pop("prompt_tokens", None), "trl_mode": trl_mode(shape.trl_vllm)}
+    result |= {"steps": args.steps, "warmup": args.warmup, "shape": shape_out, **machine(), "load_avg_start": load_start,
                "trl_padding_free": "GRPOConfig (trl 1.16) has no padding-free or packing option; completions are right-padded to the longest"}
     print(f"{'':<24}{'hfrt':>10}{'TRL':>10}")
     for label, a, b in (("step (s)", "hfrt_step_s", "trl_step_s"), ("tokens / s", "hfrt_tokens_per_s", "trl_tokens_per_s"),

@@ -20,7 +20,7 @@ BENCHES = {
     "vs-trl": "hfrt.bench.vs_trl", "vs-trl-sft": "hfrt.bench.vs_trl_sft", "reshard": "hfrt.bench.reshard", "openai-serve": "hfrt.bench.openai_serve",
     "openai-stream": "hfrt.bench.openai_stream", "grammar-masks": "hfrt.bench.grammar_masks", "scale": "hfrt.bench.scale",
     "recovery": "hfrt.bench.recovery_cost", "pipeline": "hfrt.bench.pipeline",
-    "token-budget": "hfrt.bench.token_budget", "lora-sync": "hfrt.bench.lora_sync",
+    "token-budget": "hfrt.bench.token_budget", "lora-sync": "hfrt.bench.lora_sync", "limit": "hfrt.bench.limit",
 }
 
 

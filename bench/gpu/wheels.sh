@@ -16,6 +16,6 @@ $pip download --quiet --dest "$dest" --only-binary=:all: --no-deps \
     --python-version "$pyver" --implementation cp \
     -r "$here/requirements.txt" \
     pluggy iniconfig dill multiprocess xxhash "fsspec[http]" aiohttp aiosignal aiohappyeyeballs frozenlist \
-    multidict propcache yarl attrs pyarrow pandas python-dateutil pytz tzdata httpx httpcore h11 anyio sniffio
+    multidict propcache yarl attrs python-dateutil pytz tzdata httpx httpcore h11 anyio sniffio
 du -sh "$dest"
 ls "$dest" | wc -l
