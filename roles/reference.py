@@ -117,6 +117,7 @@ def reference_options(actor: ModelOptions, overrides: dict[str, Any]) -> ModelOp
     raw_engine.setdefault("mixed_precision", actor.engine.mixed_precision)
     raw_engine.setdefault("max_tokens_per_micro_batch", actor.engine.max_tokens_per_micro_batch)
     raw_engine.setdefault("pack", actor.engine.pack)
+    raw_engine.setdefault("shared_prefix", actor.engine.shared_prefix)
     unknown = sorted(set(overrides) - {"model", "dtype", "seed", "engine"})
     if unknown:
         raise ValueError(f"option reference: unknown field(s) {unknown}; expected model, dtype, seed, engine")

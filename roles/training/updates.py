@@ -26,6 +26,8 @@ from hfrt.roles.training.engines import ForwardOutput, LossFn, TrainEngine
 from hfrt.wire.endpoints import chunk_bounds
 from hfrt.wire.loss_options import UpdateSchedule as UpdateSchedule  # declared with the loss options
 
+#: step metrics an update reports summed over its optimizer steps (the rest: averaged)
+SUMMED = frozenset({"tokens_computed", "tokens_in_batch"})
 #: make_loss(scale, shares) → the loss function of one mini-batch
 MakeLoss = Callable[[LossScale, dict[str, float]], LossFn]
 
@@ -98,7 +100,7 @@ def run_updates(
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value
             steps += 1
-    out = {_named(prefix, k): v / steps for k, v in totals.items()}
+    out = {_named(prefix, k): v if k in SUMMED else v / steps for k, v in totals.items()}
     out[f"{prefix}/lr"] = lr
     out[f"{prefix}/optimizer_steps"] = float(steps)
     out[f"timing/update_{prefix}_s"] = reduce_metrics({"t": time.perf_counter() - start}, "max")["t"]

@@ -226,18 +226,22 @@ class Sharing:
         self._decided = not self.enabled
         self.tokens: list[int] = [0, 0]
 
+    def off(self, reason: str) -> None:
+        """Turn sharing off on this engine for `reason` (logged once, when it was on)."""
+        if self.reason is None:
+            self.reason, self._decided = reason, True
+            from hfrt.log import get_logger
+
+            get_logger(part="engine").info("shared_prefix_off", reason=reason)
+
     def min_tokens(self, engine: Any) -> int | None:
         """The fewest shared tokens worth a shared micro-batch on `engine`; None when sharing is off."""
         if not self._decided:
             self._decided = True
             if engine.seq_multiple > 1:
-                self.reason = "sequence parallel cuts every micro-batch's sequence over the tp ranks"
-            else:
-                self.reason = unsupported(engine.model)
-            if self.reason is not None:
-                from hfrt.log import get_logger
-
-                get_logger(part="engine").info("shared_prefix_off", reason=self.reason)
+                self.off("sequence parallel cuts every micro-batch's sequence over the tp ranks")
+            elif (reason := unsupported(engine.model)) is not None:
+                self.off(reason)
         return self.min if self.reason is None else None
 
     def share(self, batch: Mapping[str, torch.Tensor], groups: Sequence[Sequence[int]], lengths: batching.Lengths,

@@ -167,6 +167,8 @@ class TPEngine(TrainEngine):
         #: activation size and dtype between stages (static pipeline shapes; None: inferred)
         width = int(tp_plan.text_config(lm.config).hidden_size)
         self._hidden = (width, self.full_dtypes[self.embedding_name]) if config.mixed_precision == "fp32" else None
+        if self.stage is not None:  # the schedule runs whole rows; the engine falls back, saying why once
+            self.sharing.off("pipeline stages exchange activations of one static shape; a cached prefix cannot cross them")
 
     def _owner_stages(self) -> dict[str, int]:
         """The stage whose copy of each full parameter is authoritative: a decoder layer's stage,
