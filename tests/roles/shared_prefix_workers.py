@@ -15,8 +15,9 @@ import torch
 R = 12
 
 
-def grouped_batch(vocab: int, prompts: Sequence[int] = (60, 45), n: int = 4, seed: int = 0,
-                  system: int = 0) -> dict[str, torch.Tensor]:
+def grouped_batch(
+    vocab: int, prompts: Sequence[int] = (60, 45), n: int = 4, seed: int = 0, system: int = 0
+) -> dict[str, torch.Tensor]:
     """n rows per prompt (prompts of the given lengths, left-padded; the first `system` tokens
     the same in every prompt), responses of 1..R tokens, right-padded; PPO columns."""
     g = torch.Generator().manual_seed(seed)
@@ -31,7 +32,9 @@ def grouped_batch(vocab: int, prompts: Sequence[int] = (60, 45), n: int = 4, see
     return rows_batch(rows, width, g)
 
 
-def rows_batch(rows: Sequence[tuple[torch.Tensor, torch.Tensor]], width: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+def rows_batch(
+    rows: Sequence[tuple[torch.Tensor, torch.Tensor]], width: int, g: torch.Generator
+) -> dict[str, torch.Tensor]:
     """(prompt, response) token rows laid out as the engines' batch, with PPO columns."""
     count = len(rows)
     ids = torch.zeros(count, width + R, dtype=torch.long)
@@ -91,8 +94,10 @@ def sharded_rank(rank: int, world: int, *, out_dir: Path, deepspeed: bool = True
     results: dict[str, Any] = {}
 
     def build(backend: str, **extra: Any) -> Any:
-        return lambda shared: build_train_engine(load_model(ModelConfig("tiny")), EngineConfig(
-            backend=backend, optim=OptimConfig(lr=0.0), micro_batch_size=8, shared_prefix=shared, **extra))
+        return lambda shared: build_train_engine(
+            load_model(ModelConfig("tiny")),
+            EngineConfig(backend=backend, optim=OptimConfig(lr=0.0), micro_batch_size=8, shared_prefix=shared, **extra),
+        )
 
     results["fsdp2"] = run_both(build("fsdp2"), mine)
     results["tp"] = run_both(build("tp", tp=2), batch)

@@ -25,7 +25,9 @@ from .shared_prefix_workers import R, grouped_batch, rows_batch, run_both, shard
 TOL = 1e-5
 
 
-def assert_equal(results: dict[bool, Any], mask: torch.Tensor, what: str, grads: bool = True, fewer: float = 0.6) -> None:
+def assert_equal(
+    results: dict[bool, Any], mask: torch.Tensor, what: str, grads: bool = True, fewer: float = 0.6
+) -> None:
     """The shared pass's outputs, loss and gradients equal the unshared ones'; it computed fewer tokens."""
     (lp, ent, metrics, g), (slp, sent, smetrics, sg) = results[False], results[True]
     assert float((lp - slp)[mask].abs().max()) < TOL, what
@@ -41,7 +43,8 @@ def assert_equal(results: dict[bool, Any], mask: torch.Tensor, what: str, grads:
 
 def local(model: torch.nn.Module, **settings: Any) -> Any:
     return lambda shared: build_train_engine(
-        model, EngineConfig(optim=OptimConfig(lr=0.0), shared_prefix=shared, **({"micro_batch_size": 8} | settings)))
+        model, EngineConfig(optim=OptimConfig(lr=0.0), shared_prefix=shared, **({"micro_batch_size": 8} | settings))
+    )
 
 
 def test_rows_sharing_a_prompt_run_it_once() -> None:
@@ -72,8 +75,10 @@ def test_exact_with_split_groups_a_budget_system_prompts_and_multi_turn_rows() -
     assert_equal(run_both(local(model, max_tokens_per_micro_batch=400), batch), mask, "token budget")
     g = torch.Generator().manual_seed(1)  # a conversation's turns: each row's prompt extends the last
     talk = torch.randint(3, vocab, (90,), generator=g)
-    rows = [(talk[:cut], torch.randint(3, vocab, (int(torch.randint(1, R + 1, (1,), generator=g)),), generator=g))
-            for cut in (40, 55, 70, 90)]
+    rows = [
+        (talk[:cut], torch.randint(3, vocab, (int(torch.randint(1, R + 1, (1,), generator=g)),), generator=g))
+        for cut in (40, 55, 70, 90)
+    ]
     turns = rows_batch(rows, 90, g)
     micro = sp.micro(turns, range(4), batching.row_lengths(turns), 32)
     assert micro is not None and micro.inputs[sp.PREFIX_IDS].shape == (1, 39)  # the first turn's prompt
@@ -107,7 +112,9 @@ def test_off_and_fallbacks_give_plain_micro_batches() -> None:
     assert all(batching.PACKED_POSITIONS in m.inputs for m in packed.micro_batches(batch))
 
 
-@pytest.mark.parametrize("bad", [{"shared_prefix": "yes"}, {"shared_prefix_min_tokens": 0}, {"shared_prefix_min_tokens": 2.5}])
+@pytest.mark.parametrize(
+    "bad", [{"shared_prefix": "yes"}, {"shared_prefix_min_tokens": 0}, {"shared_prefix_min_tokens": 2.5}]
+)
 def test_bad_settings_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="engine.shared_prefix"):
         EngineConfig(**bad)

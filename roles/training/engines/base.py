@@ -33,10 +33,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import hfrt.roles.training.engines.shared_prefix as prefixes
 from hfrt.roles.losses import LossScale
 from hfrt.roles.models import ValueModel, replace_folder
 from hfrt.roles.training import batching
-from hfrt.roles.training.engines import shared_prefix as prefixes
 from hfrt.roles.training.engines.model_pass import ForwardOutput as ForwardOutput
 from hfrt.roles.training.engines.model_pass import PassOptions as PassOptions
 from hfrt.roles.training.engines.model_pass import expanded, in_row_order

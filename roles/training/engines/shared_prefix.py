@@ -94,7 +94,9 @@ def _cost(groups: list[tuple[list[int], int]], totals: Sequence[int]) -> int:
     return len(groups) * longest + len(totals) * rest
 
 
-def micro(batch: Mapping[str, torch.Tensor], rows: Sequence[int], lengths: batching.Lengths, min_tokens: int) -> batching.Micro | None:
+def micro(
+    batch: Mapping[str, torch.Tensor], rows: Sequence[int], lengths: batching.Lengths, min_tokens: int
+) -> batching.Micro | None:
     """The rows' shared-prefix Micro, or None where sharing does not pay (see the module docstring;
     the caller checked batching.packable)."""
     width = int(batch["responses"].shape[1])
@@ -115,8 +117,14 @@ def micro(batch: Mapping[str, torch.Tensor], rows: Sequence[int], lengths: batch
     return _build(batch, rows, seqs, groups, prompts, responses)
 
 
-def _build(batch: Mapping[str, torch.Tensor], rows: Sequence[int], seqs: Sequence[torch.Tensor],
-           groups: list[tuple[list[int], int]], prompts: Sequence[int], responses: Sequence[int]) -> batching.Micro:
+def _build(
+    batch: Mapping[str, torch.Tensor],
+    rows: Sequence[int],
+    seqs: Sequence[torch.Tensor],
+    groups: list[tuple[list[int], int]],
+    prompts: Sequence[int],
+    responses: Sequence[int],
+) -> batching.Micro:
     """The Micro of a grouping: prefixes left-padded, continuations right-padded, read positions per row."""
     dtype = seqs[0].dtype
     longest = max(length for _, length in groups)
@@ -196,7 +204,11 @@ def logits(module: nn.Module, mb: Mapping[str, torch.Tensor], device: torch.devi
 
 
 def forward(
-    module: nn.Module, mb: Mapping[str, torch.Tensor], *, device: torch.device, is_value: bool,
+    module: nn.Module,
+    mb: Mapping[str, torch.Tensor],
+    *,
+    device: torch.device,
+    is_value: bool,
     options: PassOptions = PLAIN_PASS,
 ) -> ForwardOutput:
     """model_pass.model_forward of any micro-batch, a shared-prefix one's through `logits`."""
@@ -244,8 +256,13 @@ class Sharing:
                 self.off(reason)
         return self.min if self.reason is None else None
 
-    def share(self, batch: Mapping[str, torch.Tensor], groups: Sequence[Sequence[int]], lengths: batching.Lengths,
-              micros: list[batching.Micro]) -> list[batching.Micro]:
+    def share(
+        self,
+        batch: Mapping[str, torch.Tensor],
+        groups: Sequence[Sequence[int]],
+        lengths: batching.Lengths,
+        micros: list[batching.Micro],
+    ) -> list[batching.Micro]:
         """`micros` with each one whose rows share a prefix worth it made a shared-prefix one."""
         return [micro(batch, rows, lengths, self.min) or plain for rows, plain in zip(groups, micros, strict=True)]
 
