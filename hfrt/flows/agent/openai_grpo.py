@@ -1,6 +1,6 @@
 """The `agent_openai` flow: GRPO on the conversations of an external agent framework (smolagents by
-default), or of an agent program in its own virtualenv (`agent_command`, run once per
-conversation), that drives the policy through hfrt's OpenAI-compatible endpoint.
+default), of an agent program in its own virtualenv (`agent_command`, run once per
+conversation), or of a verifiers environment (`verifiers_env`, run as such a program), that drives the policy through hfrt's OpenAI-compatible endpoint.
 
 The run serves its rollout role (or, with agent_on = "actor", the actor's own generation engine)
 on a loopback OpenAIServer with a fresh API key for its whole length. A step: push the actor's
@@ -15,7 +15,7 @@ nothing of smolagents (the driver imports it) or of engines.
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,13 @@ from hfrt.flows.agent.external import (
 )
 from hfrt.flows.agent.grpo import ROLES, AgentGRPOConfig, PushCounter, agent_samples, prompt_columns, roles_for
 from hfrt.flows.agent.loop import agent_metrics, assemble
+from hfrt.flows.agent.verifiers_env import (
+    check_environment,
+    env_argument,
+    find_python,
+    number_examples,
+    verifiers_command,
+)
 from hfrt.flows.async_steps import run_and_close
 from hfrt.flows.config import CALL_TIMEOUT_S
 from hfrt.flows.grpo_family import train_on
@@ -72,6 +79,14 @@ class AgentOpenAIConfig(AgentGRPOConfig):
     #: agent_threads at a time; its last stdout line is the reward when it is a number, else
     #: agent_reward's; stdout / stderr kept in RUN_DIR/agent_logs (hfrt/flows/agent/command.py)
     agent_command: str = ""
+    #: a verifiers environment to train on instead (hfrt/flows/agent/verifiers_env.py): a taskset id
+    #: installed in the verifiers venv, or a path to a .py file; one episode per conversation, run as
+    #: an agent_command by verifiers_host/runner.py, scored by the task's own rewards
+    verifiers_env: str = ""
+    #: the environment's taskset config keys (e.g. {size = 64, seed = 1})
+    verifiers_args: dict[str, Any] = field(default_factory=dict)
+    #: the verifiers venv's Python ("": .venv-verifiers/bin/python, as `.ci/install` makes it)
+    verifiers_python: str = ""
     #: module:function (answer, sample) -> float
     agent_reward: str = "hfrt.flows.agent.smolagents_calc:calc_reward"
     #: conversations at once (0: all of a step's)
@@ -96,16 +111,30 @@ class AgentOpenAIConfig(AgentGRPOConfig):
             parser_for(self.tool_parser)
         except ValueError as exc:
             raise ValueError(f"config tool_parser={self.tool_parser!r}: {exc}") from exc
-        if not self.agent_command:
+        if self.verifiers_env:
+            if self.agent_command:
+                raise ValueError("config verifiers_env and agent_command: give one (verifiers_env runs its own program)")
+            env_argument(self.verifiers_env)
+            find_python(self.verifiers_python)
+        elif self.verifiers_args or self.verifiers_python:
+            raise ValueError("config verifiers_args / verifiers_python are read only with verifiers_env")
+        if not self.program:
             load_callable(self.agent_driver, "agent_driver", DRIVERS)
-        elif not self.agent_command.strip():
+        elif not self.verifiers_env and not self.agent_command.strip():
             raise ValueError(f"config agent_command={self.agent_command!r}: give the program to run, e.g. \"python3 my_agent.py\"")
         load_callable(self.agent_reward, "agent_reward")
+
+    @property
+    def program(self) -> str:
+        """The command run once per conversation: agent_command, or verifiers_env's runner ("": none)."""
+        if self.verifiers_env:
+            return verifiers_command(find_python(self.verifiers_python), self.verifiers_env, self.verifiers_args, self.max_turns)
+        return self.agent_command
 
     def call(self) -> DriverCall:
         """The DriverCall every conversation starts from (server address and session filled in later);
         an agent_command is killed at sample_timeout_s, and waited for KILL_GRACE_S more."""
-        wait_s = self.sample_timeout_s + (KILL_GRACE_S if self.agent_command else 0.0)
+        wait_s = self.sample_timeout_s + (KILL_GRACE_S if self.program else 0.0)
         return DriverCall(base_url="", api_key="", model="policy", session="", sample={}, max_tokens=self.max_new_tokens,
                           temperature=self.temperature, max_steps=self.max_turns, timeout_s=wait_s,
                           stop=(self.agent_stop,) if self.agent_stop else ())
@@ -136,19 +165,21 @@ class OpenAISteps:
             await self.sync.publish(step)
             info = await t.one(Stage.SYNC, self.sync.drain())
         samples = agent_samples(cfg, step, prompts)
+        if cfg.verifiers_env:
+            number_examples(samples, step, cfg.prompts_per_step, cfg.n)
         call = DriverCall(**{**vars(cfg.call()), "base_url": self.server.url, "api_key": self.server.api_key or ""})
         threads = cfg.agent_threads or len(samples)
         episodes = await t.one(Stage.GENERATE, run_external(self.server, self.driver, self.reward, samples, call,
                                                         tag=f"step{step}-", threads=threads))
         self.last = episodes
-        if cfg.agent_command:  # a failed program counts as a failed reward: logged per kind, limited
+        if cfg.program:  # a failed program counts as a failed reward: logged per kind, limited
             self.errors.observe(failure_column([e.error for e in episodes]), step=step)
         trajectories = [tr for e in episodes for tr in e.trajectories or []]
         if cfg.save_trajectories and cfg.run_dir:
             dump_trajectories(Path(cfg.run_dir) / "trajectories" / f"step-{step}.jsonl", episodes)
         if not trajectories:
             errors = sorted({e.error for e in episodes if e.error})[:3]
-            hint = f" (an agent_command sends header {SESSION_HEADER}: ${SESSION_ENV} on every request)" if cfg.agent_command else ""
+            hint = f" (an agent_command sends header {SESSION_HEADER}: ${SESSION_ENV} on every request)" if cfg.program else ""
             raise RuntimeError(f"step {step}: no conversation made a single call to the endpoint{hint} (errors: {errors})")
         batch = await t.one(Stage.ASSEMBLE, assemble(self.generator, trajectories, carry=(*prompt_columns(prompts), "uid")))
         if self.pushes is not None:
@@ -163,6 +194,8 @@ class OpenAISteps:
 
 async def flow(ctl: Any, config: AgentOpenAIConfig | dict[str, Any]) -> dict[str, Any]:
     cfg = AgentOpenAIConfig.read(config)
+    if cfg.verifiers_env:  # a clear error before the first step: the environment loads in its venv
+        check_environment(find_python(cfg.verifiers_python), cfg.verifiers_env, cfg.verifiers_args)
     needed = ("actor", "reference", "reward") if cfg.agent_on == "actor" else ("actor", "rollout", "reference", "reward")
     roles = await get_roles(ctl, *needed)
     trainer = Trainer(ctl, cfg, roles)
@@ -180,7 +213,7 @@ def driver_and_reward(cfg: AgentOpenAIConfig, server: OpenAIServer) -> tuple[Any
     """The conversations' driver and reward: agent_command's program (hfrt.flows.agent.command) with
     its stated reward, else the agent_driver function with agent_reward."""
     reward = load_callable(cfg.agent_reward, "agent_reward")
-    if not cfg.agent_command:
+    if not cfg.program:
         return load_callable(cfg.agent_driver, "agent_driver", DRIVERS), reward
     logs = Path(cfg.run_dir) / "agent_logs" if cfg.run_dir else None
-    return CommandDriver(cfg.agent_command, timeout_s=cfg.sample_timeout_s, log_dir=logs, server=server), program_reward(reward)
+    return CommandDriver(cfg.program, timeout_s=cfg.sample_timeout_s, log_dir=logs, server=server), program_reward(reward)
