@@ -7,7 +7,9 @@ Run: `hfrt bench limit [--model tiny|smollm2-135m|DIR] [--engine vllm|hf] [--ste
 [--prompts 8] [--n 4] [--max-new-tokens 16] [--prompt-prefix tools] [--json] [--out FILE]`.
 Reported (medians over the measured steps): `step_s` (hfrt's step, wall), `floor_s` (the floor
 step: the sum of its three stages), `overhead_ratio` = step_s / floor_s, `overhead_s`, each side's
-stages, and `target_met` (overhead_ratio ≤ 1.10). Both sides sample their own completions from the
+stages, and `target_met` (overhead_ratio ≤ 1.10); and the same in CPU seconds (`step_cpu_s`: hfrt's
+controller and daemons, `floor_cpu_s`: the floor process, `overhead_ratio_cpu`), which another
+job on a shared machine moves far less than wall time. Both sides sample their own completions from the
 same prompts (temperature 1), so the rows' lengths agree only in distribution: completion tokens
 per step are reported for both. hfrt's daemons run the GRPO flow's defaults as `hfrt bench vs-trl`
 sets them (fp32, one micro-batch, KL 0.001 as a loss, one optimizer step per rollout).
@@ -73,6 +75,29 @@ class FloorProcess:
             self.proc.join()
 
 
+class ProcessCPU:
+    """CPU seconds (user + system, every thread) of this process and every process below it but
+    `exclude` (the floor's): hfrt's controller and daemons."""
+
+    def __init__(self, exclude: int | None) -> None:
+        import psutil
+
+        self._psutil, self.exclude = psutil, exclude
+        self.me = psutil.Process()
+
+    def seconds(self) -> float:
+        total = 0.0
+        for proc in [self.me, *self.me.children(recursive=True)]:
+            if proc.pid == self.exclude:
+                continue
+            try:
+                times = proc.cpu_times()
+            except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
+                continue
+            total += times.user + times.system
+        return total
+
+
 async def interleaved(ctl: Any, shape: Shape, steps: int, floor: FloorProcess) -> dict[str, Any]:
     """`steps` hfrt GRPO steps, each followed by one floor step; every step's figures."""
     import asyncio
@@ -86,11 +111,13 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, floor: FloorProcess) -
     ready = await asyncio.to_thread(floor.receive)
     rows = prompt_rows(shape, steps)
     ours, theirs = [], []
+    cpu = ProcessCPU(exclude=floor.proc.pid)
     for step in range(steps):
         lo, hi = step * shape.prompts, (step + 1) * shape.prompts
-        start = time.perf_counter()
+        cpu0, start = cpu.seconds(), time.perf_counter()
         record = await grpo.grpo_step(cfg, step, prompts_handle({k: v[lo:hi] for k, v in rows.items()}), **roles)
         record["wall_s"] = time.perf_counter() - start
+        record["cpu_s"] = cpu.seconds() - cpu0
         ours.append(record)
         theirs.append(await asyncio.to_thread(floor.step))
     return {"hfrt": ours, "floor": theirs, "floor_ready_s": ready["ready_s"]}
@@ -128,7 +155,11 @@ def summarize(out: dict[str, Any], warmup: int) -> dict[str, Any]:
     hfrt_stages = {k.replace("timing/", "", 1): med(r[k] for r in ours if k in r) for k in keys}
     floor_stages = {s: med(r[s] for r in theirs) for s in STAGES.values()}
     ratio = round(step_s / floor_s, 4)
-    return {
+    cpu = {}
+    if all("cpu_s" in r for r in ours + theirs):  # CPU seconds: what the work costs whatever else the machine runs
+        step_cpu, floor_cpu = med(r["cpu_s"] for r in ours), med(r["cpu_s"] for r in theirs)
+        cpu = {"step_cpu_s": step_cpu, "floor_cpu_s": floor_cpu, "overhead_ratio_cpu": round(step_cpu / floor_cpu, 4)}
+    return cpu | {
         "step_s": step_s, "floor_s": floor_s, "overhead_ratio": ratio, "overhead_s": round(step_s - floor_s, 4),
         "target": TARGET, "target_met": ratio <= TARGET,
         "floor_stages_s": floor_stages, "hfrt_stages_s": hfrt_stages,
@@ -169,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     for ours, theirs in STAGES.items():
         print(f"{ours.removesuffix('_s'):<20}{result['hfrt_stages_s'].get(ours, '-'):>10}{result['floor_stages_s'][theirs]:>10}")
     print(f"{'step':<20}{result['step_s']:>10}{result['floor_s']:>10}")
+    if "overhead_ratio_cpu" in result:
+        print(f"{'step CPU seconds':<20}{result['step_cpu_s']:>10}{result['floor_cpu_s']:>10}")
     print(f"hfrt's step / floor: {result['overhead_ratio']} (target <= {TARGET}: {'met' if result['target_met'] else 'missed'}); "
           f"load average {load_start} -> {result['load_avg']}")
     emit(result, args)

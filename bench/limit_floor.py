@@ -17,7 +17,7 @@ from hfrt.bench.vs_trl import Shape, prompt_rows, thread_count
 
 def floor_worker(shape: Shape, engine: str, steps: int, conn: Any) -> None:
     """The floor process: load everything, say ready, then one floor step per "go" from the parent,
-    replying {generate_s, reference_s, update_s, tokens, loss} after each."""
+    replying {generate_s, reference_s, update_s, tokens, loss, cpu_s} after each."""
     try:
         Floor(shape, engine, conn).run(steps)
     except BaseException as exc:  # the parent reports it
@@ -71,6 +71,7 @@ class Floor:
 
     # ------------------------------------------------------------------------------ one step
     def step(self, prompts: list[str], truths: list[str]) -> dict[str, Any]:
+        cpu0 = time.process_time()  # this process's CPU seconds, every thread: steadier than wall time on a shared machine
         t0 = time.perf_counter()
         prompt_ids = [self.tokenizer(p)["input_ids"] for p in prompts]
         responses = self.generate(prompt_ids)
@@ -83,7 +84,8 @@ class Floor:
         loss = self.update(batch, ref, advantages)
         t3 = time.perf_counter()
         tokens = sum(len(r) for r in responses)
-        return {"generate_s": t1 - t0, "reference_s": t2 - t1, "update_s": t3 - t2, "tokens": tokens, "loss": loss}
+        return {"generate_s": t1 - t0, "reference_s": t2 - t1, "update_s": t3 - t2, "tokens": tokens, "loss": loss,
+                "cpu_s": time.process_time() - cpu0}
 
     def generate(self, prompt_ids: list[list[int]]) -> list[list[int]]:
         """n samples per prompt, temperature 1, up to max_new_tokens each (ending at EOS, included)."""
