@@ -7,7 +7,7 @@ hybrid engine's train → generate switch and the memory sleep frees, on Qwen3-1
 (`hfrt bench vs-trl` with the HF engine on Qwen3-0.6B in bf16, interleaved with TRL). Each part's
 peak device memory is sampled from outside (nvidia-smi). One JSON file is written.
 
-Run: `python -m hfrt.bench.gpu_check [--cpu] [--out DIR] [--budget-s 520] [--parts a,b]`; --cpu runs
+Run: `python -m hfrt.bench.gpu_check [--cpu] [--out DIR] [--budget-s 470] [--parts a,b]`; --cpu runs
 every part on the CPU with a tiny model of the same architecture (the check's own test). It knows
 the parts' command lines and their outputs' last JSON line; nothing of what they measure.
 """
@@ -49,13 +49,13 @@ def parts(workdir: str) -> list[Part]:
     on_gpu, on_cpu = f"{workdir}/models/qwen3-0.6b", f"{workdir}/models/qwen3-tiny"
     vs_trl = [*py, "hfrt.bench.vs_trl", "--engine", "hf", "--json"]
     return [
-        Part("env", 30, [*gpu_part, "env", *w], [*gpu_part, "env", *w, "--cpu"]),
-        Part("models", 75, [*gpu_part, "models", *w], [*gpu_part, "models", *w, "--cpu"]),
-        Part("gpu_tests", 120, [*py, "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *gpu_test_files()],
+        Part("env", 20, [*gpu_part, "env", *w], [*gpu_part, "env", *w, "--cpu"]),
+        Part("models", 60, [*gpu_part, "models", *w], [*gpu_part, "models", *w, "--cpu"]),
+        Part("gpu_tests", 100, [*py, "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *gpu_test_files()],
              [*py, "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *gpu_test_files()]),
-        Part("ipc", 60, [*py, "hfrt.bench.transfer", "--device", "cuda", "--repeats", "5", "--sizes", "64MB", "512MB", "--json"],
+        Part("ipc", 45, [*py, "hfrt.bench.transfer", "--device", "cuda", "--repeats", "5", "--sizes", "64MB", "512MB", "--json"],
              [*py, "hfrt.bench.transfer", "--device", "cpu", "--repeats", "1", "--sizes", "1MB", "--json"]),
-        Part("transition", 75, [*gpu_part, "transition", *w], [*gpu_part, "transition", *w, "--cpu"]),
+        Part("transition", 60, [*gpu_part, "transition", *w], [*gpu_part, "transition", *w, "--cpu"]),
         Part("grpo_vs_trl", 150,
              [*vs_trl, "--model", on_gpu, "--dtype", "bfloat16", "--steps", "3", "--warmup", "1", "--prompts", "8", "--n", "4",
               "--max-new-tokens", "64"],
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", action="store_true", help="every part on the CPU with a tiny Qwen3 (the check's own test)")
     p.add_argument("--out", default=os.environ.get("OUT") or ".", help="folder for the JSON file (default: $OUT, else here)")
-    p.add_argument("--budget-s", type=float, default=520.0, help="seconds for all parts together")
+    p.add_argument("--budget-s", type=float, default=470.0, help="seconds for all parts together")
     p.add_argument("--parts", default="", help="comma-separated parts to run (default: all)")
     p.add_argument("--workdir", default="", help="folder for models and caches (default: a temporary one, removed)")
     args = p.parse_args(argv)

@@ -18,7 +18,7 @@ budget=${CHECK_BUDGET_S:-540}
 if ! "$py" -c "import zmq, msgpack, structlog, trl, peft, pytest_asyncio" 2>/dev/null; then
     if [ -d "$here/wheels" ]; then
         echo "[gpu-check] installing from $here/wheels" >&2
-        timeout 90 "$py" -m pip install --quiet --no-index --find-links "$here/wheels" -r "$here/requirements.txt" >&2 \
+        timeout 60 "$py" -m pip install --quiet --no-index --find-links "$here/wheels" -r "$here/requirements.txt" >&2 \
             || echo "[gpu-check] install from wheels failed (parts needing them will fail and be recorded)" >&2
     else
         echo "[gpu-check] no $here/wheels (run bench/gpu/wheels.sh where PyPI is reachable); going on" >&2
