@@ -69,3 +69,15 @@ def test_the_configs_are_the_published_sizes() -> None:
     assert round(parameter_count("qwen3-0.6b") / 1e6) == 596  # Qwen3-0.6B: 0.6B with its tied embedding
     assert round(parameter_count("qwen3-1.7b") / 1e6) == 1721
     assert CONFIGS["qwen3-1.7b"]["num_hidden_layers"] == 28 and CONFIGS["qwen3-1.7b"]["hidden_size"] == 2048
+
+
+def test_the_docs_name_every_part_with_its_time_box_and_the_cpu_run() -> None:
+    page = (ROOT / "docs" / "bench-and-performance.md").read_text()
+    steps = gpu_check.parts("/w")
+    for part in steps:
+        assert f"| {part.name} | {part.box_s:.0f} s |" in page, f"docs/bench-and-performance.md lacks the row of {part.name}"
+    assert sum(p.box_s for p in steps) + 60 + 10 <= 540, "install + parts + slack must fit in 9 minutes"
+    rehearsal = json.loads((ROOT / "bench" / "results" / "gpu-check-cpu-2026-11-27.json").read_text())
+    assert rehearsal["mode"] == "cpu" and rehearsal["failed"] == [] and len(rehearsal["parts"]) == len(steps)
+    text = " ".join(page.split())
+    assert f"all six parts passed in {rehearsal['total_s']:.0f} s" in text
