@@ -28,7 +28,15 @@ from hfrt.roles.losses import LossScale, agg_loss
 from hfrt.roles.losses.preference import METRICS, preference_loss, preference_terms
 from hfrt.roles.rows import Tensors, all_reduce, equal_rows, unpad
 from hfrt.roles.training.engines import ForwardOutput, LossFn, TrainEngine
-from hfrt.roles.training.sequences import TRUNCATIONS, TokenRow, check_length, layout, pair_rows, sft_row, truncate_right
+from hfrt.roles.training.sequences import (
+    TRUNCATIONS,
+    TokenRow,
+    check_length,
+    layout,
+    pair_rows,
+    sft_row,
+    truncate_right,
+)
 from hfrt.roles.training.updates import UpdateSchedule, accumulate, run_updates
 from hfrt.wire.loss_options import PreferenceLoss
 

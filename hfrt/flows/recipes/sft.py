@@ -20,9 +20,9 @@ from hfrt.flows.offline import OfflineConfig, OfflineLoop, Rows
 from hfrt.flows.pairs import split_pairs
 from hfrt.flows.sft_data import SFTDataError, addition_demonstrations, read_sft_rows, sft_columns
 from hfrt.flows.timing import Stage, StageTimer
-from hfrt.wire.loss_options import SFT_TRUNCATIONS as TRUNCATIONS
 from hfrt.flows.trainer import get_roles
 from hfrt.protocols import BatchHandle
+from hfrt.wire.loss_options import SFT_TRUNCATIONS as TRUNCATIONS
 from hfrt.wire.role_views import Actor
 
 #: The embedded default: one local actor on the `tiny` preset (AdamW at 2e-3, as the RL flows').
