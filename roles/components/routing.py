@@ -1,7 +1,8 @@
 """Routing replay as a role holds it: the `router_replay` option read and checked, a Recorder on
 the HF generation engine, a RouterReplay on the training model, and the per-call
-`router_mismatch/...` metrics (the share of (token, layer) routings where the trainer's own
-top-k differs from the rollout's, and the trainer-vs-rollout log-prob gap).
+`router_mismatch/...` metrics (the share of (token, layer) routings where the experts the trainer
+used differ from the rollout's — 0 with replay — and where its own top-k does, and the
+trainer-vs-rollout log-prob gap).
 
 Option `router_replay` (actor, rollout): absent — nothing recorded, no cost; false — rollouts
 record their routing and the trainer measures the mismatch, routing on its own; true — the trainer
@@ -105,10 +106,10 @@ class Routing:
         """The mismatch since the last call, summed over the role's ranks (collective when measuring)."""
         if self.trainer is None:
             return {}
-        compared, mismatched = all_reduce(list(self.trainer.counts()))
-        replay = 1.0 if self.trainer.replay else 0.0
-        return {"router_mismatch/share": mismatched / compared if compared else 0.0,
-                "router_mismatch/routings": compared, "router_mismatch/replay": replay}
+        compared, used, own = all_reduce(list(self.trainer.counts()))
+        shares = router_replay.mismatch_metrics(int(compared), int(used), int(own)) or {
+            "router_mismatch/share": 0.0, "router_mismatch/own_share": 0.0, "router_mismatch/routings": 0.0}
+        return shares | {"router_mismatch/replay": 1.0 if self.trainer.replay else 0.0}
 
     def with_gap(self, make_loss: MakeLoss) -> MakeLoss:
         """`make_loss` whose metrics add the trainer-vs-rollout log-prob gap of each micro-batch

@@ -99,16 +99,18 @@ def feeding(routed: torch.Tensor | None) -> Iterator[None]:
 
 class RouterReplay:
     """Forward hooks on every supported router of `model`: with `replay`, its top-k indices become
-    the recorded ones (weights: softmax probabilities gathered there, see the module docstring);
-    either way, each (token, layer) with a record is compared with the router's own choice (as a
-    set of k experts) and counted. `metrics()` returns the tally since the last call and clears it."""
+    the recorded ones (weights: softmax probabilities gathered there, see the module docstring).
+    Each (token, layer) with a record is counted, as a set of k experts: whether the experts the
+    forward *used* differ from the rollout's (the mismatch replay removes: 0 with replay), and
+    whether the router's *own* top-k does (what replay overrides; the same as the first without
+    replay). `metrics()` returns the tally since the last call and clears it."""
 
     def __init__(self, model: nn.Module, *, replay: bool, where: str = "router_replay") -> None:
         check_model(model, where)
         self.replay = replay
         self.where = where
         self.routers = routers(model)
-        self._tally: list[torch.Tensor] = []  # [compared, mismatched] per router call, on its device (no sync)
+        self._tally: list[torch.Tensor] = []  # [compared, used differ, own differ] per call, on its device (no sync)
         self._handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
     def remove(self) -> None:
@@ -116,21 +118,20 @@ class RouterReplay:
             handle.remove()
         self._handles = []
 
-    def counts(self) -> tuple[int, int]:
-        """(compared, mismatched) (token, layer) routings since the last call, which clears them."""
+    def counts(self) -> tuple[int, int, int]:
+        """(compared, used routing differs, own top-k differs) over (token, layer) routings since
+        the last call, which clears them."""
         if not self._tally:
-            return 0, 0
-        compared, mismatched = torch.stack([t.cpu() for t in self._tally]).sum(0).tolist()
+            return 0, 0, 0
+        compared, used, own = torch.stack([t.cpu() for t in self._tally]).sum(0).tolist()
         self._tally = []
-        return int(compared), int(mismatched)
+        return int(compared), int(used), int(own)
 
     def metrics(self) -> dict[str, float]:
-        """`router_mismatch/share` (mismatched / compared routings) and `router_mismatch/routings`,
-        since the last call; {} when no routing was compared."""
-        compared, mismatched = self.counts()
-        if not compared:
-            return {}
-        return {"router_mismatch/share": mismatched / compared, "router_mismatch/routings": float(compared)}
+        """`router_mismatch/share` (the used routing differs), `router_mismatch/own_share` (the
+        router's own top-k differs) and `router_mismatch/routings` (compared), since the last call;
+        {} when no routing was compared."""
+        return mismatch_metrics(*self.counts())
 
     def _hook(self, layer: int) -> Any:
         def hook(module: nn.Module, _args: Any, output: Any) -> Any:
@@ -144,18 +145,28 @@ class RouterReplay:
                     f"but router {layer} of {len(self.routers)} routes {logits.shape[0]} tokens")
             ids = recorded[:, layer].to(device=own.device, dtype=torch.long)
             valid = ((ids >= 0) & (ids < module.num_experts)).all(dim=-1)
-            self._count(own, ids, valid)
+            chosen = torch.where(valid[:, None], ids, own) if self.replay else own
+            self._count(own, chosen, ids, valid)
             if not self.replay:
                 return None
-            chosen = torch.where(valid[:, None], ids, own)
             return logits, replayed_weights(module, logits, chosen), chosen
 
         return hook
 
-    def _count(self, own: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor) -> None:
+    def _count(self, own: torch.Tensor, chosen: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor) -> None:
         with torch.no_grad():
-            differ = (own.sort(dim=-1).values != ids.sort(dim=-1).values).any(dim=-1) & valid
-            self._tally.append(torch.stack([valid.sum(), differ.sum()]))
+            recorded = ids.sort(dim=-1).values
+            used = (chosen.sort(dim=-1).values != recorded).any(dim=-1) & valid
+            mine = (own.sort(dim=-1).values != recorded).any(dim=-1) & valid
+            self._tally.append(torch.stack([valid.sum(), used.sum(), mine.sum()]))
+
+
+def mismatch_metrics(compared: int, used: int, own: int) -> dict[str, float]:
+    """The router_mismatch/ metrics of counts (RouterReplay.counts); {} when nothing was compared."""
+    if not compared:
+        return {}
+    return {"router_mismatch/share": used / compared, "router_mismatch/own_share": own / compared,
+            "router_mismatch/routings": float(compared)}
 
 
 def replayed_weights(router: nn.Module, logits: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:

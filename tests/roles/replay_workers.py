@@ -51,15 +51,16 @@ def replay_on_engines(rank: int, world: int, *, out_dir: Path) -> dict[str, Any]
         plain = engine.forward_logprobs(batch)
         replay = RouterReplay(engine.model, replay=True)
         same = engine.forward_logprobs(batch | {ROUTED_EXPERTS: routed})
-        same_share = replay.metrics()["router_mismatch/share"]
-        forced = engine.forward_logprobs(batch | {ROUTED_EXPERTS: complement(routed)})
-        forced_share = replay.metrics()["router_mismatch/share"]
+        same_share = replay.metrics()["router_mismatch/own_share"]
+        forced_lp = engine.forward_logprobs(batch | {ROUTED_EXPERTS: complement(routed)})
+        forced = replay.metrics()
+        forced_share, forced_used = forced["router_mismatch/own_share"], forced["router_mismatch/share"]
         engine.step(ppo_loss, batch | {ROUTED_EXPERTS: complement(routed)}, micro_batch_size=2)
         grads = [r.weight.grad for r in routers(engine.model)]
         grads_local = [g.full_tensor() if hasattr(g, "full_tensor") else g for g in grads if g is not None]
         results[name] = {
             "same_diff": float((same - plain).abs().max()), "same_share": same_share,
-            "forced_diff": float((forced - plain).abs().max()), "forced_share": forced_share,
+            "forced_diff": float((forced_lp - plain).abs().max()), "forced_share": forced_share, "forced_used": forced_used,
             "gate_grads": len(grads_local), "gate_grad_abs": min(float(g.abs().sum()) for g in grads_local),
         }
         replay.remove()

@@ -52,7 +52,7 @@ def test_replaying_own_routing_is_the_plain_forward(family: str) -> None:
     with feeding(routed), torch.no_grad():
         replayed = model(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(replayed, plain, atol=1e-6, rtol=0)
-    assert replay.metrics() == {"router_mismatch/share": 0.0, "router_mismatch/routings": 60.0}
+    assert replay.metrics() == {"router_mismatch/share": 0.0, "router_mismatch/own_share": 0.0, "router_mismatch/routings": 60.0}
 
 
 def test_forcing_other_experts_changes_outputs_and_counts_mismatch() -> None:
@@ -67,13 +67,15 @@ def test_forcing_other_experts_changes_outputs_and_counts_mismatch() -> None:
         forced = model(input_ids=ids, attention_mask=mask).logits
     assert (forced - plain).abs().max() > 1e-3
     metrics = replay.metrics()
-    assert metrics["router_mismatch/share"] > 0.5  # layer 0 all differ; a later layer's own choice may match
+    assert metrics["router_mismatch/share"] == 0.0  # the forward used the forced experts everywhere
+    assert metrics["router_mismatch/own_share"] > 0.5  # layer 0's own choice all differs; a later layer's may match
     replay.remove()
     measure = RouterReplay(model, replay=False)  # measuring only: outputs unchanged
     with feeding(other), torch.no_grad():
         again = model(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(again, plain, atol=0, rtol=0)
-    assert measure.metrics()["router_mismatch/share"] == 1.0
+    measured = measure.metrics()  # measuring: the used routing is the own one, all of it elsewhere
+    assert measured["router_mismatch/share"] == measured["router_mismatch/own_share"] == 1.0
 
 
 def test_unrecorded_positions_keep_own_routing() -> None:
@@ -168,7 +170,7 @@ def test_replay_on_fsdp2_and_tp_engines(tmp_path) -> None:  # type: ignore[no-un
         for name in ("fsdp2_d2", "tp_t2"):
             got = rank[name]
             assert got["same_diff"] < 1e-5 and got["same_share"] == 0.0, (name, got)
-            assert got["forced_diff"] > 1e-3 and got["forced_share"] > 0.5, (name, got)
+            assert got["forced_diff"] > 1e-3 and got["forced_share"] > 0.5 and got["forced_used"] == 0.0, (name, got)
             assert got["gate_grads"] == 2 and got["gate_grad_abs"] > 0, (name, got)
 
 
