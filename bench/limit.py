@@ -123,7 +123,7 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, floor: FloorProcess) -
     return {"hfrt": ours, "floor": theirs, "floor_ready_s": ready["ready_s"]}
 
 
-def measure(shape: Shape, steps: int, warmup: int, engine: str) -> dict[str, Any]:
+def measure(shape: Shape, steps: int, warmup: int, engine: str, heartbeat_s: float = 2.0) -> dict[str, Any]:
     """Start hfrt's daemons and the floor process, run warmup + steps interleaved steps, summarize."""
     from hfrt.flows import Flow
     from hfrt.session import run_flow
@@ -136,7 +136,7 @@ def measure(shape: Shape, steps: int, warmup: int, engine: str) -> dict[str, Any
             return await interleaved(ctl, shape, total, floor)
 
         with tempfile.TemporaryDirectory(prefix="hfrt-bench-limit-") as run_dir:
-            out = run(run_flow(Flow("bench-limit", flow, hfrt_roles(shape, engine)), run_dir=Path(run_dir), config={}))
+            out = run(run_flow(Flow("bench-limit", flow, hfrt_roles(shape, engine)), run_dir=Path(run_dir), config={}, heartbeat_s=heartbeat_s))
     finally:
         floor.close()
     return summarize(out, warmup)
@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-6, help="learning rate of both sides")
     p.add_argument("--threads", type=int, default=0, help="torch threads per process (0: every core)")
     p.add_argument("--prompt-prefix", default="", choices=["", "tools"], help="text before every prompt: tools, a tool-schema system prompt")
+    p.add_argument("--heartbeat-s", type=float, default=2.0,
+                   help="daemon heartbeat interval (a daemon silent for a few intervals is declared gone): raise it on an overloaded machine")
     add_output_flags(p)
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.prompts < 1 or args.n < 2 or args.max_new_tokens < 1:
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("warning")
     shape = Shape(args.model, args.prompts, args.n, args.max_new_tokens, args.lr, threads=args.threads, prompt_prefix=args.prompt_prefix)
     load_start = [round(x, 2) for x in os.getloadavg()]
-    result = measure(shape, args.steps, args.warmup, args.engine)
+    result = measure(shape, args.steps, args.warmup, args.engine, args.heartbeat_s)
     result |= {"model": shape.model, "engine": args.engine, "steps": args.steps, "warmup": args.warmup, "shape": asdict(shape),
                **machine(), "load_avg_start": load_start}
     print(f"{'stage (s)':<20}{'hfrt':>10}{'floor':>10}")

@@ -324,7 +324,7 @@ class Recorder:
         return self.reward.score(rollout, **kwargs)
 
 
-def measure(shape: Shape, steps: int, warmup: int, engine: str, keep: str | None = None) -> dict[str, Any]:
+def measure(shape: Shape, steps: int, warmup: int, engine: str, keep: str | None = None, heartbeat_s: float = 2.0) -> dict[str, Any]:
     """Start hfrt's daemons and the TRL process, run warmup + steps interleaved steps, summarize."""
     from hfrt.flows import Flow
     from hfrt.session import run_flow
@@ -339,10 +339,10 @@ def measure(shape: Shape, steps: int, warmup: int, engine: str, keep: str | None
             return await interleaved(ctl, shape, total, trl, start)
 
         if keep:  # the daemons' logs stay in this folder
-            out = run(run_flow(Flow("bench-vs-trl", flow, hfrt_roles(shape, engine)), run_dir=Path(keep), config={}))
+            out = run(run_flow(Flow("bench-vs-trl", flow, hfrt_roles(shape, engine)), run_dir=Path(keep), config={}, heartbeat_s=heartbeat_s))
         else:
             with tempfile.TemporaryDirectory(prefix="hfrt-vs-trl-run-") as run_dir:
-                out = run(run_flow(Flow("bench-vs-trl", flow, hfrt_roles(shape, engine)), run_dir=Path(run_dir), config={}))
+                out = run(run_flow(Flow("bench-vs-trl", flow, hfrt_roles(shape, engine)), run_dir=Path(run_dir), config={}, heartbeat_s=heartbeat_s))
     finally:
         trl.close()
     return summarize(out, warmup) | {"model": shape.model, "engine": engine}
@@ -399,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trl-vllm", action="store_true", help="TRL samples with vLLM in colocate mode (use_vllm, vllm_mode='colocate')")
     p.add_argument("--prompt-prefix", default="", choices=["", "tools"], help="text before every prompt: tools, a tool-schema system prompt (~300 tokens)")
     p.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha with --lora")
+    p.add_argument("--heartbeat-s", type=float, default=2.0,
+                   help="daemon heartbeat interval (a daemon silent for a few intervals is declared gone): raise it on an overloaded machine")
     p.add_argument("--run-dir", help="keep hfrt's run folder (daemon logs) here instead of a temporary one")
     add_output_flags(p)
     args = p.parse_args(argv)
@@ -419,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                   lora_rank=args.lora, lora_alpha=args.lora_alpha, micro_batch_size=args.micro_batch_size,
                   trl_vllm=args.trl_vllm, prompt_prefix=args.prompt_prefix, dtype=args.dtype)
     load_start = [round(x, 2) for x in os.getloadavg()]
-    result = measure(shape, args.steps, args.warmup, args.engine, args.run_dir)
+    result = measure(shape, args.steps, args.warmup, args.engine, args.run_dir, args.heartbeat_s)
     shape_out = asdict(shape) | {"prompt_tokens": result.pop("prompt_tokens", None), "trl_mode": trl_mode(shape.trl_vllm)}
     result |= {"steps": args.steps, "warmup": args.warmup, "shape": shape_out, **machine(), "load_avg_start": load_start,
                "trl_padding_free": "GRPOConfig (trl 1.16) has no padding-free or packing option; completions are right-padded to the longest"}
