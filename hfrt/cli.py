@@ -273,7 +273,7 @@ def _launch(args: argparse.Namespace) -> int:
 def _serve_openai(args: argparse.Namespace) -> int:
     from hfrt import log
     from hfrt.flows import Flow
-    from hfrt.serve.command import serve_flow
+    from hfrt.serve.command import api_key_from, serve_flow
     from hfrt.session import run_flow
     from hfrt.signals import Stopped, run_stoppable
     from hfrt.wire.errors import HfrtError
@@ -281,7 +281,6 @@ def _serve_openai(args: argparse.Namespace) -> int:
     log.configure(args.log_level, "console")
     options = {"model": args.model, "seed": args.seed, "generator": args.generator}
     roles = {"rollout": {"impl": "rollout", "world_size": args.ranks, "options": options}}
-    from hfrt.serve.command import api_key_from
     from hfrt.serve.server import ServerLimits
 
     limits = ServerLimits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_tokens=args.max_tokens,
@@ -294,7 +293,7 @@ def _serve_openai(args: argparse.Namespace) -> int:
         print(f"hfrt serve-openai: {exc}", file=sys.stderr)
         return 2
     serve = serve_flow(host=args.host, port=args.port, model=args.served_model_name or args.model,
-                       batch_size=args.batch_size, flush_after_s=args.flush_ms / 1000, idle_flush=args.idle_flush,
+                       batch_size=args.batch_size, flush_after_s=args.flush_ms / 1000, idle_flush=args.idle_flush, record=args.record or None,
                        limits=limits, api_key=api_key, tool_parser=args.tool_parser, tool_template=args.tool_template or None)
     run_dir = Path(args.run_dir or Path("runs") / time.strftime("serve-openai-%Y%m%d-%H%M%S"))
     try:
@@ -458,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     so.add_argument("--flush-ms", type=float, default=20.0, help="a batch goes out this long after its first request (or when full)")
     so.add_argument("--idle-flush", action="store_true", help="send a request at once when no generate_turn call is in flight (best for few clients)")
     so.add_argument("--run-dir", help="where daemon logs go (default: runs/serve-openai-TIMESTAMP)")
+    so.add_argument("--record", default="", help="write every conversation served to this folder as trajectories to train on (docs/agents-and-openai.md)")
     so.add_argument("--log-level", default="warning", help="debug, info, warning or error")
     so.add_argument("--api-key", default="", help="require 'Authorization: Bearer KEY' (default: $HFRT_API_KEY; none: no authentication)")
     so.add_argument("--api-key-file", default="", help="read the API key from this file (first line)")

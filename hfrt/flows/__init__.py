@@ -42,6 +42,7 @@ BUILTIN: dict[str, str] = {
     "grpo_async": "hfrt.flows.recipes.grpo_async",
     "agent_calc": "hfrt.flows.recipes.agent_calc",
     "agent_openai": "hfrt.flows.agent.openai_grpo",
+    "agent_replay": "hfrt.flows.agent.replay",
     "rm": "hfrt.flows.recipes.rm",
     "sft": "hfrt.flows.recipes.sft",
     "dpo": "hfrt.flows.recipes.dpo",

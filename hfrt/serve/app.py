@@ -34,7 +34,8 @@ from hfrt.serve.schema import openapi_schema
 #: what the app serves: an OpenAIServer (limits, api_key, model, requests, chat_turn, completion_turn, complete)
 OpenAIServer = Any
 
-ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/openapi.json")
+ROUTES = ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/sessions/ID/end",
+          "/v1/sessions/ID/reward", "/openapi.json")
 
 
 def _error(exc: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -156,6 +157,20 @@ def build_app(server: OpenAIServer) -> Starlette:
     async def chat(request: Request) -> Response:
         return await sample(request, "chat")
 
+    async def end(request: Request) -> Response:
+        """POST /v1/sessions/ID/end, body {} or {"reward": R}: the session ends (written when recording)."""
+        name, reward = request.path_params["session"], await _reward(request, limits, required=False)
+        if name not in server.sessions:
+            raise ApiError(404, f"no open session {name!r}", code="session_not_found")
+        server.end_session(name, reward)
+        return JSONResponse({"session": name, "ended": True, "recorded": server.recorder is not None, "reward": reward})
+
+    async def reward(request: Request) -> Response:
+        """POST /v1/sessions/ID/reward, body {"reward": R}: a reward for the session (recording only)."""
+        name, value = request.path_params["session"], await _reward(request, limits, required=True)
+        assert value is not None
+        return JSONResponse({"session": name, "reward": value, "status": server.give_reward(name, value)})
+
     async def schema(request: Request) -> Response:
         refused = _unauthorized(server.api_key, request)
         return refused or JSONResponse(openapi_schema(server.model, limits))
@@ -170,8 +185,22 @@ def build_app(server: OpenAIServer) -> Starlette:
               Route("/v1/completions", guarded(completions), methods=["POST"]),
               Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
               Route("/v1/responses", guarded(responses), methods=["POST"]),
+              Route("/v1/sessions/{session}/end", guarded(end), methods=["POST"]),
+              Route("/v1/sessions/{session}/reward", guarded(reward), methods=["POST"]),
               Route("/openapi.json", schema, methods=["GET"])]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
+
+
+async def _reward(request: Request, limits: Any, *, required: bool) -> float | None:
+    """The body's `reward` (a number; absent or an empty body: None unless required)."""
+    raw = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+    body = parse_body(raw) if raw.strip() else {}
+    value = body.get("reward") if isinstance(body, dict) else None
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest("reward", f"must be a number, not {value!r}")
+    return float(value)
 
 
 def _unauthorized(api_key: str | None, request: Request) -> Response | None:

@@ -3,7 +3,9 @@ GET /v1/models, POST /v1/completions, POST /v1/chat/completions (tools, n, strea
 served by Starlette on uvicorn (hfrt.serve.app). Concurrent requests are batched into
 generate_turn calls (hfrt.serve.rollout); responses carry the exact prompt and sampled token ids,
 their log-probs and the weight version; requests with a session id (header X-Session-Id) are
-recorded so `trajectory(session)` gives the Trajectory to train on.
+recorded so `trajectory(session)` gives the Trajectory to train on; with `record` every
+conversation served (a session when it ends, a request without one at once) is also written to a
+folder (hfrt.serve.record) for training later.
 
 Controller-side (no torch). It knows the request and response shapes and the sessions; nothing of
 training, rewards or tokenizers (text and chats are tokenised on the rollout daemon).
@@ -15,12 +17,15 @@ import asyncio
 import dataclasses
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hfrt.log import get_logger
-from hfrt.serve.api import BadRequest, Limits, TurnRequest, _message, chat_request, completion_request
+from hfrt.serve.api import ApiError, BadRequest, Limits, TurnRequest, _message, chat_request, completion_request
+from hfrt.serve.record import Recorder
 from hfrt.serve.responses import (
     TurnResult,
     chat_body,
@@ -86,20 +91,26 @@ class OpenAIServer:
     client's attribution only) records a call once it succeeded; with n > 1 choice i is recorded
     as session `NAME#i`. With `api_key`, every request needs `Authorization: Bearer <api_key>`
     (401 otherwise, before anything is generated). `replacing()` says whether recovery is
-    replacing a dead rollout daemon now (503 with Retry-After while it is)."""
+    replacing a dead rollout daemon now (503 with Retry-After while it is). With `record` (a
+    folder) every conversation is written there as trajectories (hfrt.serve.record): a request
+    without a session at once (each choice its own conversation), a session when it ends
+    (`end_session`, POST /v1/sessions/ID/end), is dropped to make room, or the server stops; a
+    reward given (`give_reward`) goes with it, or after it as a reward line."""
 
     def __init__(self, rollout: Any, *, host: str = "127.0.0.1", port: int = 0, model: str = "hfrt",
                  batch_size: int = 64, flush_after_s: float = 0.02, idle_flush: bool = False, limits: ServerLimits | None = None,
                  api_key: str | None = None, tool_parser: str = "hermes", max_sessions: int = 10_000,
                  timeout_s: float = TURN_TIMEOUT_S, replacing: Callable[[], bool] | None = None,
-                 tool_template: str | None = None) -> None:
+                 tool_template: str | None = None, record: str | Path | None = None) -> None:
         self.rollout, self.model, self.limits = rollout, model, limits or ServerLimits()
         self.tool_template = tool_template or None
         self.tool_parser = parser_for(tool_parser).name
         self.api_key = api_key or None
         self.client = RolloutClient(rollout, batch_size=batch_size, flush_after_s=flush_after_s, idle_flush=idle_flush,
                                     timeout_s=timeout_s, token_stream=self.limits.token_stream, replacing=replacing)
-        self.store = SessionStore(max_sessions)
+        self.recorder = Recorder(record, model=model) if record else None
+        self.store = SessionStore(max_sessions, on_drop=self._write if self.recorder is not None else None)
+        self._rewards: dict[str, float] = {}  # rewards given for sessions not yet written
         self.memory = ResponseMemory(max_sessions)  # responses by id, for previous_response_id
         self.requests = 0
         self.created = int(time.time())
@@ -154,6 +165,10 @@ class OpenAIServer:
         if self._http is not None:
             await self._http.close()
             self._http = None
+        if self.recorder is not None:  # the sessions still open are conversations served too
+            for name in list(self.store.sessions):
+                self._write(name, self.store.pop(name))
+            self.recorder.close()
 
     async def serve_forever(self) -> None:
         """Serve until cancelled (Ctrl-C in `hfrt serve-openai`)."""
@@ -172,10 +187,31 @@ class OpenAIServer:
         the next trajectory (see sessions.build_trajectories)."""
         return self.store.trajectories(session)
 
-    def end_session(self, session: str) -> Trajectory:
+    def end_session(self, session: str, reward: float | None = None) -> Trajectory:
         """trajectory(session), then forget the session (sessions are kept until ended, at most
-        max_sessions of them: the oldest is dropped to make room)."""
-        return self.store.end(session)
+        max_sessions of them: the oldest is dropped to make room); recording, it is written with
+        `reward` (or one given before)."""
+        t = self.store.trajectory(session)
+        if reward is not None:
+            self._rewards[session] = float(reward)
+        self._write(session, self.store.pop(session))
+        return t
+
+    def give_reward(self, session: str, reward: float) -> str:
+        """A reward for `session`: kept for its trajectories while it is open ("pending"), else
+        written after them as a reward line ("written"). Needs a recorder."""
+        if self.recorder is None:
+            raise ApiError(400, "this server records nothing: start it with --record DIR to give rewards", code="not_recording")
+        if session in self.store.sessions:
+            self._rewards[session] = float(reward)
+            return "pending"
+        self.recorder.reward(session, float(reward))
+        return "written"
+
+    def _write(self, name: str, session: Session) -> None:
+        reward = self._rewards.pop(name, None)
+        if self.recorder is not None:
+            self.recorder.conversation(name, session, reward)
 
     def _record(self, name: str, turn: TurnRequest, result: TurnResult, message: dict[str, Any] | None) -> None:
         call = SessionCall(result.prompt_ids, result.token_ids, result.log_probs, result.weight_version)
@@ -183,7 +219,7 @@ class OpenAIServer:
         chat = None
         if message is not None:  # the reply as returned, in the form a client's echo of it is checked in
             chat = (turn.messages + [_message(len(turn.messages), message)], [t.schema for t in turn.tools])
-        self.store.record(name, call, text=text, chat=chat)
+        self.store.record(name, call, text=text, chat=chat, answer=message.get("content") if message is not None else result.text)
 
     def _continuation(self, turn: TurnRequest, name: str | None) -> tuple[list[int], list[Any]]:
         held = self.store.held(name)
@@ -206,10 +242,20 @@ class OpenAIServer:
         results = await self.sample(turn, session)
         chat = turn.kind == "chat"
         body = chat_body(turn, results, self.model, self.tool_parser) if chat else completion_body(turn, results, self.model)
-        if session:  # recorded once sampled; with n > 1 choice i as NAME#i
-            for i, result in enumerate(results):
-                self._record(session if turn.n == 1 else f"{session}#{i}", turn, result, body["choices"][i]["message"] if chat else None)
+        for i, result in enumerate(results):  # recorded once sampled; with n > 1 choice i as NAME#i
+            self._record_call(session if turn.n == 1 or not session else f"{session}#{i}", turn, result,
+                              body["choices"][i]["message"] if chat else None)
         return results, body
+
+    def _record_call(self, session: str | None, turn: TurnRequest, result: TurnResult, message: dict[str, Any] | None) -> None:
+        """Record a sampled choice under `session`; without one, written at once as its own
+        conversation when recording (else kept nowhere)."""
+        if session:
+            self._record(session, turn, result, message)
+        elif self.recorder is not None:
+            name = f"request-{uuid.uuid4().hex[:12]}"
+            self._record(name, turn, result, message)
+            self._write(name, self.store.pop(name))
 
     async def sample(self, turn: TurnRequest, name: str | None) -> list[TurnResult]:
         """The n choices of `turn`, continuing session `name`'s exact ids where the request extends them."""
@@ -279,8 +325,7 @@ class OpenAIServer:
         if rest:  # text the last pieces held back (a character cut at the turn's end): a part without a token
             yield TurnResult([], [], [], rest, result.weight_version, [rest]), False, None
         body = chat_body(turn, [result], self.model, self.tool_parser) if turn.kind == "chat" else completion_body(turn, [result], self.model)
-        if session:
-            self._record(session, turn, result, body["choices"][0]["message"] if turn.kind == "chat" else None)
+        self._record_call(session, turn, result, body["choices"][0]["message"] if turn.kind == "chat" else None)
         yield result, False, body
 
     # -- /v1/responses --------------------------------------------------------------------

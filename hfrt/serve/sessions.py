@@ -7,6 +7,7 @@ It knows hfrt.serve.turns.Trajectory and nothing of HTTP, OpenAI fields or rewar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,8 @@ class Session:
     #: the last chat call's messages + the reply as returned, and the tool schemas offered (a
     #: next chat request that extends them continues the session's ids exactly)
     chat: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+    #: the last call's reply text as returned (its content, for a chat)
+    answer: str | None = None
 
     @property
     def ids(self) -> list[int]:
@@ -113,9 +116,10 @@ class SessionStore:
     tools) and what a call leaves (its prompt ids, sampled ids, log-probs and the text or reply
     as returned); nothing of HTTP or the rollout role."""
 
-    def __init__(self, max_sessions: int = 10_000) -> None:
+    def __init__(self, max_sessions: int = 10_000, on_drop: Callable[[str, Session], None] | None = None) -> None:
         self.sessions: dict[str, Session] = {}
         self.max_sessions, self.dropped = max_sessions, 0
+        self.on_drop = on_drop  # told of a session dropped to make room (a recorder writes it)
 
     def held(self, name: str | None) -> Session | None:
         return self.sessions.get(name) if name else None
@@ -141,19 +145,27 @@ class SessionStore:
             raise KeyError(f"no session {name!r} (known: {sorted(self.sessions)[:10]})")
         return self.sessions[name]
 
+    def pop(self, name: str) -> Session:
+        """Forget session `name` and return it (KeyError naming it when unknown)."""
+        session = self._known(name)
+        del self.sessions[name]
+        return session
+
     def record(self, name: str, call: SessionCall, *, text: str | None = None,
-               chat: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None) -> None:
+               chat: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None, answer: str | None = None) -> None:
         """Append `call` to session `name` (made on first use), with what a next request continues
         from: `text` (the prompt text and output as the ids spell them) or `chat` (the messages and
         the reply as returned, and the tool schemas offered)."""
         if name not in self.sessions and len(self.sessions) >= self.max_sessions:
             oldest = next(iter(self.sessions))
-            del self.sessions[oldest]
+            dropped = self.sessions.pop(oldest)
             self.dropped += 1
             get_logger(part="openai_server").warning("session_dropped", session=oldest, max_sessions=self.max_sessions)
+            if self.on_drop is not None:
+                self.on_drop(oldest, dropped)
         session = self.sessions.setdefault(name, Session())
         session.calls.append(call)
-        session.text, session.chat = text, chat
+        session.text, session.chat, session.answer = text, chat, answer
 
     @staticmethod
     def continuation(session: Session | None, context: list[int], append: list[Any], *, text_prompt: str | None = None,

@@ -204,7 +204,8 @@ def test_saved_config_json_holds_every_setting_and_reads_back_the_same(tmp_path:
     from hfrt.cli import RUN_ONLY, _write_config
 
     flow = load_flow(name)
-    _write_config(tmp_path, flow, {}, flow.roles)
+    given = required_settings(name, tmp_path)
+    _write_config(tmp_path, flow, given, flow.roles)
     saved = json.loads((tmp_path / "config.json").read_text())
     if flow.config_cls is None:
         assert saved == {"flow": {}, "roles": flow.roles}
@@ -213,4 +214,17 @@ def test_saved_config_json_holds_every_setting_and_reads_back_the_same(tmp_path:
     assert set(saved["flow"]) == fields - set(RUN_ONLY) and saved["roles"] == flow.roles
     again = runconfig.build(flow.roles, file=tmp_path / "config.json")
     assert again.roles == flow.roles
-    assert flow.config_cls.read(again.flow) == flow.config_cls.read({})
+    assert flow.config_cls.read(again.flow) == flow.config_cls.read(given)
+
+
+def required_settings(name: str, tmp_path: Path) -> dict[str, str]:
+    """The settings a built-in flow cannot run without: agent_replay's recorded conversations."""
+    if name != "agent_replay":
+        return {}
+    from hfrt.serve.record import Recorder
+    from hfrt.serve.sessions import Session, SessionCall
+
+    recorder = Recorder(tmp_path / "recorded")
+    recorder.conversation("s", Session([SessionCall([1], [2], [-0.1], 0)]), reward=1.0)
+    recorder.close()
+    return {"data": str(tmp_path / "recorded")}
