@@ -25,7 +25,9 @@ from hfrt.bench.common import add_output_flags, emit, machine
 PASSES = ("reference", "update")
 
 
-def grouped_batch(vocab: int, prompts: int, n: int, prompt_tokens: int, new_tokens: int, seed: int = 0) -> dict[str, Any]:
+def grouped_batch(
+    vocab: int, prompts: int, n: int, prompt_tokens: int, new_tokens: int, seed: int = 0
+) -> dict[str, Any]:
     """`prompts` random prompts of prompt_tokens tokens, each repeated n times, with random
     responses of new_tokens // 2 .. new_tokens tokens (right-padded) and PPO columns."""
     import torch
@@ -57,7 +59,9 @@ def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     loss_config = PolicyLossConfig(agg_mode="token-mean")
 
     def loss_fn(out: Any, mb: Any, scale: Any) -> Any:
-        return policy_loss(out.log_probs, mb["old_log_probs"], mb["advantages"], mb["response_mask"], loss_config, scale)
+        return policy_loss(
+            out.log_probs, mb["old_log_probs"], mb["advantages"], mb["response_mask"], loss_config, scale
+        )
 
     engines = {
         shared: build_train_engine(model, EngineConfig(optim=OptimConfig(lr=0.0), micro_batch_size=args.micro_batch_size,
@@ -75,6 +79,7 @@ def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             cpu[shared]["reference"].append(time.process_time() - start_cpu)
             start, start_cpu = time.perf_counter(), time.process_time()
             metrics = engine.step(loss_fn, batch)
+            metrics |= dict(zip(("tokens_computed", "tokens_in_batch"), engine.sharing.tokens, strict=True))
             times[shared]["update"].append(time.perf_counter() - start)
             cpu[shared]["update"].append(time.process_time() - start_cpu)
             grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}

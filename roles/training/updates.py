@@ -26,7 +26,8 @@ from hfrt.roles.training.engines import ForwardOutput, LossFn, TrainEngine
 from hfrt.wire.endpoints import chunk_bounds
 from hfrt.wire.loss_options import UpdateSchedule as UpdateSchedule  # declared with the loss options
 
-#: step metrics an update reports summed over its optimizer steps (the rest: averaged)
+#: step metrics an update reports summed over its optimizer steps and dp ranks (the rest: averaged):
+#: token positions its passes ran (shared prefixes once, padding included), and its rows' real tokens
 SUMMED = frozenset({"tokens_computed", "tokens_in_batch"})
 #: make_loss(scale, shares) → the loss function of one mini-batch
 MakeLoss = Callable[[LossScale, dict[str, float]], LossFn]
@@ -94,6 +95,9 @@ def run_updates(
                 temperature=temperature, with_entropy=with_entropy, with_top1=with_top1,
             )
             shares = engine.from_last_stage(shares)  # with pipeline stages only the last computed them
+            computed, in_batch = all_reduce([float(t) for t in engine.sharing.tokens], group=dp)
+            if in_batch:  # the same on every rank; 0 where the engine plans no micro-batches (pipeline stages)
+                metrics |= {"tokens_computed": computed, "tokens_in_batch": in_batch}
             if shares:  # same keys on every rank: every rank ran the same micro-batches
                 metrics |= {k: v / engine.dp_size for k, v in reduce_metrics(shares, "sum", dp).items()}
             lr = metrics.pop("lr")

@@ -62,6 +62,16 @@ def full_grads(engine: Any) -> dict[str, torch.Tensor]:
     return out
 
 
+def tokens(engine: Any) -> dict[str, float]:
+    """The last pass's tokens, summed over the engine's dp ranks (as an update reports them)."""
+    import torch.distributed as dist
+
+    counts = torch.tensor(engine.sharing.tokens, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(counts, group=engine.dp_group)
+    return {"tokens_computed": float(counts[0]), "tokens_in_batch": float(counts[1])}
+
+
 def run_both(engine_of: Any, batch: dict[str, torch.Tensor], grads: bool = True) -> dict[str, Any]:
     """{shared: (log-probs, entropy, step metrics, gradients or None)} of one forward and one step."""
     from hfrt.roles.losses import PolicyLossConfig, policy_loss
@@ -75,7 +85,7 @@ def run_both(engine_of: Any, batch: dict[str, torch.Tensor], grads: bool = True)
     for shared in (False, True):
         engine = engine_of(shared)
         forward = engine.forward(batch, with_entropy=True, temperature=0.7)
-        metrics = engine.step(loss_fn, batch)
+        metrics = engine.step(loss_fn, batch) | tokens(engine)
         out[shared] = (forward.log_probs, forward.entropy, metrics, full_grads(engine) if grads else None)
     return out
 

@@ -358,10 +358,7 @@ class TrainEngine(ABC):
             metrics = self._train_pass(loss_fn, batch, micro_batch_size, scale, options)
         grad_norm = self._optimizer_step()
         self.steps += 1
-        tokens = torch.tensor(self.sharing.tokens, dtype=torch.float64)
-        self._all_reduce(tokens)  # summed over dp ranks: the step's tokens computed / in the batch
-        counts = {"tokens_computed": float(tokens[0]), "tokens_in_batch": float(tokens[1])} if tokens[1] else {}
-        return self._reduce_metrics(metrics) | {"grad_norm": grad_norm, "lr": self.current_lr()} | counts
+        return self._reduce_metrics(metrics) | {"grad_norm": grad_norm, "lr": self.current_lr()}
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
         if self.dp_size > 1:
