@@ -38,9 +38,23 @@ def _own_routing(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) 
     return rec.routed(ids.shape[0], mask)
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe"])
+def _moe(family: str) -> torch.nn.Module:
+    """A tiny random causal LM of a family whose router SUPPORTED lists (2 layers, 4 experts, k=2)."""
+    import transformers as tf
+
+    if family == "qwen3_moe":
+        return model_zoo.model(family, layers=2)
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, num_experts=4, num_experts_per_tok=2)
+    config = (tf.Qwen2MoeConfig(**common, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+              if family == "qwen2_moe" else tf.OlmoeConfig(**common))
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(config).float()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "olmoe"])
 def test_replaying_own_routing_is_the_plain_forward(family: str) -> None:
-    model = model_zoo.model(family, layers=2).eval()
+    model = _moe(family).eval()
     ids, mask = _inputs()
     with torch.no_grad():
         plain = model(input_ids=ids, attention_mask=mask).logits
