@@ -18,7 +18,7 @@ def save(target: Path, seed: int) -> None:
 
     tokenizer = build_byte_tokenizer()
     tokenizer.chat_template = TINY_CHAT_TEMPLATE
-    config = Qwen3MoeConfig(
+    config = Qwen3MoeConfig(  # type: ignore[call-arg]  # head_dim: a config attribute the stubs do not list
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[],

@@ -72,7 +72,8 @@ def check_model(model: nn.Module, where: str) -> None:
 def shape_of(model: nn.Module) -> tuple[int, int, int]:
     """(MoE layers, k, experts) of the model's routers."""
     found = routers(model)
-    return len(found), int(found[0].top_k), int(found[0].num_experts)
+    first: Any = found[0]
+    return len(found), int(first.top_k), int(first.num_experts)
 
 
 def column_dtype(num_experts: int) -> torch.dtype:
@@ -134,7 +135,7 @@ class RouterReplay:
         return mismatch_metrics(*self.counts())
 
     def _hook(self, layer: int) -> Any:
-        def hook(module: nn.Module, _args: Any, output: Any) -> Any:
+        def hook(module: Any, _args: Any, output: Any) -> Any:  # a SUPPORTED router
             recorded = _CURRENT.get()
             if recorded is None:
                 return None
@@ -144,7 +145,7 @@ class RouterReplay:
                     f"{self.where}: the recorded routing covers {recorded.shape[0]} tokens x {recorded.shape[1]} MoE layers, "
                     f"but router {layer} of {len(self.routers)} routes {logits.shape[0]} tokens")
             ids = recorded[:, layer].to(device=own.device, dtype=torch.long)
-            valid = ((ids >= 0) & (ids < module.num_experts)).all(dim=-1)
+            valid = ((ids >= 0) & (ids < int(module.num_experts))).all(dim=-1)
             chosen = torch.where(valid[:, None], ids, own) if self.replay else own
             self._count(own, chosen, ids, valid)
             if not self.replay:
