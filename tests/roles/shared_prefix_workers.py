@@ -92,11 +92,14 @@ def run_both(engine_of: Any, batch: dict[str, torch.Tensor], grads: bool = True)
 
 def sharded_rank(rank: int, world: int, *, out_dir: Path, deepspeed: bool = True) -> dict[str, Any]:
     """FSDP2 over 2 ranks (each its own 4-row group), DeepSpeed ZeRO-3 likewise, TP over both
-    ranks (all 8 rows): each shared and unshared, lr 0 (the weights stay as loaded)."""
+    ranks (all 8 rows; and with loss_parallel, the head's vocabulary sharded): each shared and
+    unshared, lr 0 (the weights stay as loaded)."""
     import importlib.util
 
     from hfrt.roles.models import ModelConfig, load_model
     from hfrt.roles.training.engines import EngineConfig, OptimConfig, build_train_engine
+
+    from . import model_zoo
 
     vocab = load_model(ModelConfig("tiny")).config.vocab_size
     batch = grouped_batch(vocab)
@@ -111,6 +114,13 @@ def sharded_rank(rank: int, world: int, *, out_dir: Path, deepspeed: bool = True
 
     results["fsdp2"] = run_both(build("fsdp2"), mine)
     results["tp"] = run_both(build("tp", tp=2), batch)
+
+    def untied(shared: bool) -> Any:  # an untied head: loss_parallel shards its vocabulary
+        config = EngineConfig(backend="tp", tp=2, loss_parallel=True, optim=OptimConfig(lr=0.0), micro_batch_size=8,
+                              shared_prefix=shared)  # fmt: skip
+        return build_train_engine(model_zoo.model("llama", layers=2), config)
+
+    results["tp_loss_parallel"] = run_both(untied, grouped_batch(128))
     if deepspeed and importlib.util.find_spec("deepspeed") is not None:
         results["deepspeed"] = run_both(build("deepspeed", zero_stage=3), mine, grads=False)
     return results

@@ -130,6 +130,7 @@ def test_fsdp2_deepspeed_and_tp_ranks_are_exact(tmp_path: Path) -> None:
         mine = mask[rank * 4 : rank * 4 + 4]
         assert_equal(res["fsdp2"], mine, f"fsdp2 rank {rank}")
         assert_equal(res["tp"], mask, f"tp rank {rank}")
+        assert_equal(res["tp_loss_parallel"], mask, f"tp loss_parallel rank {rank}")
         if importlib.util.find_spec("deepspeed") is not None:
             assert_equal(res["deepspeed"], mine, f"deepspeed zero-3 rank {rank}", grads=False)
     assert results[0]["fsdp2"][True][2]["tokens_in_batch"] == 469.0  # summed over both ranks' rows
