@@ -5,7 +5,9 @@ and token accuracy; SFT with LoRA exports the merged model and the adapter; DPO 
 daemon raises the held-out reward accuracy, and on two FSDP2 ranks (pairs kept whole) gives the
 one-rank numbers; DPO with LoRA takes its reference from the actor
 (adapters off: the margins before training are exactly 0) and launches no reference daemon; a bad
-row is refused before any daemon starts, naming it. docs/pipeline.md describes these runs.
+row is refused before any daemon starts, naming it; the page's table of sft and dpo on DeepSpeed
+ZeRO-3 and the TP engine (tp=2, pp=2) is the committed check's (bench/recipes/offline_engines.py).
+docs/pipeline.md describes these runs.
 """
 
 from __future__ import annotations
@@ -137,3 +139,21 @@ def test_a_bad_row_is_refused_before_launch_naming_it(tmp_path: Path) -> None:
     data.write_text(json.dumps({"prompt": "1+1=", "completion": "2"}) + "\n" + json.dumps({"prompt": "2+2="}) + "\n")
     done = hfrt("controller", "--flow", "sft", "--set", f"data={data}", "--run-dir", str(tmp_path / "x"), timeout=60)
     assert done.returncode == 2 and f"{data}: row 2: an SFT row has `messages`, or `prompt` and `completion`" in done.stderr
+
+
+def test_the_engine_check_is_the_pages() -> None:
+    """docs/pipeline.md's table of sft and dpo on every engine is bench/results/offline-engines-2026-11-27.json
+    (python -m hfrt.bench.recipes.offline_engines), and every engine held the local run's figures."""
+    root = Path(__file__).resolve().parents[2]
+    results = json.loads((root / "bench" / "results" / "offline-engines-2026-11-27.json").read_text())
+    flows = results["flows"]
+    assert results["all_equal_at_fp32"] is True and results["tolerance"] == 1e-5
+    assert set(flows["sft"]) == set(flows["dpo"]) == {"local", "deepspeed-zero3-2ranks", "tp2", "pp2"}
+    worst = {e: max(flows[f][e]["max_rel_diff_vs_local"] for f in ("sft", "dpo")) for e in flows["sft"]}
+    assert max(worst.values()) == pytest.approx(1.6e-7, abs=0.05e-7)
+    page = (root / "docs" / "pipeline.md").read_text()
+    assert "at most **1.6e-7** apart" in page
+    for engine, name in (("deepspeed-zero3-2ranks", "DeepSpeed ZeRO-3"), ("tp2", "TP, tp=2"), ("pp2", "TP engine, pp=2")):
+        sft, dpo = (flows[f][engine]["figures"]["val_loss"] for f in ("sft", "dpo"))
+        assert f"| {name} | {sft:.7f} | {dpo:.7f} | {worst[engine]:.1e} |" in page, engine
+    assert f"| local (1 rank) | {flows['sft']['local']['figures']['val_loss']:.7f} | {flows['dpo']['local']['figures']['val_loss']:.7f} | — |" in page
