@@ -327,8 +327,11 @@ class ActorDaemon(AgentTurns, Daemon):
         if self.engine.lora is None:
             raise ValueError("actor.compute_ref_log_prob: this actor trains its full weights (no options.lora), so "
                              "they are not the reference's: configure a reference role")
-        with adapters_disabled(self.engine.model):
-            ref = masked_log_probs(self.engine, merge(batch, extra), "actor.compute_ref_log_prob", temperature)
+        merged = merge(batch, extra)
+        with adapters_disabled(self.engine.model):  # the base model, replaying the rollout's routing when configured
+            ref = masked_log_probs(self.engine, merged, "actor.compute_ref_log_prob", temperature,
+                                   *self.routing.columns(merged.tensors))
+        self.routing.metrics()  # (collective) the update reports the policy's mismatch, not this pass's
         return Batch({"ref_log_prob": ref})
 
     # -- supervised and preference training on text rows (roles/training/text_objectives.py) ----
