@@ -151,6 +151,8 @@ async def test_actor_update_with_kl_loss_then_pushed_weights_equal_trained(
     for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl"):
         assert math.isfinite(metrics[key]), key
     assert metrics["actor/grad_norm"] > 0
+    # token positions the passes ran (trimmed micro-batches) against the rows' real tokens, 2 epochs of them
+    assert metrics["actor/tokens_computed"] >= metrics["actor/tokens_in_batch"] > 0
     [after] = await actor.weight_sync_report()
     assert after["max_abs_diff"] == 0.0 and after["compared"] == before["compared"] > 0
     assert after["train_checksum"] == after["generation_checksum"] != before["train_checksum"]
