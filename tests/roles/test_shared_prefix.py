@@ -134,3 +134,11 @@ def test_fsdp2_deepspeed_and_tp_ranks_are_exact(tmp_path: Path) -> None:
         if importlib.util.find_spec("deepspeed") is not None:
             assert_equal(res["deepspeed"], mine, f"deepspeed zero-3 rank {rank}", grads=False)
     assert results[0]["fsdp2"][True][2]["tokens_in_batch"] == 469.0  # summed over both ranks' rows
+
+
+def test_a_padding_row_keeps_only_its_own_micro_batch_unshared() -> None:
+    batch = grouped_batch(128)
+    batch = {k: torch.cat([v, torch.zeros_like(v[:1])]) for k, v in batch.items()}  # equal-rows padding: no tokens
+    engine = build_train_engine(model_zoo.model("llama", layers=2), EngineConfig(trainable=False, micro_batch_size=8))
+    first, second = engine.micro_batches(batch)
+    assert sp.PREFIX_IDS in first.inputs and sp.PREFIX_IDS not in second.inputs

@@ -306,7 +306,7 @@ class TrainEngine(ABC):
             dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.dp_group)
             groups = batching.split_to(groups, int(count.item()), lengths, pack, unit)
         micros = batching.micro_batches(batch, groups, lengths, pack=pack, multiple=self.seq_multiple)
-        if not pack and self.sharing.min_tokens(self) and batching.packable(batch, lengths):
+        if not pack and self.sharing.min_tokens(self):
             micros = self.sharing.share(batch, groups, lengths, micros)
         self.sharing.count(lengths, micros)
         return micros

@@ -263,8 +263,18 @@ class Sharing:
         lengths: batching.Lengths,
         micros: list[batching.Micro],
     ) -> list[batching.Micro]:
-        """`micros` with each one whose rows share a prefix worth it made a shared-prefix one."""
-        return [micro(batch, rows, lengths, self.min) or plain for rows, plain in zip(groups, micros, strict=True)]
+        """`micros` with each one whose rows share a prefix worth it made a shared-prefix one (rows laid
+        out as batching.packable asks, checked per micro-batch: equal-rows padding elsewhere does not matter)."""
+        out = []
+        for rows, plain in zip(groups, micros, strict=True):
+            index = torch.tensor(list(rows), dtype=torch.long)
+            part = {
+                k: batch[k][index] for k in ("input_ids", "attention_mask", "position_ids", "responses") if k in batch
+            }
+            mine = batching.Lengths([lengths.prompt[r] for r in rows], [lengths.response[r] for r in rows])
+            ok = batching.packable(part, mine)
+            out.append((micro(batch, rows, lengths, self.min) if ok else None) or plain)
+        return out
 
     def count(self, lengths: batching.Lengths, micros: Sequence[batching.Micro]) -> None:
         """Add a pass's micro-batches to `tokens`: positions computed, and the rows' real tokens."""
