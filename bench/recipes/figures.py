@@ -2,7 +2,7 @@
 run before a commit that touches training (docs/design.md says when). Fast figures have tests
 (tests/integration/test_doc_figures.py and the tests each page cites); these take minutes each.
 
-`python -m hfrt.bench.recipes.figures --out bench/results/figures-DATE.json [--only ppo,rm,agent_calc]`
+`python -m hfrt.bench.recipes.figures --out bench/results/figures-DATE.json [--only ppo,rm,agent_calc,verifiers]`
 
 - `ppo`: README's main job, `hfrt controller --flow ppo` (500 steps) on seeds 0, 1, 2: greedy
   validation accuracy 0.97 / 1.0 / 0.91 (`val_accuracy_last`).
@@ -10,6 +10,9 @@ run before a commit that touches training (docs/design.md says when). Fast figur
   pair accuracy and best-of-candidates, and PPO against it graded by the rule (7/9 on seeds 0, 1).
 - `agent_calc`: docs/agents-and-openai.md, the built-in calculator agent on the tiny preset: the
   reward rises from about 0.01 to 0.4-0.8 within 400 steps.
+- `verifiers`: docs/agents-and-openai.md, a verifiers environment (the addition task with a digits
+  format reward, bench/recipes/verifiers_envs/vf_addition.py) trained 30 steps by agent_openai on the
+  tiny preset in its own venv: the reward rises (needs .venv-verifiers, made by .ci/install).
 - `data_file`: docs/configuration.md's `run.toml`, cut out of the page and run on the addition
   task written as files (bench/recipes/make_addition_data.py): greedy validation accuracy 0.94.
 
@@ -87,6 +90,23 @@ def agent_calc_figures(work: Path) -> list[Figure]:
     ]
 
 
+#: the verifiers environment the `verifiers` check trains (run by the verifiers venv's Python)
+VERIFIERS_ENV = Path(__file__).resolve().parent / "verifiers_envs" / "vf_addition.py"
+
+
+def verifiers_figures(work: Path) -> list[Figure]:
+    sets = [f"verifiers_env={VERIFIERS_ENV}", "steps=30", "prompts_per_step=1", "n=8", "max_new_tokens=4",
+            "max_total_tokens=200", "sample_timeout_s=300", "export_hf=false", "roles.actor.options.engine.optim.lr=0.004"]
+    run = controller("--flow", "agent_openai", "--run-dir", str(work / "vf-addition"), "--overwrite",
+                     *[a for s in sets for a in ("--set", s)])
+    return [
+        Figure("docs/agents-and-openai.md", "verifiers vf_addition reward, first quarter of 30 steps", 0.03, 0.0, 0.08,
+               run.get("reward_first_quarter")),
+        Figure("docs/agents-and-openai.md", f"verifiers vf_addition reward, last quarter of 30 steps ({run['wall_s']} s)",
+               0.15, 0.08, 1.0, run.get("reward_last_quarter")),
+    ]
+
+
 def documented_run_toml(page: Path) -> str:
     """The ```toml block of `page` that starts with `# run.toml`."""
     for block in re.findall(r"```toml\n(.*?)```", page.read_text(), re.S):
@@ -118,7 +138,8 @@ def docs_page(name: str) -> Path:
     raise SystemExit(f"docs/{name} not found: run from the repository root")
 
 
-CHECKS = {"ppo": ppo_figures, "rm": rm_figures, "agent_calc": agent_calc_figures, "data_file": data_file_figures}
+CHECKS = {"ppo": ppo_figures, "rm": rm_figures, "agent_calc": agent_calc_figures, "data_file": data_file_figures,
+          "verifiers": verifiers_figures}
 
 
 def table(figures: list[Figure]) -> str:

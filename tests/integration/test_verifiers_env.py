@@ -125,3 +125,26 @@ def test_agent_openai_trains_a_multi_turn_verifiers_environment(tmp_path: Path) 
             assert stated[session] == pytest.approx(sum(report["rewards"].values()))
             assert report["turns"] == 2 and sum(runs(row["gen_mask"])) == report["output_tokens"]
             assert len(runs(row["gen_mask"])) == 2  # two sampled turns, the environment's reply between them masked
+
+
+@needs_venv
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_agent_openai_trains_a_tool_using_verifiers_environment(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # the environment's seat forces a tool call each turn: turn 1 calls `hint`, its MCP server answers
+    records = train(run_dir, ENVS / "vf_tools.py", "prompts_per_step=1", "max_new_tokens=40", "max_turns=2",
+                    "max_total_tokens=500")  # the tool schema takes ~300 of the tiny preset's 512
+    tool_text = "add the two numbers and reply with the sum alone"
+    for record in records:
+        rows, stated, reports = conversations(run_dir, record["step"])
+        assert len(rows) == 2 and record["agent/error_rate"] == 0.0
+        for session, row in rows.items():
+            report = reports[session]
+            assert report["metrics"]["tool_calls"] >= 1 and report["turns"] == 2 and report["stop"] == "max_turns"
+            assert set(report["rewards"]) == {"exact_answer"} and stated[session] == report["rewards"]["exact_answer"]
+            turns = runs(row["gen_mask"])
+            assert len(turns) == 2 and sum(turns) == report["output_tokens"]
+            first_end = row["gen_mask"].index(1) + turns[0]
+            between = row["gen_mask"][first_end:].index(1)  # the tool's result (and the chat template around it), masked
+            assert between > len(tool_text) // 4

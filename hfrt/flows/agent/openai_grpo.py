@@ -14,6 +14,7 @@ nothing of smolagents (the driver imports it) or of engines.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,8 +195,8 @@ class OpenAISteps:
 
 async def flow(ctl: Any, config: AgentOpenAIConfig | dict[str, Any]) -> dict[str, Any]:
     cfg = AgentOpenAIConfig.read(config)
-    if cfg.verifiers_env:  # a clear error before the first step: the environment loads in its venv
-        check_environment(find_python(cfg.verifiers_python), cfg.verifiers_env, cfg.verifiers_args)
+    if cfg.verifiers_env:  # a clear error before the first step: the environment loads in its venv (off the loop)
+        await asyncio.to_thread(check_environment, find_python(cfg.verifiers_python), cfg.verifiers_env, cfg.verifiers_args)
     needed = ("actor", "reference", "reward") if cfg.agent_on == "actor" else ("actor", "rollout", "reference", "reward")
     roles = await get_roles(ctl, *needed)
     trainer = Trainer(ctl, cfg, roles)
