@@ -8,6 +8,7 @@ training. The docs section it backs: docs/agents-and-openai.md, "verifiers envir
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from hfrt.flows.agent.openai_grpo import AgentOpenAIConfig
+from hfrt.flows.agent.openai_grpo import AgentOpenAIConfig, flow
 from hfrt.flows.agent.verifiers_env import DEFAULT_PYTHON, check_environment, find_python, number_examples
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +87,9 @@ def test_a_bad_environment_is_a_clear_error() -> None:
         check_environment(python, str(ENVS / "nope.py"), {})
     with pytest.raises(ValueError, match="does not load as a verifiers .*exports no Taskset subclass"):
         check_environment(python, "json", {})
+    # the flow checks before it asks for any role (ctl None: nothing else would run)
+    with pytest.raises(ValueError, match="config verifiers_env='no-such-env' does not load"):
+        asyncio.run(flow(None, {"verifiers_env": "no-such-env", "verifiers_python": str(python)}))
 
 
 @needs_venv
