@@ -47,6 +47,7 @@ class FrozenPolicy:
         replay = batch.meta.get(routing.META)
         if replay is None or routing.ROUTED_EXPERTS not in batch.tensors:
             return masked_log_probs(self.engine, batch, endpoint, temperature)
+        routing.check_stages(self.engine.config.pp, endpoint)  # pipeline stages cannot replay: refused, not skipped
         if self.routing is None or self.routing.value != replay:
             if self.routing is not None and self.routing.trainer is not None:
                 self.routing.trainer.remove()

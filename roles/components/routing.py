@@ -55,14 +55,19 @@ def check_before_launch(value: bool | None, config: Any, pp: int, where: str) ->
     stage's routers see a pipeline micro-batch the recorded rows are not cut to)."""
     if value is None:
         return
-    if pp > 1:
-        raise ValueError(f"{where}.{OPTION}: routing replay runs on the local, FSDP2 and TP engines, not with pipeline "
-                         f"stages (pp={pp}): a stage's routers see a pipeline micro-batch the recorded rows are not cut to")
+    check_stages(pp, f"{where}.{OPTION}")
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     router_replay.check_model(model, f"{where}.{OPTION}")
+
+
+def check_stages(pp: int, where: str) -> None:
+    """ValueError with pipeline stages (pp > 1), whose routers the recorded rows cannot be fed to."""
+    if pp > 1:
+        raise ValueError(f"{where}: routing replay runs on the local, FSDP2 and TP engines, not with pipeline "
+                         f"stages (pp={pp}): a stage's routers see a pipeline micro-batch the recorded rows are not cut to")
 
 
 def add_record(record: dict[str, torch.Tensor], out: Mapping[str, torch.Tensor], prompt_width: int,
