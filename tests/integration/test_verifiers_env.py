@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from hfrt.flows.agent.openai_grpo import AgentOpenAIConfig, flow
-from hfrt.flows.agent.verifiers_env import DEFAULT_PYTHON, check_environment, find_python, number_examples
+from hfrt.flows.agent.verifiers_env import DEFAULT_PYTHON, check_environment, find_python, number_examples, runner_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVS = Path(__file__).resolve().parent / "verifiers_envs"
@@ -152,3 +152,18 @@ def test_agent_openai_trains_a_tool_using_verifiers_environment(tmp_path: Path) 
             first_end = row["gen_mask"].index(1) + turns[0]
             between = row["gen_mask"][first_end:].index(1)  # the tool's result (and the chat template around it), masked
             assert between > len(tool_text) // 4
+
+
+@needs_venv
+@pytest.mark.timeout(120)
+def test_a_rollout_whose_model_calls_fail_is_a_failed_program_not_a_reward(tmp_path: Path) -> None:
+    """No endpoint at the address: the episode's model call fails, its reward never runs, and the
+    runner exits 1 naming why (the flow then scores it as a failed program, under reward_error_limit)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "k",
+           "HFRT_SESSION_ID": "step0-0", "HFRT_MODEL": "policy", "HFRT_MAX_TOKENS": "4", "HFRT_SAMPLE": json.dumps({"example": 1})}
+    argv = runner_argv(find_python(""), str(ENVS / "vf_sum.py"), {"size": 4}, 1)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=110, env=env, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "the rollout was not scored (no rewards): ProviderError: All connection attempts failed" in proc.stderr
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["rewards"] == {} and report["output_tokens"] == 0 and report["errors"][0].startswith("ProviderError")

@@ -119,18 +119,22 @@ async def rollout(env: Any, seat: str, task: Any, session: str) -> Any:
 
 
 def report(episode: Any) -> float:
-    """Print the episode (its trace's rewards, metrics, errors, transcript) and return its reward."""
+    """Print the episode (its trace's rewards, metrics, turns, output tokens and errors as a JSON
+    line; the transcript on stderr) and return its reward. An episode with no trace, or whose
+    rewards did not all run (a failed model call, a raising reward), is an error, not a reward."""
     if not episode.traces:
-        raise RuntimeError(f"the episode produced no trace; errors: {[e.message for e in episode.errors]}")
+        raise RuntimeError(f"the episode produced no trace; errors: {[f'{e.type}: {e.message}' for e in episode.errors]}")
     trace = episode.traces[0]
+    errors = [*episode.errors, *trace.errors]
     print(json.dumps({"rewards": {k: (v.value if v else None) for k, v in trace.rewards.items()},
                       "metrics": trace.metrics, "stop": trace.stop_condition, "turns": trace.num_turns,
-                      "output_tokens": trace.num_output_tokens,
-                      "errors": [f"{e.type}: {e.message}" for e in [*episode.errors, *trace.errors]]}, default=str))
+                      "output_tokens": trace.num_output_tokens, "errors": [f"{e.type}: {e.message}" for e in errors]},
+                     default=str))
     print(trace.transcript, file=sys.stderr)
-    failed = [e for e in [*episode.errors, *trace.errors] if e.type not in ("TimeoutError",)]
-    if failed and not trace.rewards:
-        raise RuntimeError(f"the rollout failed before scoring: {failed[0].type}: {failed[0].message}")
+    unscored = [name for name, value in trace.rewards.items() if value is None]
+    if unscored or not trace.rewards:
+        why = f"{errors[0].type}: {errors[0].message}" if errors else "the task declares no @vf.reward and the environment recorded none"
+        raise RuntimeError(f"the rollout was not scored ({', '.join(unscored) or 'no rewards'}): {why}")
     return float(trace.reward)
 
 
