@@ -7,7 +7,7 @@ trainer-vs-rollout log-prob gap).
 Option `router_replay` (actor, rollout): absent — nothing recorded, no cost; false — rollouts
 record their routing and the trainer measures the mismatch, routing on its own; true — the trainer
 also replays the recorded routing in every log-prob pass and update. A rollout's meta carries the
-value, so the reference (and a trainer fed by a rollout role) follows the role that sampled it.
+value, so the reference follows the role that sampled it; the actor's passes follow its own option.
 It knows the column and meta names; nothing of the daemon holding it beyond the modules it is given.
 """
 
