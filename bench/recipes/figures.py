@@ -100,10 +100,10 @@ def verifiers_figures(work: Path) -> list[Figure]:
     run = controller("--flow", "agent_openai", "--run-dir", str(work / "vf-addition"), "--overwrite",
                      *[a for s in sets for a in ("--set", s)])
     return [
-        Figure("docs/agents-and-openai.md", "verifiers vf_addition reward, first quarter of 30 steps", 0.03, 0.0, 0.08,
+        Figure("docs/agents-and-openai.md", "verifiers vf_addition reward, first quarter of 30 steps", 0.01, 0.0, 0.08,
                run.get("reward_first_quarter")),
         Figure("docs/agents-and-openai.md", f"verifiers vf_addition reward, last quarter of 30 steps ({run['wall_s']} s)",
-               0.15, 0.08, 1.0, run.get("reward_last_quarter")),
+               0.13, 0.08, 1.0, run.get("reward_last_quarter")),
     ]
 
 
