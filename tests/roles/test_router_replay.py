@@ -211,3 +211,21 @@ def test_refused_before_launch_with_the_reason() -> None:
         actor(model="tiny-moe", router_replay="yes")
     with pytest.raises(ValueError, match="has no MoE blocks"):
         RolloutDaemon.check_config(DaemonContext("rollout", 0, 1, options={"model": "tiny", "router_replay": False}))
+
+
+def test_rows_sharing_a_prompt_replay_whole() -> None:
+    """GRPO's n samples share their prompt, which the engine would run once (shared_prefix, on by
+    default); with a recorded routing the rows run whole, so every position is replayed."""
+    model = model_zoo.model("qwen3_moe", layers=2)
+    engine = build_train_engine(model, EngineConfig(micro_batch_size=4, trainable=False))
+    prompt = torch.randint(3, 128, (1, 40), generator=torch.Generator().manual_seed(2)).expand(4, 40)
+    ids = torch.cat([prompt, torch.randint(3, 128, (4, 6), generator=torch.Generator().manual_seed(3))], dim=1)
+    mask = torch.ones_like(ids)
+    batch = {"input_ids": ids, "attention_mask": mask, "responses": ids[:, -6:], "response_mask": mask[:, -6:]}
+    plain = engine.forward(batch).log_probs
+    assert engine.sharing.tokens[0] < engine.sharing.tokens[1]  # without a record the prompt ran once
+    replay = RouterReplay(model, replay=True)
+    out = engine.forward(batch | {ROUTED_EXPERTS: _complement(_own_routing(model, ids, mask))}).log_probs
+    assert out is not None and plain is not None and (out - plain).abs().max() > 1e-3
+    metrics = replay.metrics()
+    assert metrics["router_mismatch/routings"] == 4 * 46 * 2 and metrics["router_mismatch/share"] == 0.0
