@@ -94,10 +94,10 @@ def measure_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "loss_diff": abs(metrics["loss"] - smetrics["loss"]),
     }
     for p in PASSES:
-        unshared, shared = statistics.median(times[False][p]), statistics.median(times[True][p])
+        unshared_s, shared_s = statistics.median(times[False][p]), statistics.median(times[True][p])
         unshared_cpu, shared_cpu = statistics.median(cpu[False][p]), statistics.median(cpu[True][p])
-        out[p] = {"unshared_median_s": round(unshared, 4), "shared_median_s": round(shared, 4),
-                  "speedup": round(unshared / shared, 3),
+        out[p] = {"unshared_median_s": round(unshared_s, 4), "shared_median_s": round(shared_s, 4),
+                  "speedup": round(unshared_s / shared_s, 3),
                   "unshared_cpu_median_s": round(unshared_cpu, 4), "shared_cpu_median_s": round(shared_cpu, 4),
                   "cpu_speedup": round(unshared_cpu / shared_cpu, 3),
                   "unshared_s": [round(t, 4) for t in times[False][p]], "shared_s": [round(t, 4) for t in times[True][p]]}  # fmt: skip
