@@ -75,33 +75,11 @@ class FloorProcess:
             self.proc.join()
 
 
-class ProcessCPU:
-    """CPU seconds (user + system, every thread) of this process and every process below it but
-    `exclude` (the floor's): hfrt's controller and daemons."""
-
-    def __init__(self, exclude: int | None) -> None:
-        import psutil
-
-        self._psutil, self.exclude = psutil, exclude
-        self.me = psutil.Process()
-
-    def seconds(self) -> float:
-        total = 0.0
-        for proc in [self.me, *self.me.children(recursive=True)]:
-            if proc.pid == self.exclude:
-                continue
-            try:
-                times = proc.cpu_times()
-            except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
-                continue
-            total += times.user + times.system
-        return total
-
-
 async def interleaved(ctl: Any, shape: Shape, steps: int, floor: FloorProcess) -> dict[str, Any]:
     """`steps` hfrt GRPO steps, each followed by one floor step; every step's figures."""
     import asyncio
 
+    from hfrt.bench.vs_trl_measure import ProcessCPU
     from hfrt.flows.batches import prompts_handle
     from hfrt.flows.recipes import grpo
     from hfrt.flows.trainer import get_roles

@@ -151,16 +151,16 @@ def _trl_run(shape: Shape, steps: int, conn: Any) -> None:
                 counted["generate_s"] += time.perf_counter() - t0
 
     class Gate(TrainerCallback):  # type: ignore[misc]
-        t0 = 0.0
+        t0 = cpu0 = 0.0
 
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
             if conn.recv() != "go":
                 raise SystemExit(0)
             counted.update(tokens=0, generate_s=0.0)
-            self.t0 = time.perf_counter()
+            self.t0, self.cpu0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            conn.send({"step_s": time.perf_counter() - self.t0, **counted})
+            conn.send({"step_s": time.perf_counter() - self.t0, "cpu_s": time.process_time() - self.cpu0, **counted})
 
     rows = prompt_rows(shape, steps)
     batch = shape.prompts * shape.n
@@ -271,7 +271,7 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start
     side's start-up time (from `start` until its daemons / trainer are ready)."""
     import asyncio
 
-    from hfrt.bench.vs_trl_measure import DaemonRSS, padding_fractions, row_lengths
+    from hfrt.bench.vs_trl_measure import DaemonRSS, ProcessCPU, padding_fractions, row_lengths
     from hfrt.bench.vs_trl_shapes import mean_prompt_tokens
     from hfrt.flows.batches import non_tensor, prompts_handle
     from hfrt.flows.recipes import grpo
@@ -291,13 +291,14 @@ async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start
     rss = DaemonRSS(exclude=[trl.proc.pid] if trl.proc.pid else [])
     rss.start()
     hfrt_steps, trl_steps = [], []
+    cpu = ProcessCPU(exclude=trl.proc.pid)
     for step in range(steps):
         lo, hi = step * shape.prompts, (step + 1) * shape.prompts
         prompts = prompts_handle({k: v[lo:hi] for k, v in rows.items()})
         seen = Recorder(roles["reward"])
-        start = time.perf_counter()
+        cpu0, start = cpu.seconds(), time.perf_counter()
         record = await grpo.grpo_step(cfg, step, prompts, **(roles | {"reward": seen}))
-        record["wall_s"] = time.perf_counter() - start
+        record["wall_s"], record["cpu_s"] = time.perf_counter() - start, cpu.seconds() - cpu0
         prompt_len, response_len = row_lengths(tokenizer, non_tensor(seen.rollout, "prompt"), non_tensor(seen.rollout, "response"), 1)
         record |= padding_fractions(prompt_len, response_len, engine)
         hfrt_steps.append(record)
@@ -367,12 +368,22 @@ def summarize(out: dict[str, Any], warmup: int) -> dict[str, Any]:
                          "update": med(r["step_s"] - r["generate_s"] for r in theirs)},
         "hfrt_startup_s": round(out["hfrt_ready_s"], 2), "trl_startup_s": round(out["trl_ready_s"], 2),
         "hfrt_steps_s": [round(r["wall_s"], 3) for r in ours], "trl_steps_s": [round(r["step_s"], 3) for r in theirs],
+        **cpu_figures(ours, theirs),
         "hfrt_reward_mean": med(r["reward/mean"] for r in ours),
         **{f"response_length_{k}": med(r[f"response_length/{k}"] for r in ours) for k in ("mean", "min", "max")
            if all(f"response_length/{k}" in r for r in ours)},
         **{k: med(r[k] for r in ours) for k in ("padding_before", "padding_after") if all(k in r for r in ours)},
         **{k: out[k] for k in ("hfrt_peak_daemon_rss_mb", "hfrt_peak_daemons_rss_total_mb", "prompt_tokens") if k in out},
     }
+
+
+def cpu_figures(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each side's median CPU seconds a step (hfrt: controller and daemons; TRL: its process, every
+    thread) and their ratio, which other jobs on a shared machine move far less than wall time."""
+    if not all("cpu_s" in r for r in ours + theirs):
+        return {}
+    ours_s, theirs_s = statistics.median(r["cpu_s"] for r in ours), statistics.median(r["cpu_s"] for r in theirs)
+    return {"hfrt_cpu_s": round(ours_s, 3), "trl_cpu_s": round(theirs_s, 3), "speedup_cpu": round(theirs_s / ours_s, 3)}
 
 
 def main(argv: list[str] | None = None) -> int:

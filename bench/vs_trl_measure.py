@@ -1,5 +1,5 @@
 """What `hfrt bench vs-trl` measures beside step times: the peak resident memory of hfrt's role
-daemons (sampled from outside, every process below the bench but TRL's), and the padding
+daemons (sampled from outside, every process below the bench but TRL's), their CPU seconds, and the padding
 fraction of each step's rollout — rows padded to the batch's longest (before token budgets) and
 micro-batches as the training engine plans them now (roles/training/batching.py).
 
@@ -85,3 +85,26 @@ def padding_fractions(prompt: list[int], response: list[int], engine: dict[str, 
     after = padding_fraction(lengths, engine.get("max_tokens_per_micro_batch"),
                              rows_per_micro=int(engine.get("micro_batch_size", rows)), pack=bool(engine.get("pack", False)))
     return {"padding_before": round(before, 4), "padding_after": round(after, 4)}
+
+
+class ProcessCPU:
+    """CPU seconds (user + system, every thread) of this process and every process below it but
+    `exclude` (the floor's): hfrt's controller and daemons."""
+
+    def __init__(self, exclude: int | None) -> None:
+        import psutil
+
+        self._psutil, self.exclude = psutil, exclude
+        self.me = psutil.Process()
+
+    def seconds(self) -> float:
+        total = 0.0
+        for proc in [self.me, *self.me.children(recursive=True)]:
+            if proc.pid == self.exclude:
+                continue
+            try:
+                times = proc.cpu_times()
+            except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
+                continue
+            total += times.user + times.system
+        return total
