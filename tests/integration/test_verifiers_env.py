@@ -3,8 +3,9 @@ the environment loaded in its own venv (.venv-verifiers, made by .ci/install) by
 hfrt/flows/agent/verifiers_host/runner.py, one episode per conversation against the flow's endpoint,
 its task's rewards as the reward, the conversation recorded token-exact — two GRPO steps on the tiny
 preset of a single-turn environment (verifiers_envs/vf_sum.py) and of a multi-turn one whose
-environment plays the user (verifiers_envs/vf_retry.py); a bad environment is a config error before
-training. The docs section it backs: docs/agents-and-openai.md, "verifiers environments"."""
+environment plays the user (verifiers_envs/vf_retry.py), one of a tool-using one (vf_tools.py, an
+MCP tool server per rollout); a bad environment is a config error before training, and a rollout
+whose model calls fail is a failed program. The docs section it backs: docs/agents-and-openai.md, "verifiers environments"."""
 
 from __future__ import annotations
 
@@ -39,15 +40,15 @@ def runs(mask: list[int]) -> list[int]:
     return lengths
 
 
-def train(run_dir: Path, env: Path, *sets: str) -> list[dict[str, Any]]:
-    """Two agent_openai steps on `env`; the metrics records."""
-    base = ["steps=2", "progress=off", "export_hf=false", "n=2", "max_total_tokens=300", "save_trajectories=true",
+def train(run_dir: Path, env: Path, *sets: str, steps: int = 2) -> list[dict[str, Any]]:
+    """`steps` agent_openai steps on `env` (n = 2 conversations per task); the metrics records."""
+    base = [f"steps={steps}", "progress=off", "export_hf=false", "n=2", "max_total_tokens=300", "save_trajectories=true",
             "sample_timeout_s=150", f"verifiers_env={env}", *sets]
     cmd = [sys.executable, "-m", "hfrt", "controller", "--flow", "agent_openai", "--run-dir", str(run_dir)]
     proc = subprocess.run(cmd + [a for s in base for a in ("--set", s)], capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1]
+    assert [r["step"] for r in records] == list(range(steps))
     return records
 
 
@@ -97,11 +98,11 @@ def test_a_bad_environment_is_a_clear_error() -> None:
 @pytest.mark.timeout(420)
 def test_agent_openai_trains_a_single_turn_verifiers_environment(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    records = train(run_dir, ENVS / "vf_sum.py", "prompts_per_step=2", "max_new_tokens=6", "verifiers_args.size=8")
+    records = train(run_dir, ENVS / "vf_sum.py", "prompts_per_step=1", "max_new_tokens=6", "verifiers_args.size=8")
     for record in records:
         rows, stated, reports = conversations(run_dir, record["step"])
-        assert len(rows) == 4 and record["agent/error_rate"] == 0.0 and record["controller_bulk_bytes"] == 0
-        assert record["agent/reward_mean"] == pytest.approx(sum(stated.values()) / 4)  # the task's reward, as the runner stated it
+        assert len(rows) == 2 and record["agent/error_rate"] == 0.0 and record["controller_bulk_bytes"] == 0
+        assert record["agent/reward_mean"] == pytest.approx(sum(stated.values()) / 2)  # the task's reward, as the runner stated it
         for session, row in rows.items():
             report = reports[session]
             assert set(report["rewards"]) == {"exact_answer"} and stated[session] == report["rewards"]["exact_answer"] in (0.0, 1.0)
@@ -138,7 +139,7 @@ def test_agent_openai_trains_a_tool_using_verifiers_environment(tmp_path: Path) 
     run_dir = tmp_path / "run"
     # the environment's seat forces a tool call each turn: turn 1 calls `hint`, its MCP server answers
     records = train(run_dir, ENVS / "vf_tools.py", "prompts_per_step=1", "max_new_tokens=40", "max_turns=2",
-                    "max_total_tokens=500")  # the tool schema takes ~300 of the tiny preset's 512
+                    "max_total_tokens=500", steps=1)  # the tool schema takes ~300 of the tiny preset's 512
     tool_text = "add the two numbers and reply with the sum alone"
     for record in records:
         rows, stated, reports = conversations(run_dir, record["step"])
