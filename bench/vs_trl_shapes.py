@@ -72,3 +72,29 @@ def trl_vllm_args(use_vllm: bool, max_model_len: int) -> dict[str, Any]:
     return {"use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": False,
             "vllm_max_model_length": max_model_len, "vllm_gpu_memory_utilization": 0.3,
             "vllm_importance_sampling_correction": False}
+
+
+def shape_label(shape: dict[str, Any]) -> str:
+    """How the docs name a run's shape: prompts × n, new tokens, the prefix and prompt length."""
+    label = f"{shape['prompts']} × {shape['n']}, {shape['max_new_tokens']} new tokens"
+    if shape.get("prompt_prefix"):
+        label += f", {shape['prompt_prefix']} prefix ({shape['prompt_tokens']:.0f} prompt tokens)"
+    if shape.get("micro_batch_size"):
+        label += f", {shape['micro_batch_size']}-row micro-batches"
+    return label
+
+
+def table_row(result: dict[str, Any], link: str) -> str:
+    """One run as a row of docs/bench-and-performance.md's table (tests hold the page to the JSON)."""
+    s, h, t = result["shape"], result["hfrt_stages_s"], result["trl_stages_s"]
+    return (f"| {shape_label(s)} | [{result['date']}]({link}) | {s['trl_mode']} | {result['hfrt_step_s']:.2f} s | "
+            f"{result['trl_step_s']:.2f} s | {result['speedup']:.2f}× | "
+            f"{h['update_s']:.2f} / {h['generate_s']:.2f} / {h['ref_log_prob_s']:.2f} s | "
+            f"{t['generate_score_ref']:.2f} / {t['update']:.2f} s | {cpu_cell(result)} | {result['load_avg'][0]:.1f} |")
+
+
+def cpu_cell(result: dict[str, Any]) -> str:
+    """CPU seconds a step, hfrt / TRL (TRL's over hfrt's), or a dash for a run before they were measured."""
+    if "speedup_cpu" not in result:
+        return "—"
+    return f"{result['hfrt_cpu_s']:.1f} / {result['trl_cpu_s']:.1f} s ({result['speedup_cpu']:.2f}×)"

@@ -39,3 +39,29 @@ def test_trl_vllm_colocate_arguments_are_grpo_config_fields() -> None:
     assert set(args) <= fields, set(args) - fields
     assert trl_vllm_args(False, 512) == {}
     assert (trl_mode(True), trl_mode(False)) == ("vllm-colocate", "transformers-generate")
+
+
+def test_the_docs_rows_are_the_committed_runs() -> None:
+    """Every committed run of 2026-11-27 appears as its row in docs/bench-and-performance.md, and
+    the long-prompt shape is the one the issue names (prompt >= 256 tokens, n = 8, 32 new tokens)."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from hfrt.bench.vs_trl_shapes import shape_label, table_row
+
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "bench-and-performance.md").read_text()
+    runs = sorted((root / "bench" / "results").glob("vs-trl-2026-11-27-smollm2-vllm-*.json"))
+    assert runs, "no committed vs-trl run of 2026-11-27"
+    groups: dict[str, list[float]] = {}
+    for path in runs:
+        result = json.loads(path.read_text())
+        row = table_row(result, f"../bench/results/{path.name}")
+        assert row in page, f"docs/bench-and-performance.md lacks the row of {path.name}:\n{row}"
+        if result["shape"]["prompt_prefix"] == "tools":
+            assert result["shape"]["prompt_tokens"] >= 256 and result["shape"]["n"] == 8 and result["shape"]["max_new_tokens"] == 32
+        groups.setdefault(shape_label(result["shape"]), []).append(result["speedup"])
+    text = " ".join(page.split())
+    for label, speedups in groups.items():  # the page states each shape's median over its runs
+        assert f"{label}: median {statistics.median(speedups):.2f}× over {len(speedups)} run" in text, label
