@@ -4,6 +4,7 @@ loss modes (GSPO's, CISPO's and decoupled PPO's gradients, truncated importance 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -85,6 +86,7 @@ class _RecordingEngine:
 
     def __init__(self) -> None:
         self.scales: list[LossScale] = []
+        self.sharing = SimpleNamespace(tokens=[0, 0])  # shared-prefix counts: none shared here
 
     def from_last_stage(self, value: Any) -> Any:
         return value
