@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import time
@@ -66,3 +67,44 @@ def spawn_ranks(rank_main: Callable[..., None], args: tuple[Any, ...], world: in
         if not res["ok"]:
             raise RuntimeError(f"rank {rank} failed:\n{res['error']}")
     return results
+
+
+class StepProcess:
+    """A reference measured beside hfrt (TRL, the compute floor) in a spawned child process, driven
+    one step at a time over a pipe: `step()` sends "go" and returns the child's reply; a reply with
+    an "error" raises, naming `what`. `target(*args, conn)` is the child's loop. stop: a message
+    sent at close to a child that waits for its next step (None: the child ends by itself)."""
+
+    def __init__(self, target: Callable[..., Any], args: tuple[Any, ...], *, what: str, name: str,
+                 stop: str | None = None) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.what = what
+        self._stop = stop
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=target, args=(*args, child), name=name, daemon=True)
+        self.proc.start()
+        child.close()
+
+    def receive(self) -> dict[str, Any]:
+        try:
+            reply: dict[str, Any] = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the {self.what} process exited (code {self.proc.exitcode}) without replying") from None
+        if "error" in reply:
+            raise RuntimeError(f"the {self.what} process failed: {reply['error']}\n{reply['traceback']}")
+        return reply
+
+    def step(self) -> dict[str, Any]:
+        self.conn.send("go")
+        return self.receive()
+
+    def close(self) -> None:
+        if self._stop is not None:
+            try:
+                self.conn.send(self._stop)
+            except OSError:
+                pass
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()

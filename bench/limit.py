@@ -20,7 +20,6 @@ side computes.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import statistics
 import sys
@@ -30,7 +29,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from hfrt.bench.common import add_output_flags, emit, machine
+from hfrt.bench.common import StepProcess, add_output_flags, emit, machine
 from hfrt.bench.vs_trl import Shape, hfrt_config, hfrt_roles, prompt_rows
 
 #: hfrt's step at most this many times its floor
@@ -39,43 +38,14 @@ TARGET = 1.10
 STAGES = {"generate_s": "generate_s", "ref_log_prob_s": "reference_s", "update_s": "update_s"}
 
 
-class FloorProcess:
-    """The floor's child process, one step per call."""
+def floor_process(shape: Shape, engine: str, steps: int) -> StepProcess:
+    """The floor's child process, one step per call (it waits for "stop" at the end)."""
+    from hfrt.bench.limit_floor import floor_worker
 
-    def __init__(self, shape: Shape, engine: str, steps: int) -> None:
-        from hfrt.bench.limit_floor import floor_worker
-
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=floor_worker, args=(shape, engine, steps, child), name="hfrt-bench-limit", daemon=True)
-        self.proc.start()
-        child.close()
-
-    def receive(self) -> dict[str, Any]:
-        try:
-            reply: dict[str, Any] = self.conn.recv()
-        except EOFError:
-            raise RuntimeError(f"the floor process exited (code {self.proc.exitcode}) without replying") from None
-        if "error" in reply:
-            raise RuntimeError(f"the floor process failed: {reply['error']}\n{reply['traceback']}")
-        return reply
-
-    def step(self) -> dict[str, Any]:
-        self.conn.send("go")
-        return self.receive()
-
-    def close(self) -> None:
-        try:
-            self.conn.send("stop")  # a floor still waiting for its next step returns
-        except OSError:
-            pass
-        self.proc.join(timeout=30)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+    return StepProcess(floor_worker, (shape, engine, steps), what="floor", name="hfrt-bench-limit", stop="stop")
 
 
-async def interleaved(ctl: Any, shape: Shape, steps: int, floor: FloorProcess) -> dict[str, Any]:
+async def interleaved(ctl: Any, shape: Shape, steps: int, floor: StepProcess) -> dict[str, Any]:
     """`steps` hfrt GRPO steps, each followed by one floor step; every step's figures."""
     import asyncio
 
@@ -108,7 +78,7 @@ def measure(shape: Shape, steps: int, warmup: int, engine: str, heartbeat_s: flo
     from hfrt.wire.loop import run
 
     total = warmup + steps
-    floor = FloorProcess(shape, engine, total)
+    floor = floor_process(shape, engine, total)
     try:
         async def flow(ctl: Any, _config: dict[str, Any]) -> dict[str, Any]:
             return await interleaved(ctl, shape, total, floor)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import multiprocessing
 import os
 import statistics
 import sys
@@ -40,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hfrt.bench.common import add_output_flags, emit, machine
+from hfrt.bench.common import StepProcess, add_output_flags, emit, machine
 
 INSTALL_HINT = (
     "hfrt bench vs-trl needs TRL: pip install 'hfrt[bench]' (or pip install 'trl==1.16.*' "
@@ -184,34 +183,9 @@ def _trl_run(shape: Shape, steps: int, conn: Any) -> None:
     conn.send({"done": True})
 
 
-class TRLProcess:
+def trl_process(shape: Shape, steps: int) -> StepProcess:
     """The TRL child process, driven one step at a time."""
-
-    def __init__(self, shape: Shape, steps: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=trl_worker, args=(shape, steps, child), name="hfrt-vs-trl", daemon=True)
-        self.proc.start()
-        child.close()
-
-    def receive(self) -> dict[str, Any]:
-        try:
-            reply: dict[str, Any] = self.conn.recv()
-        except EOFError:
-            raise RuntimeError(f"the TRL process exited (code {self.proc.exitcode}) without replying") from None
-        if "error" in reply:
-            raise RuntimeError(f"the TRL process failed: {reply['error']}\n{reply['traceback']}")
-        return reply
-
-    def step(self) -> dict[str, Any]:
-        self.conn.send("go")
-        return self.receive()
-
-    def close(self) -> None:
-        self.proc.join(timeout=30)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+    return StepProcess(trl_worker, (shape, steps), what="TRL", name="hfrt-vs-trl")
 
 
 # ---------------------------------------------------------------------------------- hfrt side
@@ -266,7 +240,7 @@ def hfrt_config(shape: Shape, steps: int) -> Any:
     })
 
 
-async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start: float) -> dict[str, Any]:
+async def interleaved(ctl: Any, shape: Shape, steps: int, trl: StepProcess, start: float) -> dict[str, Any]:
     """`steps` hfrt GRPO steps, each followed by one TRL step; every step's figures, and each
     side's start-up time (from `start` until its daemons / trainer are ready)."""
     import asyncio
@@ -332,7 +306,7 @@ def measure(shape: Shape, steps: int, warmup: int, engine: str, keep: str | None
     from hfrt.wire.loop import run
 
     total = warmup + steps
-    trl = TRLProcess(shape, total)
+    trl = trl_process(shape, total)
     try:
         start = time.perf_counter()
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import multiprocessing
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hfrt.bench.common import add_output_flags, emit, machine
+from hfrt.bench.common import StepProcess, add_output_flags, emit, machine
 from hfrt.bench.vs_trl import INSTALL_HINT
 
 WORDS = ("the", "sum", "of", "these", "two", "numbers", "is", "found", "by", "counting", "on", "from", "first", "one")
@@ -133,34 +132,9 @@ def run_trl(shape: Shape, steps: int, conn: Any) -> None:
     conn.send({"done": True, "losses": losses})
 
 
-class TRLProcess:
+def trl_process(shape: Shape, steps: int) -> StepProcess:
     """The TRL child process, driven one step at a time."""
-
-    def __init__(self, shape: Shape, steps: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=trl_worker, args=(shape, steps, child), name="hfrt-vs-trl-sft", daemon=True)
-        self.proc.start()
-        child.close()
-
-    def receive(self) -> dict[str, Any]:
-        try:
-            reply: dict[str, Any] = self.conn.recv()
-        except EOFError:
-            raise RuntimeError(f"the TRL process exited (code {self.proc.exitcode}) without replying") from None
-        if "error" in reply:
-            raise RuntimeError(f"the TRL process failed: {reply['error']}\n{reply['traceback']}")
-        return reply
-
-    def step(self) -> dict[str, Any]:
-        self.conn.send("go")
-        return self.receive()
-
-    def close(self) -> None:
-        self.proc.join(timeout=30)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+    return StepProcess(trl_worker, (shape, steps), what="TRL", name="hfrt-vs-trl-sft")
 
 
 def actor_role(shape: Shape) -> dict[str, dict[str, Any]]:
@@ -174,7 +148,7 @@ def actor_role(shape: Shape) -> dict[str, dict[str, Any]]:
     return {"actor": {"impl": "actor", "options": options}}
 
 
-async def interleaved(ctl: Any, shape: Shape, steps: int, trl: TRLProcess, start: float) -> dict[str, Any]:
+async def interleaved(ctl: Any, shape: Shape, steps: int, trl: StepProcess, start: float) -> dict[str, Any]:
     """`steps` hfrt sft_update calls, each followed by one TRL step; each side's step figures."""
     import asyncio
 
@@ -205,7 +179,7 @@ def measure(shape: Shape, steps: int, warmup: int) -> dict[str, Any]:
     from hfrt.wire.loop import run
 
     total = warmup + steps
-    trl = TRLProcess(shape, total)
+    trl = trl_process(shape, total)
     try:
         start = time.perf_counter()
 
