@@ -79,10 +79,12 @@ class OfflineConfig:
 
     #: the flow's name, in errors
     FLOW: ClassVar[str] = "offline"
+    #: the name of the flow's rows-per-optimizer-step setting (a field of its own)
+    PER_STEP: ClassVar[str] = "rows_per_step"
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.per_step() < 1:
-            raise ValueError(f"config epochs={self.epochs!r}, {self.per_step_key()}={self.per_step()!r}: must be at least 1")
+            raise ValueError(f"config epochs={self.epochs!r}, {self.PER_STEP}={self.per_step()!r}: must be at least 1")
         for name in ("max_steps", "val_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"config {name}={getattr(self, name)!r}: must not be negative")
@@ -94,13 +96,9 @@ class OfflineConfig:
             raise ValueError(f"config progress={self.progress!r}: use auto, on or off")
         self.rows()  # every row checked before any daemon starts
 
-    def per_step_key(self) -> str:
-        """The name of the rows-per-step setting (a flow's own)."""
-        raise NotImplementedError
-
     def per_step(self) -> int:
-        """Rows per optimizer step (the flow's own setting, named by per_step_key)."""
-        raise NotImplementedError
+        """Rows per optimizer step (the flow's own setting, named by PER_STEP)."""
+        return int(getattr(self, self.PER_STEP))
 
     def rows(self) -> tuple[Rows, Rows]:
         """(training rows, held-out rows), read and checked; ValueError naming the key and row."""

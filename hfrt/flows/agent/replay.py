@@ -77,12 +77,6 @@ class AgentReplayConfig(OfflineConfig):
             raise ValueError(f"config tis_cap={self.tis_cap!r}: must be >= 0 (0: off)")
         super().__post_init__()
 
-    def per_step_key(self) -> str:
-        return "rows_per_step"
-
-    def per_step(self) -> int:
-        return self.rows_per_step
-
     def rows(self) -> tuple[Rows, Rows]:
         """(every recorded trajectory, rewarded, []): checked before launch."""
         try:

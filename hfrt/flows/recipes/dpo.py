@@ -59,6 +59,7 @@ class DPOConfig(OfflineConfig):
     reference_from_actor: bool = True
 
     FLOW: ClassVar[str] = "dpo"
+    PER_STEP: ClassVar[str] = "pairs_per_step"
 
     def __post_init__(self) -> None:
         try:
@@ -66,12 +67,6 @@ class DPOConfig(OfflineConfig):
         except ValueError as exc:
             raise ValueError(f"config: {exc}") from None
         super().__post_init__()
-
-    def per_step_key(self) -> str:
-        return "pairs_per_step"
-
-    def per_step(self) -> int:
-        return self.pairs_per_step
 
     def loss_options(self) -> dict[str, Any]:
         """The actor's dpo_update / dpo_evaluate loss options, checked."""

@@ -56,12 +56,6 @@ class SFTConfig(OfflineConfig):
             raise ValueError(f"config truncation={self.truncation!r}: use one of {', '.join(TRUNCATIONS)}")
         super().__post_init__()
 
-    def per_step_key(self) -> str:
-        return "rows_per_step"
-
-    def per_step(self) -> int:
-        return self.rows_per_step
-
     def rows(self) -> tuple[Rows, Rows]:
         if self.rows_count < 2 or self.max_operand < 0:
             raise ValueError(f"config rows_count={self.rows_count!r}, max_operand={self.max_operand!r}: "
