@@ -1,4 +1,5 @@
-"""Session fixtures: the suite fails if any hfrt daemon process it started outlives it."""
+"""Suite fixtures: the suite fails if any hfrt daemon process it started outlives it, and no test
+leaves its environment variables to the next."""
 
 from __future__ import annotations
 
@@ -22,3 +23,15 @@ def no_leaked_daemons() -> Iterator[None]:
     for pid in leaked:
         os.kill(pid, signal.SIGKILL)
     assert not leaked, f"hfrt daemon processes outlived the test suite: {sorted(leaked)}"
+
+
+@pytest.fixture(autouse=True)
+def own_environment() -> Iterator[None]:
+    """Put os.environ back after every test: an import may set variables the daemons later started
+    inherit (importing trl sets VLLM_LOGGING_LEVEL=ERROR, which silenced vLLM's engine log in a later
+    test that reads it)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
