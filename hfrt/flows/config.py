@@ -54,7 +54,7 @@ class FlowConfig:
     max_operand: int = 2
     #: new tokens sampled per response at most
     max_new_tokens: int = 2
-    #: sampling temperature of the rollouts (validation is greedy)
+    #: sampling temperature of the rollouts (validation's is val_temperature, default greedy)
     temperature: float = 1.0
     #: passes over each rollout in the actor's and the critic's updates
     ppo_epochs: int = 1
@@ -91,13 +91,21 @@ class FlowConfig:
     data_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the validation prompts' file ("": data's first rows, or held-out addition prompts)
     val_data: str = ""
-    #: a greedy validation pass every N steps and after the last (0: none); the summary shows the
-    #: first and last validation accuracy
+    #: a validation pass every N steps and after the last (0: none; greedy unless val_temperature);
+    #: the summary shows the first and last validation accuracy
     val_every: int = 0
     #: prompts in each validation pass
     val_prompts: int = 32
     #: with val_every, also one validation pass before the first step (`val_before/*` in step 0's record)
     val_before_train: bool = True
+    #: the validation pass's sampling temperature (verl's `val_kwargs.temperature`); 0: greedy
+    val_temperature: float = 0.0
+    #: responses per validation prompt (verl's `val_kwargs.n`; needs val_temperature > 0):
+    #: `val/accuracy` and `val/reward_mean` are means over every response
+    val_n: int = 1
+    #: one validation pass of the starting weights and no training (verl's `trainer.val_only`): the
+    #: summary and metrics.jsonl hold its `val/*`; no step runs and nothing is exported
+    val_only: bool = False
     #: a checkpoint every N steps and after the last (0: none)
     checkpoint_every: int = 0
     #: at the end, write the actor as a Hugging Face model folder, RUN_DIR/hf
@@ -148,6 +156,7 @@ class FlowConfig:
                 raise ValueError(f"config {name}={getattr(self, name)!r}: must not be negative")
         if self.temperature < 0:
             raise ValueError(f"config temperature={self.temperature!r}: must not be negative")
+        self._check_validation_sampling()
         if not 0.0 <= self.reward_error_limit <= 1.0:
             raise ValueError(f"config reward_error_limit={self.reward_error_limit!r}: a share of a step's samples, 0 to 1 (1: never stop)")
         if self.tis_cap < 0:
@@ -169,6 +178,16 @@ class FlowConfig:
             if path:  # rows of the wrong shape, or none, refused before any daemon starts
                 from hfrt.flows.data import check_data_file
                 check_data_file(path, f"config {name}")
+
+    def _check_validation_sampling(self) -> None:
+        """val_temperature and val_n: n samples of one greedy answer would all be the same."""
+        if self.val_temperature < 0:
+            raise ValueError(f"config val_temperature={self.val_temperature!r}: must not be negative (0: greedy)")
+        if isinstance(self.val_n, bool) or self.val_n < 1:
+            raise ValueError(f"config val_n={self.val_n!r}: must be at least 1")
+        if self.val_n > 1 and self.val_temperature == 0:
+            raise ValueError(f"config val_n={self.val_n}: greedy validation (val_temperature=0) gives one answer per "
+                             "prompt; set val_temperature > 0 (e.g. 1.0) to sample val_n of them")
 
     def _check_gym_data(self) -> None:
         """A reasoning-gym `data` and its `data_options`, checked by building the task once (the

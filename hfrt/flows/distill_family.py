@@ -47,7 +47,7 @@ class DistillConfig(FlowConfig):
     steps: int = 300
     #: prompts per step (FlowConfig's 16 is too few for a student this far from its teacher)
     prompts_per_step: int = 64
-    #: a greedy validation pass every N steps and after the last
+    #: a validation pass every N steps and after the last (greedy unless val_temperature)
     val_every: int = 50
 
     def __post_init__(self) -> None:

@@ -88,7 +88,8 @@ class Trainer:
         self.checkpoints = CheckpointManager(cfg.run_dir, max_step=cfg.steps, trained=self.trained, source=self.source,
                                              actor=actor, flow_state=state)
         self.validator = Validator(self.task, actor, self.roles.get("reward"), count=cfg.val_prompts,
-                                   max_new_tokens=cfg.max_new_tokens, errors=self.reward_errors)
+                                   max_new_tokens=cfg.max_new_tokens, errors=self.reward_errors,
+                                   temperature=cfg.val_temperature, n=cfg.val_n, seed=validation_seed(cfg))
         self.metrics = MetricsProcessor.for_config(ctl, cfg, self.reward_errors)
         self.exporter = HFExport(cfg.run_dir, actor, enabled=cfg.export_hf)
 
@@ -98,6 +99,8 @@ class Trainer:
         self.step_fn = step_fn
         with self.metrics:
             await self._start()
+            if cfg.val_only:
+                return await self._validate_only()
             before: dict[str, float] = {}
             if cfg.val_every and cfg.val_before_train and self.start_step == 0:
                 before = before_training(await self.validate())
@@ -123,6 +126,14 @@ class Trainer:
                 self.resumed_from = ckpt.step
         if not self.resumed_from:
             self.started = await self.checkpoints.initial_weights(self.cfg.daemons_dir, reset=self.cfg.reset_weights)
+
+    async def _validate_only(self) -> dict[str, Any]:
+        """val_only: one validation pass of the starting weights, written as the record of step 0
+        (no step runs, nothing is exported); the summary holds its `val/*`."""
+        metrics = await self.validate()
+        self.metrics.write({"step": 0, **metrics})
+        return {"val_only": True, "steps": 0, **metrics, "val_prompts": len(self.validator.rows()["prompt"]),
+                "val_temperature": self.cfg.val_temperature, "val_n": self.cfg.val_n} | self.started
 
     async def _step(self, step: int, before: dict[str, float]) -> dict[str, float]:
         """One step: run it, validate if due, write its record, checkpoint if due."""
@@ -183,7 +194,7 @@ class Trainer:
         return prompts_handle(self.source.batch(count))
 
     async def validate(self) -> dict[str, float]:
-        """One greedy validation pass (hfrt.flows.validation): `val/reward_mean` and `val/accuracy`,
+        """One validation pass (hfrt.flows.validation; greedy unless val_temperature): `val/reward_mean` and `val/accuracy`,
         the share of scores the task counts as right."""
         return await self.validator.run()
 
@@ -196,6 +207,11 @@ def due(every: int, step: int, steps: int) -> bool:
     """Whether something done every `every` steps (0: never) happens after step `step` (0-based):
     after every `every`-th step and after the last."""
     return bool(every) and ((step + 1) % every == 0 or step + 1 == steps)
+
+
+def validation_seed(cfg: FlowConfig) -> int:
+    """The sampling seed of every sampled validation pass: fixed by `seed`, apart from every step's."""
+    return cfg.seed * 1_000_003 + 1_000_002
 
 
 def sampling_seed(cfg: FlowConfig, step: int) -> int:

@@ -85,8 +85,10 @@ class AgentGRPOConfig(GRPOFlowConfig):
                 f"config max_staleness={self.max_staleness} with agent_on=actor: the colocated actor cannot "
                 "run agents while it trains; use agent_on=rollout for asynchronous agent rollouts, or max_staleness=0")
         check_pipeline_settings(self)
-        if self.val_every:
-            raise ValueError(f"config val_every={self.val_every}: agent_calc has no validation pass (its reward comes from the agent loop); use 0")
+        if self.val_every or self.val_only:
+            key = f"val_every={self.val_every}" if self.val_every else "val_only=true"
+            raise ValueError(f"config {key}: agent_calc has no validation pass (its reward comes from the agent loop); "
+                             "use val_every=0, val_only=false")
         if self.max_total_tokens < 2 or self.max_turns < 1:
             raise ValueError(f"config max_total_tokens={self.max_total_tokens}, max_turns={self.max_turns}: need at least 2 and 1")
 
