@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import os
 import signal
@@ -147,12 +148,17 @@ async def phase_ranks(ctl: Controller, fleet: Fleet, launcher: LocalLauncher, ke
     ready_s = time.monotonic() - start
     directory = ctl.stats()["peer_directory_bytes"]
     await ctl.role(VICTIM_ROLE, timeout_s=s.ready_timeout_s)
+    beats = ctl.stats()["heartbeats"]
     idle = await idle_cpu(IDLE_S)
+    idle_beats = (ctl.stats()["heartbeats"] - beats) / IDLE_S
+    beats = ctl.stats()["heartbeats"]
     bcast, bcast_cpu = await timed(s.broadcasts, group.ping.call)
+    busy_beats = (ctl.stats()["heartbeats"] - beats) / sum(bcast)
     batch = shard_batch(group)
     disp, disp_cpu = await timed(s.dispatches, lambda: group.take(batch))
     out: dict[str, Any] = {
         "ready_s": ready_s, "peer_directory_bytes": directory, "controller_idle_cpu_ms_per_s": idle * 1e3,
+        "heartbeats_per_s_idle": idle_beats, "heartbeats_per_s_broadcasting": busy_beats,
         "controller_cpu_ms_per_broadcast_net": net_ms(bcast_cpu, bcast, idle),
         "controller_cpu_ms_per_dispatch_net": net_ms(disp_cpu, disp, idle),
         "broadcast_p50_ms": statistics.median(bcast) * 1e3, "broadcast_p99_ms": pct(bcast, 0.99) * 1e3,
@@ -238,8 +244,21 @@ async def soak(one: Any, steps: int, every: int = 100) -> dict[str, Any]:
             rss_warm = rss_mb()[0]
         if step % every == 0:
             series.append(round(rss_mb()[0], 1))
+    last = rss_mb()[0]
     return {"soak_steps": steps, "soak_s": time.monotonic() - start, "soak_rss_mb_first": rss_warm,
-            "soak_rss_mb_last": rss_mb()[0], f"soak_rss_mb_every_{every}": series}
+            "soak_rss_mb_last": last, f"soak_rss_mb_every_{every}": series,
+            "soak_rss_mb_after_malloc_trim": trimmed_rss_mb()}
+
+
+def trimmed_rss_mb() -> float | None:
+    """Resident memory after glibc's malloc_trim(0) hands free heap pages back to the system: what
+    of the growth was freed memory the allocator kept (None where libc has no malloc_trim)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        return None
+    return rss_mb()[0]
 
 
 async def measure(s: Settings) -> dict[str, Any]:

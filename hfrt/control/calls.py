@@ -224,11 +224,12 @@ class CallTable:
         del self.calls[call_id]
         return pending
 
-    def reply(self, ident: bytes, msg: Reply, now: float) -> None:
-        """A Reply from the daemon with routing id `ident`, read at `now` (loop clock)."""
+    def reply(self, ident: bytes, msg: Reply, now: float) -> bool:
+        """A Reply from the daemon with routing id `ident`, read at `now` (loop clock); False when
+        no pending call of that daemon was waiting for it (a stray: late, or not ours)."""
         pending = self.take(ident, msg.call_id, "reply")
         if pending is None:
-            return
+            return False
         if self.trace is not None:
             self.trace.add(pending.daemon.identity, pending.endpoint, msg.call_id, pending.sent, "ok")
         pending.daemon.last_seen = now
@@ -238,16 +239,22 @@ class CallTable:
         if self._wire.codec.records_seen:
             self._track(msg.value)
         pending.resolve(msg.value)
+        return True
 
-    def error(self, ident: bytes, msg: Error) -> None:
-        """An Error from the daemon with routing id `ident`: the call it names fails with RemoteError."""
+    def error(self, ident: bytes, msg: Error, now: float | None = None) -> bool:
+        """An Error from the daemon with routing id `ident`, read at `now` (loop clock; a sign of
+        life as a Reply is): the call it names fails with RemoteError. False when no pending call
+        of that daemon was waiting for it."""
         self._stats["errors"] += 1
         pending = self.take(ident, msg.call_id, "error") if msg.call_id else None
         if pending is None:
             if msg.call_id not in self.calls:  # a forged one was logged as dropped_reply
                 self._log.warning("daemon_error", peer=ident.decode("utf-8", "replace"), type=msg.type, message=msg.message)
-            return
+            return False
+        if now is not None:
+            pending.daemon.last_seen = now
         self.span(msg.call_id, pending, "error")
         if pending.timer is not None:
             pending.timer.cancel()
         pending.fail(RemoteError(pending.where, msg.type, msg.message, msg.traceback, msg.param))
+        return True

@@ -104,8 +104,8 @@ class Controller:
         self.launched_roles: frozenset[str] | None = None
         if recovery is not None:
             recovery.attach(self)
-        names = ("calls_sent", "replies", "errors", "dropped_frames", "dropped_replies", "controller_bulk_bytes", "keys_freed",
-                 "peer_directory_bytes")
+        names = ("calls_sent", "replies", "errors", "heartbeats", "dropped_frames", "dropped_replies", "controller_bulk_bytes",
+                 "keys_freed", "peer_directory_bytes")
         self._stats: dict[str, int] = dict.fromkeys(names, 0)
         self._strays = StrayReplies(self._stats, self._log)  # late_replies, unmatched_replies
         self._plane = TensorPlane(self._roster.all, self._roster.get, self.submit, self._stats)
@@ -326,9 +326,11 @@ class Controller:
     def _dispatch_message(self, ident: bytes, msg: Message) -> None:
         kind = type(msg)
         if kind is Reply:
-            self._table.reply(ident, msg, self._loop.time())  # type: ignore[arg-type]
+            if not self._table.reply(ident, msg, self._loop.time()):  # type: ignore[arg-type]
+                self._seen(ident)  # a late reply is a sign of life too (the daemon skips beats it makes redundant)
         elif kind is Error:
-            self._table.error(ident, msg)  # type: ignore[arg-type]
+            if not self._table.error(ident, msg, self._loop.time()):  # type: ignore[arg-type]
+                self._seen(ident)
         elif kind is Heartbeat:
             self._on_heartbeat(ident, msg)  # type: ignore[arg-type]
         elif kind is Partial:  # a streaming endpoint's yielded value (hfrt.control.streams)
@@ -340,7 +342,14 @@ class Controller:
         else:
             self._log.warning("unexpected_message", peer=ident.decode("utf-8", "replace"), kind=msg.NAME)
 
+    def _seen(self, ident: bytes) -> None:
+        """The daemon whose main socket has routing id `ident` (if one said hello) was heard now."""
+        info = self._roster.get(ident.decode("utf-8", "replace"))
+        if info is not None and info.route == ident:
+            info.last_seen = self._loop.time()
+
     def _on_heartbeat(self, ident: bytes, msg: Heartbeat) -> None:
+        self._stats["heartbeats"] += 1
         owner = self._roster.of_heartbeat(ident)
         if owner is not None:
             owner.last_seen = self._loop.time()

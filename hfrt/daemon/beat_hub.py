@@ -5,8 +5,9 @@ Each daemon keeps what a lone daemon's HeartbeatThread has: its own heartbeat so
 Vigil (hfrt.daemon.heartbeat decides, on the same rules). What is shared is the thread: it wakes
 every TICK_S, reads whatever echoes and connection events arrived for any daemon, sends the beats
 that are due and judges each daemon's silence every JUDGE_EVERY ticks, so a host of N daemons
-costs one thread and about 2N beats per heartbeat interval, not N threads. A judgement of
-ORPHANED goes to that daemon's own `notify`; FORCE_EXIT ends the process, as it does for a lone
+costs one thread and at most about 2N beats per heartbeat interval, not N threads (none for a
+daemon whose serving loop is exchanging calls and replies with the controller:
+hfrt.daemon.heartbeat.Traffic). A judgement of ORPHANED goes to that daemon's own `notify`; FORCE_EXIT ends the process, as it does for a lone
 daemon (a host's daemons share their controller, so they are orphaned together).
 
 It knows the wire protocol, zmq and the Vigil; nothing of endpoints or of how daemons serve.
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from hfrt.daemon.heartbeat import BEATS_PER_INTERVAL, SEND_HWM, HeartbeatEvent, Silence, Vigil
+from hfrt.daemon.heartbeat import BEATS_PER_INTERVAL, SEND_HWM, HeartbeatEvent, Silence, Traffic, Vigil, beat_deferred
 from hfrt.log import get_logger
 from hfrt.protocols import Heartbeat, Limits, Wire, WireError, check_heartbeat_s
 from hfrt.wire.channel import unbatch
@@ -55,6 +56,7 @@ class HubBeats:
         self.exit_with_controller = config.exit_with_controller
         self.notify = notify
         self.connected = True  # until a DISCONNECTED event (see HeartbeatThread.connected)
+        self.traffic = Traffic()  # the serving loop's exchange with the controller (the server sets its own)
         self.seq = 0
         self.next_beat = 0.0
         self.vigil: Vigil | None = None
@@ -226,6 +228,11 @@ class BeatHub(threading.Thread):
         for member in self._members.values():
             if now < member.next_beat:
                 continue
+            spacing = member.interval_s / BEATS_PER_INTERVAL
+            deferred = beat_deferred(member.traffic, now, spacing)
+            if deferred is not None:  # its replies and the controller's calls prove as much as a beat
+                member.next_beat = deferred
+                continue
             assert member.sock is not None
             try:  # one pack per beat: the body names the daemon's session and sequence
                 member.sock.send_multipart(self._wire.pack(Heartbeat(member.session, member.seq, time.time())), zmq.NOBLOCK)
@@ -234,11 +241,12 @@ class BeatHub(threading.Thread):
                 if self.dropped & (self.dropped - 1) == 0:
                     self._log.warning("heartbeat_dropped", dropped=self.dropped, error=f"{type(exc).__name__}: {exc}")
             member.seq += 1
-            member.next_beat = now + member.interval_s / BEATS_PER_INTERVAL
+            member.next_beat = now + spacing
 
     def _judge(self, now: float) -> None:
         for member in self._members.values():
             assert member.vigil is not None
+            member.vigil.heard(member.traffic.heard)
             judgement = member.vigil.judge(now, welcomed=bool(member.session), connected=member.connected,
                                            interval_s=member.interval_s)
             if judgement.silence is Silence.ORPHANED:

@@ -18,7 +18,10 @@ vanished without closing anything is caught by orphan_timeout_s.
 It beats BEATS_PER_INTERVAL times per heartbeat interval, so a beat delayed by a starved thread
 (a loaded machine, a C extension holding the GIL) is covered by the next one before the controller
 judges silence. A beat that cannot be sent (queue full, controller gone) is dropped and logged; the
-thread never dies of it.
+thread never dies of it. A beat is skipped while the serving loop's own exchange with the
+controller proves as much (Traffic: it sent a reply and heard a message within the beat spacing;
+the controller counts replies as signs of life and the Vigil counts what the loop heard), so a
+busy daemon costs the controller no heartbeats; beats resume one spacing after the exchange stops.
 """
 
 from __future__ import annotations
@@ -48,6 +51,27 @@ SEND_HWM = 4
 #: interval before a kill, so the daemon knows within one interval of the kill and has the second
 #: to wind down and exit.
 CONTROLLER_DEAD_AFTER = 1.0
+
+
+class Traffic:
+    """When (time.monotonic()) the serving loop last sent its controller a reply and last heard a
+    signed message from it: written by the loop's thread, read by the heartbeat thread (a float
+    store is atomic under the GIL)."""
+
+    __slots__ = ("heard", "sent")
+
+    def __init__(self) -> None:
+        self.sent = float("-inf")
+        self.heard = float("-inf")
+
+
+def beat_deferred(traffic: Traffic, now: float, spacing_s: float) -> float | None:
+    """When the beat due `now` may wait until (None: send it now). The loop both sent a reply and
+    heard from the controller within `spacing_s`: the reply told the controller what a beat would,
+    and the message told us it is there, so the beat waits until `spacing_s` after the older of
+    the two — the controller never goes longer without a sign of life than it does with beats."""
+    proof = min(traffic.sent, traffic.heard)
+    return proof + spacing_s if now - proof < spacing_s else None
 
 
 class HeartbeatEvent(enum.StrEnum):
@@ -109,6 +133,13 @@ class Vigil:
         self._rehello_at[session] = now
         return True
 
+    def heard(self, at: float) -> None:
+        """The serving loop heard a signed message from the controller at `at` (its calls prove
+        it is there as an echo does, while beats are skipped)."""
+        if at > self.last_heard:
+            self.last_heard = at
+            self.orphaned_at = None
+
     def judge(self, now: float, *, welcomed: bool, connected: bool, interval_s: float) -> Judgement:
         """The silence so far: ORPHANED once (a welcomed run's daemon whose controller's connection
         is down and echoes stopped CONTROLLER_DEAD_AFTER intervals ago, or any daemon silent past
@@ -168,6 +199,8 @@ class HeartbeatThread(threading.Thread):
         # False once a DISCONNECTED event said the controller's end closed, until it connects again: a
         # socket still connecting (a controller busy accepting thousands) is no sign of a dead controller
         self.connected = True
+        #: the serving loop's exchange with the controller (the server replaces it with its own)
+        self.traffic = Traffic()
         self._stopping = threading.Event()
         self._log = get_logger(daemon=identity, part="heartbeat")
 
@@ -207,14 +240,18 @@ class HeartbeatThread(threading.Thread):
         while not self._stopping.is_set():
             now = time.monotonic()
             if now >= next_beat:
-                self._send_beat(sock, seq)
-                seq += 1
-                next_beat = now + self.interval_s / BEATS_PER_INTERVAL
+                spacing = self.interval_s / BEATS_PER_INTERVAL
+                deferred = beat_deferred(self.traffic, now, spacing)
+                if deferred is None:
+                    self._send_beat(sock, seq)
+                    seq += 1
+                next_beat = now + spacing if deferred is None else deferred
             ready = dict(poller.poll(int(1000 * min(POLL_CAP_S, max(0.0, next_beat - now)))))
             if monitor in ready:
                 self._read_monitor(monitor)
             if sock in ready:
                 self._read_echoes(sock, vigil)
+            vigil.heard(self.traffic.heard)
             self._act_on(vigil.judge(time.monotonic(), welcomed=bool(self.session), connected=self.connected,
                                      interval_s=self.interval_s))
 

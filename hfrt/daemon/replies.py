@@ -4,16 +4,20 @@ of the refused argument when the endpoint raised InvalidArgument), or a streamin
 A reply that a Cancel asked to drop (a threaded call cancelled while in its thread) is not sent;
 an error always is.
 
-It is given the wire (packing, signing), a function that sends frames, the running-call records
-and a way to export result tensors; it knows nothing of endpoints, ordering or the socket.
+It is given the wire (packing, signing), a function that sends frames, the running-call records,
+a way to export result tensors and the Traffic record it stamps with each outcome sent (the
+heartbeat skips beats those outcomes make redundant); it knows nothing of endpoints, ordering or
+the socket.
 """
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+from hfrt.daemon.heartbeat import Traffic
 from hfrt.daemon.running import RunningCalls
 from hfrt.protocols import Call, Error, Message, Partial, Reply, Wire, WireError
 from hfrt.wire.errors import InvalidArgument
@@ -25,11 +29,12 @@ class Replies:
     wire: packs and signs messages. send_frames: sends packed frames to the controller.
     running: the running-call records (a finished call leaves them; a dropped reply is skipped).
     export: a result value with its tensors stored and replaced by handles.
-    log: where a raising endpoint is logged.
+    log: where a raising endpoint is logged. traffic: stamped `sent` with each outcome sent.
     """
 
     def __init__(self, wire: Wire, send_frames: Callable[[list[Any]], None], running: RunningCalls,
-                 export: Callable[[Any], Any], log: Any) -> None:
+                 export: Callable[[Any], Any], log: Any, traffic: Traffic | None = None) -> None:
+        self.traffic = traffic or Traffic()
         self._wire = wire
         self._send_frames = send_frames
         self._running = running
@@ -57,6 +62,7 @@ class Replies:
             self.error(call, "ResultNotStored", f"{call.endpoint}: {type(exc).__name__}: {exc}")
             return
         self._send_frames(frames)
+        self.traffic.sent = time.monotonic()
 
     def raised(self, call: Call, exc: BaseException) -> None:
         """The endpoint raised `exc` (being handled): an Error with its traceback, even for a
@@ -69,6 +75,7 @@ class Replies:
     def error(self, call: Call, type_name: str, message: str, tb: str = "", param: str | None = None) -> None:
         """Answer `call` with an Error (`param`: the argument or option the endpoint refused)."""
         self.send(Error(call.call_id, type_name, message, tb, param))
+        self.traffic.sent = time.monotonic()
 
     def partial(self, call: Call, part: Any) -> None:
         """One value a streaming endpoint yielded. Partials are plain msgpack values (tokens,
@@ -77,3 +84,4 @@ class Replies:
             self.send(Partial(call.call_id, part))
         except (WireError, TypeError, ValueError, OverflowError) as exc:
             raise TypeError(f"{call.endpoint} yielded a value hfrt cannot send: {exc}") from exc
+        self.traffic.sent = time.monotonic()

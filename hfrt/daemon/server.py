@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 
 from hfrt.daemon.base import Daemon, DaemonContext
-from hfrt.daemon.heartbeat import HeartbeatEvent, HeartbeatThread
+from hfrt.daemon.heartbeat import HeartbeatEvent, HeartbeatThread, Traffic
 from hfrt.daemon.replies import Replies
 from hfrt.daemon.running import RunningCalls
 from hfrt.daemon.streaming import StreamRunner
@@ -97,6 +97,8 @@ class Beats(Protocol):
     through the `notify` function it was made with."""
 
     interval_s: float
+    #: the serving loop's exchange with the controller (the server sets its own before start())
+    traffic: Traffic
 
     def welcome(self, session: str, interval_s: float) -> None: ...
 
@@ -150,7 +152,9 @@ class DaemonServer:
         self._grace_s = 0.0  # how long running calls may take to finish, once stopping
         self.tensors = TensorServing(context.identity, key, context.options, self._table)
         self._calls = RunningCalls(self._log, self.tensors.forget)  # async, threaded, streaming
-        self._replies = Replies(self._wire, self._send_frames, self._calls, self.tensors.export, self._log)
+        #: the loop's exchange with the controller, which its heartbeat reads (beats it makes redundant are skipped)
+        self.traffic = Traffic()
+        self._replies = Replies(self._wire, self._send_frames, self._calls, self.tensors.export, self._log, self.traffic)
         self._streams = StreamRunner(self._track, self.tensors.arguments, self._replies)
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -169,6 +173,7 @@ class DaemonServer:
         sock.connect(self.config.controller)
         hb = self._own_heartbeat(zctx) if hosting is None else hosting.beats(
             self.context.identity, self.config, self._notify_from_heartbeat_thread)
+        hb.traffic = self.traffic
         self._hb = hb
         if hosting is None:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -285,6 +290,7 @@ class DaemonServer:
     def _on_frames(self, frames: list[bytes]) -> None:
         try:
             msg = self._wire.unpack(frames)
+            self.traffic.heard = time.monotonic()  # signed by the controller: it is there
         except (Undecodable, UnknownKind) as exc:
             # Signed by our controller but unreadable: say so, the controller logs it.
             self._log.warning("bad_message", reason=str(exc), error=type(exc).__name__)

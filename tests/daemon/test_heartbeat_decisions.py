@@ -71,3 +71,30 @@ def test_a_kept_daemon_outlives_a_dead_controller_until_its_orphan_timeout() -> 
     v = vigil(orphan_timeout_s=60.0, exit_with_controller=False)
     assert v.judge(30.0, welcomed=True, connected=False, interval_s=INTERVAL).silence is Silence.FINE
     assert v.judge(61.0, welcomed=True, connected=False, interval_s=INTERVAL).silence is Silence.ORPHANED
+
+
+def test_a_beat_waits_while_replies_and_calls_prove_as_much_and_never_longer_than_one_spacing() -> None:
+    from hfrt.daemon.heartbeat import Traffic, beat_deferred
+
+    spacing = INTERVAL / 2
+    traffic = Traffic()
+    assert beat_deferred(traffic, 10.0, spacing) is None, "no exchange yet: beat"
+    traffic.sent, traffic.heard = 9.8, 9.9
+    assert beat_deferred(traffic, 10.0, spacing) == 9.8 + spacing, "a reply and a call within the spacing: wait"
+    traffic.heard = 9.0
+    assert beat_deferred(traffic, 10.0, spacing) is None, "replies alone (a stream to a silent controller): beat"
+    traffic.sent, traffic.heard = 9.0, 9.9
+    assert beat_deferred(traffic, 10.0, spacing) is None, "calls alone (nothing answered yet): beat"
+    traffic.sent = traffic.heard = 9.6
+    assert beat_deferred(traffic, 10.1, spacing) is None, "the exchange stopped one spacing ago: beat again"
+
+
+def test_what_the_serving_loop_heard_counts_as_an_echo_and_ends_an_orphaning() -> None:
+    v = vigil(orphan_timeout_s=5.0, exit_grace_s=2.0)
+    v.heard(4.0)
+    assert v.judge(8.5, welcomed=True, connected=True, interval_s=INTERVAL).silence is Silence.FINE, "heard at 4.0"
+    assert v.judge(9.5, welcomed=True, connected=True, interval_s=INTERVAL).silence is Silence.ORPHANED
+    v.heard(3.0)  # older than what it knows: changes nothing
+    assert v.last_heard == 4.0
+    v.heard(9.6)
+    assert v.judge(11.0, welcomed=True, connected=True, interval_s=INTERVAL).silence is Silence.FINE

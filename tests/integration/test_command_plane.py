@@ -217,3 +217,27 @@ async def test_under_cpu_load_live_daemons_stay_and_a_frozen_one_is_found() -> N
         states = {d.identity: (d.alive, d.gone_reason) for d in ctl.daemons("echo")}
         assert states["echo:0"] == (True, "") and states["echo:1"] == (True, ""), states
         assert not states["echo:2"][0] and "no heartbeat for" in states["echo:2"][1], states
+
+
+async def test_a_daemon_answering_calls_skips_the_beats_its_replies_make_redundant() -> None:
+    """While the controller calls a daemon every few tens of milliseconds, its replies prove it is
+    alive and the calls prove the controller is there, so it sends (almost) no heartbeats; once
+    the calls stop it beats twice an interval again, and it was never thought gone."""
+    hb = 0.4
+    async with local_cluster(echo_specs(1), heartbeat_s=hb) as (ctl, _):
+        echo = await ctl.role("echo")
+        await asyncio.sleep(hb)
+
+        async def beats_over(seconds: float, busy: bool) -> int:
+            before, end = ctl.stats()["heartbeats"], time.monotonic() + seconds
+            while time.monotonic() < end:
+                if busy:
+                    assert await echo.ping.call_one(0) == "pong"
+                await asyncio.sleep(0.02)
+            return ctl.stats()["heartbeats"] - before
+
+        busy = await beats_over(6 * hb, busy=True)
+        idle = await beats_over(6 * hb, busy=False)
+        assert idle >= 6, f"an idle daemon beats twice an interval: {idle} beats in 6 intervals"
+        assert busy <= idle // 3, f"{busy} beats while answering calls against {idle} idle"
+        assert ctl.daemons("echo")[0].alive
