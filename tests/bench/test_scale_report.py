@@ -100,3 +100,20 @@ def test_the_docs_before_figures_are_the_committed_run_before_the_changes() -> N
     assert (round(before[256]["ready_s"], 1), round(before[256]["controller_peak_rss_mb"])) == (18.6, 737)
     assert ("10.9 MB at 64 ranks and **658 MB at 256** (N³ bytes), 18.6 s to start 256 daemons and 737 MB of controller memory"
             in text)
+
+
+def test_the_later_runs_the_page_cites_say_what_it_says() -> None:
+    """The 256-rank soak levels off and malloc_trim frees nothing; busy daemons send no beats; the
+    1,024-rank run after the heartbeat change costs what the page says."""
+    page = " ".join((ROOT / "docs" / "bench-and-performance.md").read_text().split())
+    soak = json.loads((ROOT / "bench" / "results" / "scale-soak-256-2026-11-27.json").read_text())
+    series = soak["soak_rss_mb_every_100"]
+    assert len(series) == 10 and max(series[4:]) - min(series[4:]) < 1.0, "flat over the last 600 steps"
+    assert f"levels off: {series[0]:.1f} MB after its first tenth, {series[3]:.1f} MB at step 400" in page
+    assert f"{series[4]:.1f} MB from step 500 to step 1,000 (one sample of {max(series):.1f})" in page
+    assert f"gives back nothing ({soak['soak_rss_mb_after_malloc_trim']:.1f} MB)" in page
+    assert soak["heartbeats_per_s_broadcasting"] == 0 and f"against {soak['heartbeats_per_s_idle']:.0f} while idle" in page
+    after = json.loads((ROOT / "bench" / "results" / "scale-1024-after-beats-2026-11-27.json").read_text())["rows"][-1]
+    assert after["ranks"] == 1024
+    assert (f"took {after['controller_cpu_ms_per_broadcast']:.1f} ms of CPU per broadcast and "
+            f"{after['controller_cpu_ms_per_dispatch']:.1f} ms per dispatch") in page
