@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -72,6 +72,24 @@ def beat_deferred(traffic: Traffic, now: float, spacing_s: float) -> float | Non
     the two — the controller never goes longer without a sign of life than it does with beats."""
     proof = min(traffic.sent, traffic.heard)
     return proof + spacing_s if now - proof < spacing_s else None
+
+
+class Beats(Protocol):
+    """A server's heartbeat (HeartbeatThread, or a daemon host's share of one thread): started with
+    the server, told each Welcome, stopped and joined at its end; it reports HeartbeatEvents
+    through the `notify` function it was made with."""
+
+    interval_s: float
+    #: the serving loop's exchange with the controller (the server sets its own before start())
+    traffic: Traffic
+
+    def welcome(self, session: str, interval_s: float) -> None: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
 
 
 class HeartbeatEvent(enum.StrEnum):

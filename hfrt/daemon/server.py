@@ -30,12 +30,12 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from hfrt.daemon.base import Daemon, DaemonContext
-from hfrt.daemon.heartbeat import HeartbeatEvent, HeartbeatThread, Traffic
+from hfrt.daemon.heartbeat import Beats, HeartbeatEvent, HeartbeatThread, Traffic
 from hfrt.daemon.replies import Replies
 from hfrt.daemon.running import RunningCalls
 from hfrt.daemon.streaming import StreamRunner
@@ -89,24 +89,6 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_heartbeat_s(self.heartbeat_s, "ServeConfig.heartbeat_s")
-
-
-class Beats(Protocol):
-    """A server's heartbeat (HeartbeatThread, or a daemon host's share of one thread): started with
-    the server, told each Welcome, stopped and joined at its end; it reports HeartbeatEvents
-    through the `notify` function it was made with."""
-
-    interval_s: float
-    #: the serving loop's exchange with the controller (the server sets its own before start())
-    traffic: Traffic
-
-    def welcome(self, session: str, interval_s: float) -> None: ...
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def join(self, timeout: float | None = None) -> None: ...
 
 
 #: Makes one server's Beats: (identity, its ServeConfig, notify(event, detail)) → Beats.
