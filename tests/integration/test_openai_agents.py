@@ -70,9 +70,22 @@ async def server(ctl: Any) -> AsyncIterator[OpenAIServer]:
         yield srv
 
 
+#: the async clients sdk_model made in the running in_loop call, closed before its loop ends (one
+#: left open is closed by the garbage collector later, on a closed loop, and logs an error into
+#: whichever test runs then)
+_CLIENTS: list[Any] = []
+
+
 def in_loop(coro_fn: Any) -> Any:
     """Run an async client in a thread with its own event loop (the server runs in the test's)."""
-    return asyncio.get_running_loop().run_in_executor(POOL, lambda: asyncio.run(coro_fn()))
+    async def closing() -> Any:
+        try:
+            return await coro_fn()
+        finally:
+            while _CLIENTS:
+                await _CLIENTS.pop().close()
+
+    return asyncio.get_running_loop().run_in_executor(POOL, lambda: asyncio.run(closing()))
 
 
 def sdk_model(srv: OpenAIServer, session: str) -> Any:
@@ -80,6 +93,7 @@ def sdk_model(srv: OpenAIServer, session: str) -> Any:
 
     agents.set_tracing_disabled(True)
     client = openai.AsyncOpenAI(base_url=srv.url, api_key="unused", max_retries=0, default_headers={"X-Session-Id": session})
+    _CLIENTS.append(client)
     return agents.OpenAIResponsesModel("tiny", client)
 
 

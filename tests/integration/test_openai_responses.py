@@ -110,11 +110,12 @@ async def test_the_agents_sdk_runs_a_function_tool_streamed(scripted: OpenAIServ
 
     async def run() -> tuple[Any, list[str]]:
         agents.set_tracing_disabled(True)
-        model = agents.OpenAIResponsesModel("scripted", openai.AsyncOpenAI(base_url=scripted.url, api_key="unused", max_retries=0,
-                                                                             default_headers={"X-Session-Id": "agent"}))
-        agent = agents.Agent(name="calc", instructions="Use the add tool.", tools=[add], model=model)
-        result = agents.Runner.run_streamed(agent, "what is 20 + 22?")
-        kinds = [e.data.type async for e in result.stream_events() if e.type == "raw_response_event"]
+        async with openai.AsyncOpenAI(base_url=scripted.url, api_key="unused", max_retries=0,
+                                      default_headers={"X-Session-Id": "agent"}) as sdk_client:  # closed on this loop
+            model = agents.OpenAIResponsesModel("scripted", sdk_client)
+            agent = agents.Agent(name="calc", instructions="Use the add tool.", tools=[add], model=model)
+            result = agents.Runner.run_streamed(agent, "what is 20 + 22?")
+            kinds = [e.data.type async for e in result.stream_events() if e.type == "raw_response_event"]
         return result, kinds
 
     result, kinds = await in_thread(lambda: asyncio.run(run()))
