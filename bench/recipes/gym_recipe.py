@@ -4,7 +4,7 @@ held-out accuracy before and after training, greedy and sampled, on the same val
 (reasoning-gym seeds the training rows never use: hfrt/flows/gym_data.py).
 
 `python -m hfrt.bench.recipes.gym_recipe --out bench/results/gym-smollm2-2026-11-27.json
-[--tasks chain_sum,leg_counting] [--steps N] [--margin 0.05] [--val-temperature 1.0] [--val-n 4]`
+[--tasks chain_sum,letter_counting] [--steps N] [--margin 0.05] [--val-temperature 0.7] [--val-n 4] [--append]`
 
 Per task, on one set of daemons kept between its runs (`--keep-daemons`, then `--attach`, as
 docs/deploy.md describes), each run `hfrt controller --flow grpo --config RECIPE` as a user runs it:
@@ -14,8 +14,9 @@ docs/deploy.md describes), each run `hfrt controller --flow grpo --config RECIPE
 3. `val_only` sampled again: the trained weights, which the daemons keep between runs;
 then `hfrt stop`. The JSON holds the four accuracies, every validation pass, the training reward per
 step, the recipe's settings and the overrides, the wall time of each run and the load (`uptime`)
-around them. Exit 1 when any task's "after" does not beat its "before" by `--margin` (greedy and
-sampled alike): the check that guards the figure. It knows the recipes, the CLI and the run
+around them, and the held-out rows' most common answer with its share. Exit 1 when any task's
+"after" does not beat its "before" by `--margin` (greedy and sampled alike), or its greedy "after"
+does not beat always giving that answer: the check that guards the figure. It knows the recipes, the CLI and the run
 folder's files, nothing of the daemons.
 """
 
@@ -34,7 +35,7 @@ from typing import Any
 
 RECIPES = Path(__file__).resolve().parent
 #: the tasks of the committed figure, each with its recipe smollm2-gym-TASK.toml
-TASKS = ("chain_sum", "leg_counting")
+TASKS = ("chain_sum", "letter_counting")
 #: "after" must beat "before" by this much (accuracy, 0-1) in both the greedy and the sampled pass
 MARGIN = 0.05
 
@@ -121,7 +122,7 @@ def summarize(task: str, config: Path, overrides: list[str], before: dict[str, A
         "recipe": str(config.relative_to(RECIPES.parent.parent)) if config.is_relative_to(RECIPES.parent.parent) else str(config),
         "settings": {k: v for k, v in settings.items() if k != "roles"}, "roles": settings.get("roles", {}),
         "overrides": overrides,
-        "val_prompts": before["summary"]["val_prompts"],
+        "val_prompts": before["summary"]["val_prompts"], "constant_answer": constant_answer(config),
         "sampled": {"temperature": args.val_temperature, "n": args.val_n},
         "before": {"greedy": greedy_before, "sampled": before["summary"]["val/accuracy"]},
         "after": {"greedy": val[-1]["accuracy"], "sampled": after["summary"]["val/accuracy"]},
@@ -136,16 +137,45 @@ def summarize(task: str, config: Path, overrides: list[str], before: dict[str, A
     }
 
 
-def failures(result: dict[str, Any], margin: float) -> list[str]:
-    """Each task whose "after" does not beat "before" by `margin`, greedy or sampled."""
+def constant_answer(config: Path) -> dict[str, Any]:
+    """The held-out rows' most common answer and its share: what a policy that always gives it
+    scores (a task whose answers are mostly one value can look learnt by learning that value)."""
+    from collections import Counter
+
+    from hfrt.flows.gym_data import gym_task
+
+    settings = tomllib.loads(config.read_text())
+    task = gym_task(settings["data"], settings.get("data_options", {}), seed=int(settings.get("seed", 0)))
+    answers = Counter(str(a) for a in task.validation_rows(int(settings.get("val_prompts", 32)))["ground_truth"])
+    answer, count = answers.most_common(1)[0]
+    return {"answer": answer, "share": round(count / sum(answers.values()), 4)}
+
+
+def failures(result: dict[str, Any], margin: float, *, constant_check: bool = True) -> list[str]:
+    """Each task whose "after" does not beat "before" by `margin`, greedy or sampled, or whose greedy
+    "after" does not beat always giving the most common held-out answer."""
     out = []
     for figure in result["tasks"]:
+        constant = figure["constant_answer"]
+        if constant_check and figure["after"]["greedy"] <= constant["share"]:
+            out.append(f"{figure['task']} greedy: {figure['after']['greedy']:.3f} is no better than always answering "
+                       f"{constant['answer']!r} ({constant['share']:.3f})")
         for kind in ("greedy", "sampled"):
             gain = figure["after"][kind] - figure["before"][kind]
             if gain < margin:
                 out.append(f"{figure['task']} {kind}: {figure['before'][kind]:.3f} -> {figure['after'][kind]:.3f} "
                            f"(gain {gain:+.3f} < {margin})")
     return out
+
+
+def kept(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """With --append, the tasks --out already holds that this invocation does not measure again."""
+    if not args.append or not args.out or not Path(args.out).is_file():
+        return []
+    names = {task for task, _ in recipes(args)}
+    earlier = json.loads(Path(args.out).read_text())
+    return [{"constant_answer": constant_answer(RECIPES.parent.parent / t["recipe"]), **t, "command": earlier.get("command")}
+            for t in earlier.get("tasks", []) if t["task"] not in names]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -156,10 +186,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="write the JSON result here")
     p.add_argument("--steps", type=int, default=0, help="training steps (default: the recipe's)")
     p.add_argument("--margin", type=float, default=MARGIN, help="accuracy gain 'after' must show over 'before'")
-    p.add_argument("--val-temperature", type=float, default=1.0, help="temperature of the sampled passes")
+    p.add_argument("--no-constant-check", action="store_true",
+                   help="do not require the greedy 'after' to beat always giving the most common answer (plumbing tests)")
+    p.add_argument("--val-temperature", type=float, default=0.7, help="temperature of the sampled passes (the recipes sample rollouts at 0.7)")
     p.add_argument("--val-n", type=int, default=4, help="samples per held-out prompt in the sampled passes")
     p.add_argument("--config", type=Path, help="one recipe file to run instead of --tasks' recipes (e.g. a tiny-preset one)")
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE passed to every run (repeatable)")
+    p.add_argument("--append", action="store_true",
+                   help="keep the other tasks --out already holds (one task measured per invocation); the check covers them all")
     return p.parse_args(argv)
 
 
@@ -170,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     work, start = Path(args.work), time.perf_counter()
     result: dict[str, Any] = {"command": "python -m hfrt.bench.recipes.gym_recipe " + " ".join(sys.argv[1:] if argv is None else argv),
                               "margin": args.margin, "load_start": load(), "tasks": []}
-    for task, config in recipes(args):
-        result["tasks"].append(measure_task(task, config, work, args))
+    measured = [measure_task(task, config, work, args) for task, config in recipes(args)]
+    result["tasks"] = kept(args) + measured
     result |= {"wall_s": round(time.perf_counter() - start, 1), "load_end": load()} | machine()
-    failed = failures(result, args.margin)
+    failed = failures(result, args.margin, constant_check=not args.no_constant_check)
     result["passed"], result["failures"] = not failed, failed
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -41,7 +41,7 @@ def test_the_recipe_measures_before_and_after_greedy_and_sampled_on_the_same_row
     config, out = tmp_path / "tiny-gym.toml", tmp_path / "gym.json"
     config.write_text(TINY)
     code = main(["--config", str(config), "--work", str(tmp_path / "work"), "--out", str(out),
-                 "--val-temperature", "1.0", "--val-n", "3", "--margin", "-1"])
+                 "--val-temperature", "1.0", "--val-n", "3", "--margin", "-1", "--no-constant-check"])
     assert code == 0
     result = json.loads(out.read_text())
     (figure,) = result["tasks"]
@@ -56,4 +56,9 @@ def test_the_recipe_measures_before_and_after_greedy_and_sampled_on_the_same_row
     before = json.loads((work / "before" / "metrics.jsonl").read_text().splitlines()[0])
     assert before["step"] == 0 and before["val/accuracy"] == figure["before"]["sampled"]
     assert not list((work / "train").glob("attach.json"))  # the training run attached to the kept daemons
-    assert failures(result, 2.0) and len(failures(result, 2.0)) == 2  # no gain of 2: greedy and sampled both fail
+    assert len(failures(result, 2.0, constant_check=False)) == 2  # no gain of 2: greedy and sampled both fail
+    assert set(figure["constant_answer"]) == {"answer", "share"} and 0 < figure["constant_answer"]["share"] <= 1
+    beaten = dict(figure, after={"greedy": figure["constant_answer"]["share"], "sampled": 1.0}, before={"greedy": 0.0, "sampled": 0.0})
+    assert failures({"tasks": [beaten]}, 0.05) == [  # as good as always giving the most common answer: not learnt
+        f"chain_sum greedy: {beaten['after']['greedy']:.3f} is no better than always answering "
+        f"{figure['constant_answer']['answer']!r} ({figure['constant_answer']['share']:.3f})"]
