@@ -7,8 +7,9 @@ every TICK_S, reads whatever echoes and connection events arrived for any daemon
 that are due and judges each daemon's silence every JUDGE_EVERY ticks, so a host of N daemons
 costs one thread and at most about 2N beats per heartbeat interval, not N threads (none for a
 daemon whose serving loop is exchanging calls and replies with the controller:
-hfrt.daemon.heartbeat.Traffic). A judgement of ORPHANED goes to that daemon's own `notify`; FORCE_EXIT ends the process, as it does for a lone
-daemon (a host's daemons share their controller, so they are orphaned together).
+hfrt.daemon.heartbeat.Traffic). A judgement of ORPHANED goes to that daemon's own `notify`;
+FORCE_EXIT ends the process, as it does for a lone daemon (a host's daemons share their
+controller, so they are orphaned together).
 
 It knows the wire protocol, zmq and the Vigil; nothing of endpoints or of how daemons serve.
 """
