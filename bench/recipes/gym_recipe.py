@@ -4,7 +4,7 @@ held-out accuracy before and after training, greedy and sampled, on the same val
 (reasoning-gym seeds the training rows never use: hfrt/flows/gym_data.py).
 
 `python -m hfrt.bench.recipes.gym_recipe --out bench/results/gym-smollm2-2026-11-27.json
-[--tasks chain_sum,letter_counting] [--steps N] [--margin 0.05] [--val-temperature 0.7] [--val-n 4] [--append]`
+[--tasks chain_sum,basic_arithmetic] [--steps N] [--margin 0.05] [--val-temperature 0.7] [--val-n 4] [--append]`
 
 Per task, on one set of daemons kept between its runs (`--keep-daemons`, then `--attach`, as
 docs/deploy.md describes), each run `hfrt controller --flow grpo --config RECIPE` as a user runs it:
@@ -35,7 +35,7 @@ from typing import Any
 
 RECIPES = Path(__file__).resolve().parent
 #: the tasks of the committed figure, each with its recipe smollm2-gym-TASK.toml
-TASKS = ("chain_sum", "letter_counting")
+TASKS = ("chain_sum", "basic_arithmetic")
 #: "after" must beat "before" by this much (accuracy, 0-1) in both the greedy and the sampled pass
 MARGIN = 0.05
 
