@@ -121,3 +121,10 @@ async def test_val_only_validates_the_starting_weights_and_runs_no_step(tmp_path
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 1 and records[0]["step"] == 0 and records[0]["val/accuracy"] == 3 / 8
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_flow_without_validation_refuses_val_only() -> None:
+    from hfrt.flows.agent.grpo import AgentGRPOConfig
+
+    with pytest.raises(ValueError, match="val_only=true: agent_calc has no validation pass"):
+        AgentGRPOConfig.read({"val_only": True, "progress": "off"})
