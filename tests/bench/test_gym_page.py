@@ -81,7 +81,7 @@ def test_the_screening_is_its_file() -> None:
     chain = next(c for c in screening["candidates"] if c["data"] == "reasoning_gym:chain_sum")
     assert chain["data_options"]["system_prompt"] == "direct" and chain["val_prompts"] == 100
     assert len(screening["candidates"]) == 7 and all(c["val/accuracy"] == 0.0 for c in screening["candidates"])
-    assert "0 of 100 held-out rows scored on `chain_sum`, nor on six other candidate tasks" in flat()
+    assert "scores nothing (0 of 100 held-out rows on `chain_sum`, nor on six other candidate tasks" in flat()
     first = screening["first_chain_sum_attempt_at_temperature_1"]
     seen = first["samples_per_step"] * len(first["train_reward_max_per_step"])
     assert max(first["train_reward_max_per_step"]) == 0.0 and f"none of the first {seen} `chain_sum` samples was right" in flat()
