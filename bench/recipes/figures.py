@@ -2,7 +2,7 @@
 run before a commit that touches training (docs/design.md says when). Fast figures have tests
 (tests/integration/test_doc_figures.py and the tests each page cites); these take minutes each.
 
-`python -m hfrt.bench.recipes.figures --out bench/results/figures-DATE.json [--only ppo,rm,agent_calc,verifiers]`
+`python -m hfrt.bench.recipes.figures --out bench/results/figures-DATE.json [--only ppo,rm,agent_calc,verifiers,gym]`
 
 - `ppo`: README's main job, `hfrt controller --flow ppo` (500 steps) on seeds 0, 1, 2: greedy
   validation accuracy 0.97 / 1.0 / 0.91 (`val_accuracy_last`).
@@ -13,6 +13,9 @@ run before a commit that touches training (docs/design.md says when). Fast figur
 - `verifiers`: docs/agents-and-openai.md, a verifiers environment (the addition task with a digits
   format reward, bench/recipes/verifiers_envs/vf_addition.py) trained 30 steps by agent_openai on the
   tiny preset in its own venv: the reward rises (needs .venv-verifiers, made by .ci/install).
+- `gym`: docs/real-models.md's reasoning-gym table (bench/recipes/gym_recipe.py, about 25 min): each
+  task's greedy held-out accuracy after GRPO on SmolLM2-135M beats its own "before" by the margin
+  and always giving the most common answer.
 - `data_file`: docs/configuration.md's `run.toml`, cut out of the page and run on the addition
   task written as files (bench/recipes/make_addition_data.py): greedy validation accuracy 0.94.
 
@@ -107,6 +110,28 @@ def verifiers_figures(work: Path) -> list[Figure]:
     ]
 
 
+#: the reasoning-gym figure of docs/real-models.md (bench/recipes/gym_recipe.py's committed result)
+GYM_RESULTS = Path(__file__).resolve().parents[1] / "results" / "gym-smollm2-2026-11-27.json"
+
+
+def gym_figures(work: Path) -> list[Figure]:
+    """Each task of the reasoning-gym table trained again: its greedy "after" must beat its "before" by
+    the margin and always giving the most common answer, as the page's wording ("learns") allows."""
+    from hfrt.bench.recipes import gym_recipe
+
+    documented = json.loads(GYM_RESULTS.read_text())
+    out = []
+    for task in documented["tasks"]:
+        result = work / f"{task['task']}.json"
+        gym_recipe.main(["--tasks", task["task"], "--work", str(work), "--out", str(result)])
+        (measured,) = json.loads(result.read_text())["tasks"]
+        low = max(measured["before"]["greedy"] + documented["margin"], measured["constant_answer"]["share"])
+        out.append(Figure("docs/real-models.md", f"SmolLM2 {task['task']}: greedy held-out accuracy after 15 GRPO steps "
+                          f"({measured['wall_s']['train']} s)", task["after"]["greedy"], round(low, 2), 1.0,
+                          measured["after"]["greedy"]))
+    return out
+
+
 def documented_run_toml(page: Path) -> str:
     """The ```toml block of `page` that starts with `# run.toml`."""
     for block in re.findall(r"```toml\n(.*?)```", page.read_text(), re.S):
@@ -139,7 +164,7 @@ def docs_page(name: str) -> Path:
 
 
 CHECKS = {"ppo": ppo_figures, "rm": rm_figures, "agent_calc": agent_calc_figures, "data_file": data_file_figures,
-          "verifiers": verifiers_figures}
+          "verifiers": verifiers_figures, "gym": gym_figures}
 
 
 def table(figures: list[Figure]) -> str:
