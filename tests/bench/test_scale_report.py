@@ -117,3 +117,20 @@ def test_the_later_runs_the_page_cites_say_what_it_says() -> None:
     assert after["ranks"] == 1024
     assert (f"took {after['controller_cpu_ms_per_broadcast']:.1f} ms of CPU per broadcast and "
             f"{after['controller_cpu_ms_per_dispatch']:.1f} ms per dispatch") in page
+
+
+def test_the_1024_rank_soak_is_flat_as_the_page_says() -> None:
+    """3,000 steps at 1,024 ranks: memory flat from step 500 on, no false death, and the page's numbers are the file's."""
+    page = " ".join((ROOT / "docs" / "bench-and-performance.md").read_text().split())
+    row = json.loads((ROOT / "bench" / "results" / "scale-soak-1024-2026-11-27.json").read_text())["rows"][-1]
+    series = row["soak_rss_mb_every_100"]
+    assert row["ranks"] == 1024 and row["soak_steps"] == 3000 and len(series) == 30 and row["false_deaths"] == 0
+    assert max(series[4:]) - min(series[4:]) <= 0.2, "flat over the last 2,500 steps"
+    assert f"{series[0]:.1f} MB at step 100, {series[4]:.1f} MB at step 500" in page
+    assert f"{min(series[4:]):.1f}–{max(series[4:]):.1f} MB at every sample from there to step 3,000" in page
+    assert f"; {row['soak_rss_mb_last']:.1f} at the end, {row['soak_rss_mb_after_malloc_trim']:.1f} after `malloc_trim`)" in page
+    assert f"no false death in its {row['soak_s']:.0f} s" in page
+    assert (f"{row['controller_cpu_ms_per_broadcast']:.1f} ms of controller CPU per broadcast and "
+            f"{row['controller_cpu_ms_per_dispatch']:.1f} ms per dispatch") in page
+    assert (f"broadcast p50 {row['broadcast_p50_ms']:.1f} ms, dispatch p50 {row['dispatch_p50_ms']:.1f} ms, "
+            f"PPO step {row['step_overhead_ms']:.0f} ms, death found in {row['detect_dead_s']:.1f} s") in page
