@@ -1,4 +1,4 @@
-"""hfrt's wire contract: message records, the msgpack codec, HMAC signing and limits.
+"""hfrt's wire contract: message records, the msgpack codec, keyed-BLAKE2b signing and limits.
 
 This package knows bytes, msgpack and hashing; it knows nothing of sockets, asyncio or torch.
 The written spec is protocols/README.md.

@@ -136,7 +136,10 @@ class BatchHandle:
     _ends: tuple[int, ...] = field(default=(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_ends", tuple(itertools.accumulate(s.rows for s in self.shards)))
+        shards = self.shards
+        # one shard (each rank's part of a dispatch along shard bounds): no accumulate over a generator
+        ends = (shards[0].rows,) if len(shards) == 1 else tuple(itertools.accumulate(s.rows for s in shards))
+        object.__setattr__(self, "_ends", ends)
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0

@@ -14,7 +14,7 @@ from hfrt.protocols.endpoints import read_endpoint_table
 
 #: Bumped whenever a record's layout or meaning changes. Both ends check it at hello/welcome.
 #: 2: `error` may carry a fifth field, `param` (a version-1 reader refuses a five-field error).
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 #: The heartbeat intervals (seconds) both ends accept. Below the minimum, daemons flood the
 #: controller and busy-spin their heartbeat threads; above the maximum, a dead daemon would go

@@ -1,6 +1,6 @@
 """Message ⇄ frames: `[signature ‖ body, *out-of-band buffers]`, checked in a fixed order.
 
-Frame 0 is the 32-byte HMAC-SHA256 signature followed by the msgpack body (one frame rather than
+Frame 0 is the 32-byte keyed BLAKE2b signature followed by the msgpack body (one frame rather than
 two: each ZeroMQ frame costs a send call, and this is the hot path).
 
 A receiver checks sizes first, then the signature, and only then decodes; a frame that fails
@@ -36,7 +36,7 @@ class FrameTooLarge(WireError):
 
 
 class BadSignature(WireError):
-    """Missing, malformed or wrong HMAC signature: the message was not read."""
+    """Missing, malformed or wrong signature: the message was not read."""
 
 
 class Undecodable(WireError):
@@ -104,7 +104,7 @@ class Wire:
         head = frames[0]
         body = head[SIGNATURE_BYTES:]
         if not self.signer.verify(head[:SIGNATURE_BYTES], self._signed(body, list(frames[1:])) if len(frames) > 1 else [body]):
-            raise BadSignature("HMAC signature does not match (wrong cluster key or forged frame)")
+            raise BadSignature("signature does not match (wrong cluster key or forged frame)")
         try:
             decoded = self.codec.decode(body, frames[1:])
         except Exception as exc:

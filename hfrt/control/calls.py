@@ -121,7 +121,7 @@ class CallTable:
             call_id = self.next_id
             self.next_id = call_id + 1
             try:
-                frames = self._wire.pack(Call(call_id, endpoint, args, kwargs, True))
+                [frames] = self._wire.pack_calls((call_id,), endpoint, args, kwargs)
             except PACK_ERRORS as exc:
                 gather.fail(type(exc)(f"{info.role}[{info.rank}].{endpoint}: cannot send arguments: {exc}"))
                 continue

@@ -106,7 +106,8 @@ class RoleGroup:
         self._refs: dict[str, EndpointRef] = {}
 
     def refresh(self, daemons: Sequence[DaemonInfo]) -> None:
-        """Point this group at `daemons` (the same ranks, e.g. after hfrt.control.recovery replaced one)."""
+        """Point this group at `daemons` (the same ranks, e.g. after hfrt.control.recovery replaced one).
+        A new list, never a change in place: whoever kept the old one (a call's makers) keeps a snapshot."""
         self.daemons = list(daemons)
         self.slots = [RankSlot.of(d.rank, d.dp_rank, d.dp_size, d.meta) for d in self.daemons]
 

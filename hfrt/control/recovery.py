@@ -107,13 +107,15 @@ class RecoveryPolicy:
 
 @dataclass(slots=True)
 class _Recipe:
-    """How a handle was made: the call to re-run, and the daemons (identity → pid) that made it."""
+    """How a handle was made: the call to re-run, and the daemons that made it (the group's list
+    when it was sent: a group is pointed at a new list, never changed in place, so keeping the
+    list is a snapshot that costs nothing per rank)."""
 
     ref: EndpointRef
     how: Delivery
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    makers: dict[str, int]
+    makers: list[DaemonInfo]
 
 
 @dataclass(slots=True)
@@ -373,7 +375,7 @@ class Recovery:
 
     async def _finish(self, ref: EndpointRef, how: Delivery, args: tuple[Any, ...], kwargs: dict[str, Any],
                       first: asyncio.Future[Any], sent: float) -> Any:
-        makers = self._makers(ref.group)
+        makers = ref.group.daemons
         try:
             result = await first
         except (DaemonGone, RemoteError) as exc:
@@ -386,7 +388,7 @@ class Recovery:
             try:
                 await self._settle(ref.group)
                 args, kwargs = await self._remade(args, kwargs)
-                makers, sent = self._makers(ref.group), time.monotonic()
+                makers, sent = ref.group.daemons, time.monotonic()
                 result = await ref.resend_now(how, args, kwargs)
             finally:
                 self.downtime.end(window)
@@ -414,9 +416,6 @@ class Recovery:
     def _watched(self, role: str) -> bool:
         return role in self.roles or role in self.policy.stateful
 
-    def _makers(self, group: RoleGroup) -> dict[str, int]:
-        return {d.identity: d.pid for d in group.daemons}
-
     def _retryable(self, group: RoleGroup, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         callee_replaced = group.name in self.roles and any(not d.alive for d in group.daemons)
         return callee_replaced or any(self._stale(h) for h in _handles(args, kwargs))
@@ -425,9 +424,9 @@ class Recovery:
         recipe = self._lineage.get(id(handle))
         if recipe is None:
             return False
-        for identity, pid in recipe.makers.items():
-            info = self.ctl.daemon(identity)
-            if info is None or not info.alive or info.pid != pid:
+        for maker in recipe.makers:
+            info = self.ctl.daemon(maker.identity)
+            if info is None or not info.alive or info.pid != maker.pid:
                 return True
         return False
 

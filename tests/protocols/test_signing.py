@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import os
 import stat
 from pathlib import Path
@@ -30,19 +29,21 @@ from hfrt.protocols import (
 from hfrt.wire.channel import Channel
 
 
-def test_signature_is_standard_hmac_sha256_over_length_prefixed_frames() -> None:
+def test_signature_is_keyed_blake2b_over_length_prefixed_frames() -> None:
     key = new_key()
     frames = [b"body", b"buffer-one", bytearray(b"two")]
-    expected = hmac.new(key, digestmod=hashlib.sha256)
+    expected = hashlib.blake2b(key=key, digest_size=32)
     for f in frames:
         expected.update(len(f).to_bytes(8, "little") + bytes(f))
     assert Signer(key).sign(frames) == expected.digest()
-    assert Signer(key).sign([b"x"]) == hmac.new(key, (1).to_bytes(8, "little") + b"x", hashlib.sha256).digest()
+    assert Signer(key).sign([b"x"]) == hashlib.blake2b((1).to_bytes(8, "little") + b"x", key=key, digest_size=32).digest()
 
 
-def test_long_keys_are_hashed_as_rfc2104_says() -> None:
+def test_keys_over_64_bytes_are_hashed_to_64_first() -> None:
     key = b"k" * 100
-    assert Signer(key).sign([b"m"]) == hmac.new(key, (1).to_bytes(8, "little") + b"m", hashlib.sha256).digest()
+    short = hashlib.blake2b(key).digest()
+    assert Signer(key).sign([b"m"]) == hashlib.blake2b((1).to_bytes(8, "little") + b"m", key=short, digest_size=32).digest()
+    assert Signer(key).sign([b"m"]) != Signer(b"k" * 99).sign([b"m"])
 
 
 def test_tampering_with_any_frame_breaks_the_signature() -> None:
