@@ -157,21 +157,37 @@ class BatchHandle:
 
     def slice(self, start: int, stop: int) -> BatchHandle:
         """Rows [start, stop) of the batch, as a handle over the same stored tensors."""
-        if not 0 <= start <= stop <= len(self):
+        ends = self._ends
+        if not 0 <= start <= stop <= (ends[-1] if ends else 0):
             raise IndexError(f"rows [{start}, {stop}) outside a {len(self)}-row batch")
+        i = bisect.bisect_right(ends, start)  # the first shard ending after `start`
+        offset = ends[i - 1] if i else 0
+        shards = self.shards
+        if i < len(shards) and offset == start and ends[i] == stop:  # exactly one whole shard (a dispatch along shard bounds)
+            return BatchHandle._made((shards[i],), (stop - start,), dict(self.meta), (self,))
         out = []
-        i = bisect.bisect_right(self._ends, start)  # the first shard ending after `start`
-        offset = self._ends[i - 1] if i else 0
-        while i < len(self.shards) and offset < stop:
-            shard = self.shards[i]
+        while i < len(shards) and offset < stop:
+            shard = shards[i]
             lo, hi = max(start - offset, 0), min(stop - offset, shard.rows)
             if lo == 0 and hi == shard.rows and hi:
-                out.append(shard)  # all of it: the shard itself (a dispatch along shard bounds narrows none)
+                out.append(shard)  # all of it: the shard itself
             elif lo < hi:
                 out.append(shard.narrow(lo, hi))
             offset += shard.rows
             i += 1
         return BatchHandle(tuple(out), dict(self.meta), (self,))
+
+    @staticmethod
+    def _made(shards: tuple[Shard, ...], ends: tuple[int, ...], meta: dict[str, Any], parents: tuple[Any, ...]) -> BatchHandle:
+        """A handle whose row ends are already known: the dataclass's own constructor and its
+        __post_init__ cost a microsecond, paid once per rank of every dispatch."""
+        handle = object.__new__(BatchHandle)
+        put = object.__setattr__
+        put(handle, "shards", shards)
+        put(handle, "meta", meta)
+        put(handle, "parents", parents)
+        put(handle, "_ends", ends)
+        return handle
 
     @classmethod
     def inline(cls, non_tensor: dict[str, list[Any]], meta: dict[str, Any] | None = None) -> BatchHandle:

@@ -85,25 +85,24 @@ def dispatch(
     if len(sizes) != 1:
         raise ValueError(f"split dispatch of {endpoint!r}: ranks disagree on the size of data-parallel axis {axis!r}: {sorted(sizes)}")
     bounds = chunk_bounds(n, sizes.pop())
+    # each argument cut once per data-parallel rank (tensor/pipeline replicas share their rows' part)
+    cut_args = [_cut(a, bounds) for a in args]
+    cut_kwargs = {k: _cut(v, bounds) for k, v in kwargs.items()}
     out = []
     for slot in ranks:
-        lo, hi = bounds[slot.coord(axis)[0]]
-        out.append(
-            (
-                slot,
-                [_rows(a, lo, hi) for a in args],
-                {k: _rows(v, lo, hi) for k, v in kwargs.items()},
-            )
-        )
+        at = slot.coord(axis)[0]
+        out.append((slot, [a if c is None else c[at] for a, c in zip(args, cut_args)],
+                    {k: kwargs[k] if c is None else c[at] for k, c in cut_kwargs.items()}))
     return out
 
 
-def _rows(value: Any, lo: int, hi: int) -> Any:
+def _cut(value: Any, bounds: Sequence[tuple[int, int]]) -> list[Any] | None:
+    """`value`'s rows [lo, hi) for each of `bounds`, or None when it is not split (passed whole)."""
     if isinstance(value, list):
-        return value[lo:hi]
+        return [value[lo:hi] for lo, hi in bounds]
     if isinstance(value, BatchHandle):
-        return value.slice(lo, hi)
-    return value
+        return [value.slice(lo, hi) for lo, hi in bounds]
+    return None
 
 
 def collect(mode: Dispatch, slots: Sequence[RankSlot], results: Sequence[Any]) -> Any:
