@@ -28,7 +28,8 @@ _make_ext = msgpack.ExtType._make
 
 def _may_hold_timestamp(body: bytes) -> bool:
     """Whether `body` holds a timestamp mark. Every mark ends in 0xff, which most bodies lack:
-    one byte search decides for them, the five mark searches run only for the rest."""
+    callers test `b"\xff" in body` inline first (no call for the common body), the five mark
+    searches run only for the rest."""
     return b"\xff" in body and any(mark in body for mark in _TIMESTAMP_MARKS)
 
 
@@ -152,7 +153,7 @@ class Codec:
             self._packer.reset()
             self._buffers = []
             raise
-        if _may_hold_timestamp(body):
+        if b"\xff" in body and _may_hold_timestamp(body):
             try:
                 _refuse_timestamps(value)
             except ValueError:
@@ -169,7 +170,7 @@ class Codec:
         self._frames = buffers or []
         self.records_seen = 0
         value = msgpack.unpackb(body, ext_hook=self._hook, strict_map_key=False)  # strict_map_key: int keys, as the packer allows
-        if _may_hold_timestamp(body):
+        if b"\xff" in body and _may_hold_timestamp(body):
             _refuse_timestamps(value)
         return value
 
@@ -184,7 +185,7 @@ class Codec:
             raise ValueError(f"unknown ext type {code}")
         self.records_seen += 1
         values = msgpack.unpackb(data, use_list=True, raw=False, strict_map_key=False)
-        if _may_hold_timestamp(data):  # most records' fields hold none: no walk
+        if b"\xff" in data and _may_hold_timestamp(data):  # most records' fields hold none: no walk
             _refuse_timestamps(values)
         if not isinstance(values, list):
             raise ValueError(f"ext type {code} ({cls.__name__}) payload is not a list")

@@ -107,6 +107,17 @@ class Shard:
     rows: int
     columns: dict[str, TensorHandle]
     non_tensor: dict[str, list[Any]] = field(default_factory=dict)
+    #: the columns' wire form, made at the first send and kept (not compared, not on the wire):
+    #: a step sends one batch's shards to several roles, and a handle never changes
+    _columns_wire: dict[str, list[Any]] | None = field(default=None, init=False, compare=False, repr=False)
+
+    def columns_wire(self) -> dict[str, list[Any]]:
+        """{name: TensorHandle wire form} of the columns, made once."""
+        made = self._columns_wire
+        if made is None:
+            made = {k: h.to_wire() for k, h in self.columns.items()}
+            object.__setattr__(self, "_columns_wire", made)
+        return made
 
     def narrow(self, start: int, stop: int) -> Shard:
         return Shard(
@@ -214,7 +225,7 @@ class BatchHandle:
 
     def to_wire(self) -> list[Any]:
         return [
-            [[s.owner, s.rows, {k: h.to_wire() for k, h in s.columns.items()}, s.non_tensor] for s in self.shards],
+            [[s.owner, s.rows, s.columns_wire(), s.non_tensor] for s in self.shards],
             self.meta,
         ]
 
