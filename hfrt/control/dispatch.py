@@ -91,7 +91,7 @@ def dispatch(
     out = []
     for slot in ranks:
         at = slot.coord(axis)[0]
-        out.append((slot, [a if c is None else c[at] for a, c in zip(args, cut_args)],
+        out.append((slot, [a if c is None else c[at] for a, c in zip(args, cut_args, strict=True)],
                     {k: kwargs[k] if c is None else c[at] for k, c in cut_kwargs.items()}))
     return out
 

@@ -13,7 +13,9 @@ import pytest
 from hfrt.bench.scale import TARGETS, fit, judge, markdown, per_rank
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULT = ROOT / "bench" / "results" / "scale-2026-11-27.json"
+RESULT = ROOT / "bench" / "results" / "scale-2026-11-28.json"
+#: the committed run of the day before (CPU targets missed), which the page still cites
+EARLIER = ROOT / "bench" / "results" / "scale-2026-11-27.json"
 
 
 def row(ranks: int, **over: Any) -> dict[str, Any]:
@@ -63,21 +65,22 @@ def test_the_docs_table_and_figures_are_the_committed_runs() -> None:
             f"{result['predicted_16384_cpu_ms_per_dispatch'] / 1e3:.2f} s per dispatch and "
             f"{result['predicted_16384_cpu_s_per_step']:.1f} s per PPO step, and "
             f"{result['predicted_16384_idle_cpu_ms_per_s'] / 1e3:.2f} s per second for heartbeats") in text
-    assert round(result["predicted_16384_idle_cpu_ms_per_s"] / 1e3 * 2 / 10, 2) == 0.15, "at a 10 s heartbeat: about a sixth of a core"
-    assert result["load_avg"] == [5.87, 6.58, 8.87] and "load average 5.9 / 6.6 / 8.9" in text
+    assert round(result["predicted_16384_idle_cpu_ms_per_s"] / 1e3 * 2 / 10, 2) == 0.11, "at a 10 s heartbeat: about a tenth of a core"
+    assert result["load_avg"] == [3.64, 2.62, 2.22] and "load average 3.6 / 2.6 / 2.2" in text
     at = {r["ranks"]: r for r in result["rows"]}
     big = at[1024]
-    assert (f"Missed: the controller's CPU per broadcast, {big['controller_cpu_ms_per_broadcast']:.1f} ms "
-            f"({big['controller_cpu_ms_per_broadcast_net']:.1f} ms net) against ≤ 25, and per dispatch, "
+    assert (f"every target is met: the controller's CPU per broadcast, {big['controller_cpu_ms_per_broadcast']:.1f} ms "
+            f"({big['controller_cpu_ms_per_broadcast_net']:.1f} ms net of heartbeats) against ≤ 25, and per dispatch, "
             f"{big['controller_cpu_ms_per_dispatch']:.1f} ms ({big['controller_cpu_ms_per_dispatch_net']:.1f} ms net) against ≤ 40") in text
-    assert big["controller_cpu_ms_per_broadcast_net"] <= 25 and big["controller_cpu_ms_per_dispatch_net"] <= 40
+    assert big["controller_cpu_ms_per_broadcast"] <= 25 and big["controller_cpu_ms_per_dispatch"] <= 40
     met = result["targets_met"]
-    assert all(met[k] for k in met if k not in ("controller_cpu_ms_per_broadcast", "controller_cpu_ms_per_dispatch"))
-    assert not met["controller_cpu_ms_per_broadcast"] and not met["controller_cpu_ms_per_dispatch"]
+    assert set(TARGETS) <= set(met) and all(met.values()), met
     soak = big["soak_rss_mb_every_100"]
     assert big["soak_steps"] == 1000 and len(soak) == 10 and max(soak) <= 400
     assert (f"{big['soak_rss_mb_first']:.1f} MB after its first tenth, {big['soak_rss_mb_last']:.1f} MB at its end" in text
-            and ", ".join(f"{v:.1f}" for v in soak[1:-1]) in text)
+            and ", ".join(f"{v:.1f}" for v in soak[1:-2]) + f" and {soak[-2]:.1f} MB" in text)
+    assert max(soak[4:]) - min(soak[4:]) <= 0.2 and "flat from step 500 on" in text
+    assert round(big["soak_rss_mb_last"] - big["soak_rss_mb_after_malloc_trim"]) == 1 and "gives back about 1 MB" in text
     assert f"in a run of {big['run_s']:.0f} s with {big['calls_sent'] / 1e6:.1f} million calls" in text
     assert f"{big['peer_directory_bytes_run']:,} bytes over a whole 1,024-rank run" in text
     assert f"{big['trace_spans_per_step']:,.0f} spans, {big['trace_bytes_per_step'] / 1e3:,.0f} kB a PPO step" in text
@@ -89,8 +92,13 @@ def test_the_docs_table_and_figures_are_the_committed_runs() -> None:
     first = json.loads((ROOT / "bench" / "results" / "scale-2026-11-27-first.json").read_text())
     at_first = {r["ranks"]: r for r in first["rows"]}
     assert at_first[4096]["false_deaths"] == 0 and markdown(first["rows"])[-1] in page
+    earlier = {r["ranks"]: r for r in json.loads(EARLIER.read_text())["rows"]}
     assert (f"{at_first[1024]['controller_cpu_ms_per_broadcast']:.1f} ms before (the 4,096-rank run's file), "
-            f"{big['controller_cpu_ms_per_broadcast']:.1f} ms after") in text
+            f"{earlier[1024]['controller_cpu_ms_per_broadcast']:.1f} ms after") in text
+    soak = json.loads((ROOT / "bench" / "results" / "scale-soak-1024-2026-11-27.json").read_text())["rows"][-1]
+    assert (f"26.5 → {big['controller_cpu_ms_per_broadcast']:.1f} ms of CPU per broadcast and "
+            f"41.9 → {big['controller_cpu_ms_per_dispatch']:.1f} ms per dispatch") in text
+    assert (round(soak["controller_cpu_ms_per_broadcast"], 1), round(soak["controller_cpu_ms_per_dispatch"], 1)) == (26.5, 41.9)
 
 
 def test_the_docs_before_figures_are_the_committed_run_before_the_changes() -> None:
