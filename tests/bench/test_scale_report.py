@@ -142,3 +142,19 @@ def test_the_1024_rank_soak_is_flat_as_the_page_says() -> None:
             f"{row['controller_cpu_ms_per_dispatch']:.1f} ms per dispatch") in page
     assert (f"broadcast p50 {row['broadcast_p50_ms']:.1f} ms, dispatch p50 {row['dispatch_p50_ms']:.1f} ms, "
             f"PPO step {row['step_overhead_ms']:.0f} ms, death found in {row['detect_dead_s']:.1f} s") in page
+
+
+def test_the_ten_minute_run_on_the_new_code_says_what_the_page_says() -> None:
+    """3,000 steps at 1,024 ranks on the code that meets the CPU targets: no false death in over
+    ten minutes, memory flat from step 500, and both CPU targets met there too."""
+    page = page_text()
+    result = json.loads((ROOT / "bench" / "results" / "scale-soak-1024-2026-11-28.json").read_text())
+    row = result["rows"][-1]
+    series = row["soak_rss_mb_every_100"]
+    assert row["ranks"] == 1024 and row["soak_steps"] == 3000 and row["false_deaths"] == 0 and row["soak_s"] >= 600
+    assert max(series[4:]) - min(series[4:]) <= 0.2 and all(result["targets_met"].values())
+    assert (f"no false death in {row['soak_s']:.0f} s and {row['calls_sent'] / 1e6:.1f} million calls, memory "
+            f"{series[3]:.1f} MB at step 400 and {series[4]:.1f} MB at every sample from step 500 to step 3,000, "
+            f"{row['controller_cpu_ms_per_broadcast']:.1f} ms of CPU per broadcast and "
+            f"{row['controller_cpu_ms_per_dispatch']:.1f} ms per dispatch, death found in {row['detect_dead_s']:.1f} s") in page
+    assert round(result["load_avg"][0], 1) == 3.7 and "load 3.7" in page
