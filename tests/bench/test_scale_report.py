@@ -91,9 +91,15 @@ def test_the_docs_table_and_figures_are_the_committed_runs() -> None:
             in text)
     first = json.loads((ROOT / "bench" / "results" / "scale-2026-11-27-first.json").read_text())
     at_first = {r["ranks"]: r for r in first["rows"]}
-    assert at_first[4096]["false_deaths"] == 0 and markdown(first["rows"])[-1] in page
+    big4k = json.loads((ROOT / "bench" / "results" / "scale-4096-2026-11-28.json").read_text())
+    row4k = big4k["rows"][-1]
+    assert row4k["ranks"] == 4096 and row4k["false_deaths"] == 0 and markdown(big4k["rows"])[-1] in page
+    assert f"in {row4k['run_s']:.0f} s against {at_first[4096]['run_s']:.0f} s on the code of the day before" in text
+    assert (f"{at_first[4096]['ready_s']:.1f} s ready, {at_first[4096]['broadcast_p50_ms']:.1f} ms broadcast p50, "
+            f"{at_first[4096]['step_overhead_ms']:.0f} ms a PPO step and {at_first[4096]['controller_peak_rss_mb']:.0f} MB") in text
+    assert [round(x, 1) for x in big4k["load_avg"]] == [5.6, 2.7, 2.7] and "load 5.6 / 2.7 / 2.7" in text
     earlier = {r["ranks"]: r for r in json.loads(EARLIER.read_text())["rows"]}
-    assert (f"{at_first[1024]['controller_cpu_ms_per_broadcast']:.1f} ms before (the 4,096-rank run's file), "
+    assert (f"{at_first[1024]['controller_cpu_ms_per_broadcast']:.1f} ms before (`bench/results/scale-2026-11-27-first.json`), "
             f"{earlier[1024]['controller_cpu_ms_per_broadcast']:.1f} ms after") in text
     soak = json.loads((ROOT / "bench" / "results" / "scale-soak-1024-2026-11-27.json").read_text())["rows"][-1]
     assert (f"26.5 → {big['controller_cpu_ms_per_broadcast']:.1f} ms of CPU per broadcast and "
