@@ -5,11 +5,12 @@ a shard the slice takes whole is reused, not narrowed."""
 from __future__ import annotations
 
 import time
+import weakref
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hfrt.protocols import BatchHandle, Shard, TensorHandle
+from hfrt.protocols import BatchHandle, Shard, TensorHandle, Wire, new_key
 
 
 def batch(rows: list[int]) -> BatchHandle:
@@ -49,3 +50,18 @@ def test_cutting_a_4096_shard_batch_into_4096_parts_is_not_quadratic() -> None:
     took = time.perf_counter() - start
     assert [p.shards[0].owner for p in parts[:3]] == ["r:0", "r:1", "r:2"] and all(len(p) == 2 for p in parts)
     assert took < 1.0, f"{took:.2f}s to cut 4096 parts (walking every shard per part takes seconds)"
+
+
+def test_a_slice_that_is_one_whole_shard_is_a_full_handle() -> None:
+    """The fast path (no dataclass constructor) makes the same handle the constructor does: equal,
+    its own length and row ends, sliceable again, weakly referable, and the same on the wire."""
+    handle = BatchHandle(batch([3, 4, 5]).shards, {"step": 7})
+    part = handle.slice(3, 7)
+    made = BatchHandle((handle.shards[1],), {"step": 7})
+    assert part == made and part.shards[0] is handle.shards[1] and part.parents == (handle,)
+    assert len(part) == 4 and part._ends == made._ends == (4,)
+    assert part.slice(1, 3).shards[0].columns["x"].row_range == (1, 3)
+    assert weakref.ref(part)() is part and part.meta == {"step": 7} and part.meta is not handle.meta
+    wire = Wire(new_key())
+    twice = [wire.unpack(wire.pack_calls((1,), "take", [h], {})[0]).args[0] for h in (part, part)]  # second: kept wire form
+    assert twice[0] == twice[1] == made
